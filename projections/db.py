@@ -1,0 +1,80 @@
+"""Connections and migrations. Every connection runs with ``search_path = <schema>, public`` so
+one set of SQL serves the live schema and any rebuild schema alike."""
+from __future__ import annotations
+
+import logging
+from importlib import resources
+
+import asyncpg
+from pgvector.asyncpg import register_vector
+
+log = logging.getLogger("memstream.projections")
+
+
+def _quote(schema: str) -> str:
+    # Schema names are validated by Settings (lower-case identifiers), quoting is belt and braces.
+    return '"' + schema.replace('"', '""') + '"'
+
+
+async def _init(conn: asyncpg.Connection) -> None:
+    await register_vector(conn)
+
+
+async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 8) -> asyncpg.Pool:
+    """A pool bound to ``schema``; pgvector types registered; iterative HNSW scans on, so a
+    per-user filter after the index scan still returns the k rows asked for (pgvector >= 0.8)."""
+    return await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=_init,
+        server_settings={
+            "search_path": f"{_quote(schema)}, public",
+            "hnsw.iterative_scan": "relaxed_order",
+        },
+    )
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    found = []
+    for item in resources.files("memstream.projections").joinpath("migrations").iterdir():
+        if item.name.endswith(".sql"):
+            found.append((int(item.name.split("_", 1)[0]), item.name, item.read_text()))
+    return sorted(found)
+
+
+async def migrate(dsn: str, schema: str) -> list[str]:
+    """Create ``schema`` and apply every migration not yet applied there. Safe to re-run and to
+    run concurrently (an advisory lock serialises runners). Returns the names applied now."""
+    conn = await asyncpg.connect(dsn)
+    applied_now: list[str] = []
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('memstream.migrate'))")
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}")
+            await conn.execute(f"SET LOCAL search_path = {_quote(schema)}, public")
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            for version, name, sql in _migrations():
+                if version in done:
+                    continue
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
+                applied_now.append(name)
+                log.info("applied migration %s to schema %s", name, schema)
+    finally:
+        await conn.close()
+    return applied_now
+
+
+async def drop_schema(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {_quote(schema)} CASCADE")
+    finally:
+        await conn.close()

@@ -1,0 +1,56 @@
+"""Episodes, the pure core: an ``EpisodeRecorded`` decision becomes one immutable row."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from memstream.schemas import EpisodeRecorded
+
+
+def episode_id(source_event_id: uuid.UUID) -> uuid.UUID:
+    return uuid.uuid5(source_event_id, "episode")
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeRow:
+    episode_id: uuid.UUID
+    source_event_id: uuid.UUID
+    user_id: str
+    conversation_id: str
+    occurred_at: datetime
+    recorded_at: datetime
+    source_partition: int
+    source_offset: int
+    user_message: str
+    assistant_message: str
+    metadata: dict | None
+    embedding: bytes
+    embedding_model: str
+
+
+def apply(decision: EpisodeRecorded) -> EpisodeRow:
+    return EpisodeRow(
+        episode_id=episode_id(decision.source_event_id),
+        source_event_id=decision.source_event_id,
+        user_id=decision.user_id,
+        conversation_id=decision.conversation_id,
+        occurred_at=decision.occurred_at,
+        recorded_at=decision.recorded_at,
+        source_partition=decision.source.partition,
+        source_offset=decision.source.offset,
+        user_message=decision.user_message,
+        assistant_message=decision.assistant_message,
+        metadata=decision.metadata,
+        embedding=decision.embedding,
+        embedding_model=decision.embedding_model,
+    )
+
+
+def source_watermarks(rows: list[EpisodeRow], events_topic: str) -> dict[tuple[str, int], int]:
+    """Next source-event offset per events partition that these rows cover."""
+    marks: dict[tuple[str, int], int] = {}
+    for r in rows:
+        key = (events_topic, r.source_partition)
+        marks[key] = max(marks.get(key, 0), r.source_offset + 1)
+    return marks

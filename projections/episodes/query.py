@@ -1,0 +1,60 @@
+"""Episodes, the query side used by the read client (no writes, no Faust)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import asyncpg
+import numpy as np
+
+_COLS = "episode_id, conversation_id, occurred_at, user_message, assistant_message"
+
+# relaxed_order iterative scans may return rows slightly out of order: re-sort outside.
+_NEAREST = f"""
+WITH c AS MATERIALIZED (
+    SELECT {_COLS}, embedding <=> $2 AS distance FROM episodes
+    WHERE user_id = $1 AND embedding_model = $4
+    ORDER BY embedding <=> $2 LIMIT $3)
+SELECT * FROM c ORDER BY distance, episode_id
+"""
+
+# Any of the message's words (OR), ranked by cover density; '::tsquery' keeps the lexemes as
+# to_tsvector produced them instead of stemming them twice.
+_KEYWORD = f"""
+WITH q AS (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS q
+           FROM unnest(to_tsvector('english', $2)))
+SELECT {_COLS}, ts_rank_cd(tsv, q.q) AS rank FROM episodes, q
+WHERE user_id = $1 AND q.q IS NOT NULL AND tsv @@ q.q
+ORDER BY rank DESC, occurred_at DESC, episode_id LIMIT $3
+"""
+
+_RECENT = f"""
+SELECT {_COLS} FROM (
+    SELECT {_COLS} FROM episodes WHERE user_id = $1 AND conversation_id = $2
+    ORDER BY occurred_at DESC, episode_id DESC LIMIT $3) t
+ORDER BY occurred_at, episode_id
+"""
+
+
+async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_NEAREST, user_id, embedding, k, model)
+
+
+async def keyword(conn, user_id: str, text: str, k: int) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_KEYWORD, user_id, text, k)
+
+
+async def recent(conn, user_id: str, conversation_id: str, n: int) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_RECENT, user_id, conversation_id, n)
+
+
+async def epoch(conn, projection: str = "episodes") -> int:
+    return await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = $1", projection)
+
+
+async def applied_through(conn, projection: str, topic: str, partition: int) -> int:
+    """The next offset of ``topic``/``partition`` that ``projection`` has not yet applied."""
+    value = await conn.fetchval(
+        "SELECT next_offset FROM projection_positions WHERE projection = $1 AND topic = $2 AND partition = $3",
+        projection, topic, partition,
+    )
+    return value or 0

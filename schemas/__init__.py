@@ -1,0 +1,19 @@
+"""The contract every other part of memstream shares: events, decisions and read models.
+
+Imports nothing of ours. Wire format is JSON (see ``jsonschema/``), decoded with msgspec.
+"""
+from memstream.schemas.errors import InvalidEvent, UnknownEventType
+from memstream.schemas.events import (
+    Decision,
+    EpisodeRecorded,
+    Event,
+    LogPosition,
+    TurnRecorded,
+    new_event_id,
+)
+from memstream.schemas.codec import decode_decision, decode_event, encode
+
+__all__ = [
+    "Decision", "EpisodeRecorded", "Event", "InvalidEvent", "LogPosition", "TurnRecorded",
+    "UnknownEventType", "decode_decision", "decode_event", "encode", "new_event_id",
+]

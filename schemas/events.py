@@ -1,0 +1,146 @@
+"""Event and decision types, as msgspec Structs in tagged unions.
+
+Every record on a memstream topic is a flat JSON object: the envelope fields below plus the
+fields of its type. ``type`` is a stable literal (never a module path) and ``schema_version``
+says which shape of that type the record has; older shapes are upcast on read
+(see ``upcasting``). Events are what hosts say happened (``memstream.events``); decisions are
+what formation decided about them (``memstream.decisions``), including anything that was not
+deterministic to compute, such as an embedding.
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from datetime import datetime
+from typing import Annotated, ClassVar
+
+import msgspec
+
+MAX_ID_CHARS = 256
+# Keeps one turn well under Kafka's default 1 MiB record limit even as UTF-8.
+MAX_MESSAGE_CHARS = 100_000
+
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+Message = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_CHARS)]
+MetadataValue = str | int | float | bool | None
+
+
+def new_event_id() -> uuid.UUID:
+    """A UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then random bits; sorts by creation time."""
+    ms = time.time_ns() // 1_000_000
+    raw = bytearray(ms.to_bytes(6, "big") + os.urandom(10))
+    raw[6] = (raw[6] & 0x0F) | 0x70
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    return uuid.UUID(bytes=bytes(raw))
+
+
+class LogPosition(msgspec.Struct, frozen=True):
+    """Where a record sits in the log. Returned by appends; accepted by reads (``after=``)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+def _check_envelope(ev: Event) -> None:
+    if ev.event_id.version != 7:
+        raise ValueError("event_id must be a UUIDv7")
+    if ev.occurred_at.tzinfo is None:
+        raise ValueError("occurred_at must carry a timezone offset")
+
+
+class Event(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
+    """Envelope of every event on the per-user events topic."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    event_id: uuid.UUID
+    user_id: Id
+    occurred_at: datetime
+    schema_version: int = 1
+    conversation_id: Id | None = None
+
+    def __post_init__(self) -> None:
+        _check_envelope(self)
+
+
+class TurnRecorded(Event, tag="TurnRecorded", kw_only=True, frozen=True):
+    """A completed conversation turn: what the user said and what the assistant answered."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    user_message: Message
+    assistant_message: Message
+    metadata: dict[str, MetadataValue] | None = None
+
+    def __post_init__(self) -> None:
+        _check_envelope(self)
+        if self.conversation_id is None:
+            raise ValueError("conversation_id is required for a turn")
+        if not (self.user_message.strip() or self.assistant_message.strip()):
+            raise ValueError("a turn needs a user or an assistant message")
+        if "\x00" in self.user_message or "\x00" in self.assistant_message:
+            raise ValueError("messages must not contain NUL characters")
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        user_id: str,
+        conversation_id: str,
+        user_message: str,
+        assistant_message: str,
+        occurred_at: datetime | None = None,
+        metadata: dict[str, MetadataValue] | None = None,
+    ) -> TurnRecorded:
+        """Build a turn with a fresh UUIDv7; ``occurred_at`` defaults to now (UTC)."""
+        from datetime import timezone
+
+        return cls(
+            event_id=new_event_id(),
+            user_id=user_id,
+            conversation_id=conversation_id,
+            occurred_at=occurred_at or datetime.now(timezone.utc),
+            user_message=user_message,
+            assistant_message=assistant_message,
+            metadata=metadata,
+        )
+
+
+class Decision(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
+    """Envelope of every record on the decisions topic.
+
+    ``decision_id`` derives from the source event (uuid5), so a decision produced twice for the
+    same event is the same decision. ``source`` is the event's log position and
+    ``recorded_at`` the source record's log timestamp: system time, identical on replay.
+    """
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    decision_id: uuid.UUID
+    source_event_id: uuid.UUID
+    source: LogPosition
+    recorded_at: datetime
+    user_id: Id
+    schema_version: int = 1
+
+
+class EpisodeRecorded(Decision, tag="EpisodeRecorded", kw_only=True, frozen=True):
+    """A turn became an episode, with the embedding formation computed for it."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    conversation_id: Id
+    occurred_at: datetime
+    user_message: Message
+    assistant_message: Message
+    metadata: dict[str, MetadataValue] | None = None
+    embedding: bytes  # little-endian float32, base64 in JSON
+    embedding_model: str
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded,)
+DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded,)
+AnyEvent = TurnRecorded
+AnyDecision = EpisodeRecorded

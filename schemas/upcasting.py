@@ -1,0 +1,36 @@
+"""Upcasters: pure functions that lift an old record shape one version up.
+
+Register one function per ``(type, from_version)``; ``upcast`` chains them until the record
+reaches the version this build writes. Only v1 exists today; the registry is here so that a
+v2 is a new function and a new golden fixture, not a migration of the log.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+Raw = dict[str, Any]
+Upcaster = Callable[[Raw], Raw]
+
+_UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+
+def upcaster(type_: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Register ``fn`` as the step from ``from_version`` to ``from_version + 1`` of ``type_``."""
+
+    def register(fn: Upcaster) -> Upcaster:
+        _UPCASTERS[(type_, from_version)] = fn
+        return fn
+
+    return register
+
+
+def upcast(raw: Raw, target_version: int) -> Raw:
+    """Apply registered steps to ``raw`` until it reaches ``target_version``."""
+    version = int(raw.get("schema_version", 1))
+    while version < target_version:
+        step = _UPCASTERS.get((raw["type"], version))
+        if step is None:
+            raise LookupError(f"no upcaster for {raw['type']} v{version}")
+        raw = {**step(raw), "schema_version": version + 1}
+        version += 1
+    return raw

@@ -1,0 +1,72 @@
+"""The position gate: Postgres positions, not Kafka's group offsets, decide what is applied.
+
+Faust acknowledges a ``take_events`` batch in a ``finally`` block, so a cancelled or crashed
+batch can be committed to Kafka without having been applied. The gate keeps each partition
+contiguous with what the store says it has applied: a record below the stored position is a
+redelivery and is skipped; a record above it means Kafka skipped ahead, so the gate seeks the
+consumer back to the stored position and drops records until the missing one arrives.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Awaitable, Callable, Iterable
+
+from memstream.streams.records import Record
+
+log = logging.getLogger("memstream.streams")
+
+Loader = Callable[[str], Awaitable[dict[int, int]]]  # topic -> {partition: next offset}
+Seeker = Callable[[str, int, int], Awaitable[None]]  # (topic, partition, offset)
+
+RESEEK_AFTER_S = 5.0
+MAX_SEEKS = 3
+
+
+class PositionGate:
+    def __init__(self, name: str, load: Loader, seek: Seeker):
+        self.name = name
+        self._load, self._seek = load, seek
+        self._next: dict[tuple[str, int], int] = {}
+        self._seeking: dict[tuple[str, int], tuple[int, float]] = {}  # tp -> (seeks, since)
+
+    def forget(self, tps: Iterable[tuple[str, int]]) -> None:
+        """Drop cached positions (on rebalance: another worker may have moved them)."""
+        for tp in tps:
+            self._next.pop(tp, None)
+            self._seeking.pop(tp, None)
+
+    async def admit(self, records: list[Record]) -> list[Record]:
+        for topic in {r.topic for r in records if (r.topic, r.partition) not in self._next}:
+            stored = await self._load(topic)
+            for r in records:
+                if r.topic == topic:
+                    self._next.setdefault((topic, r.partition), stored.get(r.partition, 0))
+        admitted: list[Record] = []
+        for r in records:
+            tp = (r.topic, r.partition)
+            expected = self._next[tp]
+            if r.offset < expected:
+                continue  # already applied: a redelivery
+            if r.offset > expected and not await self._gap(tp, expected, r.offset):
+                continue
+            self._seeking.pop(tp, None)
+            self._next[tp] = r.offset + 1
+            admitted.append(r)
+        return admitted
+
+    async def _gap(self, tp: tuple[str, int], expected: int, got: int) -> bool:
+        """Handle a record past the stored position; True means accept the gap."""
+        seeks, since = self._seeking.get(tp, (0, 0.0))
+        if seeks and time.monotonic() - since < RESEEK_AFTER_S:
+            return False  # a seek is under way; these are stale buffered records
+        if seeks >= MAX_SEEKS:
+            # The log itself has no such offsets (retention, or transaction markers).
+            log.error("%s: %s/%s offsets %s..%s are not in the log; continuing at %s",
+                      self.name, tp[0], tp[1], expected, got - 1, got)
+            return True
+        log.warning("%s: %s/%s got offset %s but applied only up to %s; seeking back",
+                    self.name, tp[0], tp[1], got, expected)
+        self._seeking[tp] = (seeks + 1, time.monotonic())
+        await self._seek(tp[0], tp[1], expected)
+        return False

@@ -1,0 +1,80 @@
+"""``TurnLog``: how hosts append turns to the per-user events topic."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Sequence
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError, KafkaError
+
+from memstream.config import Settings
+from memstream.schemas import Event, LogPosition, encode
+from memstream.schemas.codec import validated
+from memstream.streams.errors import BrokerUnavailable
+
+log = logging.getLogger("memstream.streams")
+
+
+def idempotent_producer(bootstrap: str, **extra) -> AIOKafkaProducer:
+    """acks=all + idempotence: an acknowledged record is on every in-sync replica, and a retried
+    send cannot duplicate or reorder records within a partition."""
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=2,
+        request_timeout_ms=15000, **extra,
+    )
+
+
+class TurnLog:
+    """Appends events to ``memstream.events`` keyed by ``user_id``.
+
+    ``append`` returns once Kafka has acknowledged the record with ``acks=all``: from then on the
+    event is durable and will be projected. Invalid events raise ``InvalidEvent`` before anything
+    is sent; ``append_many`` validates the whole batch first, so an invalid event sends none of
+    it. An unreachable broker raises ``BrokerUnavailable``; a batch interrupted by the broker may
+    be partly written — retrying it is safe, since projections key rows by ``event_id``.
+    """
+
+    def __init__(self, settings: Settings):
+        self._settings = settings
+        self._producer = idempotent_producer(settings.kafka_bootstrap)
+        self._started = False
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        try:
+            await self._producer.start()
+        except KafkaConnectionError as exc:
+            await self._producer.stop()
+            raise BrokerUnavailable(f"cannot reach Kafka at {self._settings.kafka_bootstrap}: {exc}") from exc
+        self._started = True
+
+    async def stop(self) -> None:
+        if self._started:
+            await self._producer.stop()
+            self._started = False
+
+    async def __aenter__(self) -> TurnLog:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def append(self, event: Event) -> LogPosition:
+        return (await self.append_many([event]))[0]
+
+    async def append_many(self, events: Sequence[Event]) -> list[LogPosition]:
+        checked = [validated(e) for e in events]  # raises InvalidEvent before any send
+        await self.start()
+        topic = self._settings.events_topic
+        try:
+            futures = [
+                await self._producer.send(topic, encode(e), key=e.user_id.encode())
+                for e in checked
+            ]
+            metas = await asyncio.gather(*futures)
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"Kafka did not acknowledge the append: {exc}") from exc
+        return [LogPosition(topic, m.partition, m.offset) for m in metas]

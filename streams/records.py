@@ -1,0 +1,33 @@
+"""Our own view of a consumed Kafka record, independent of Faust's event objects."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int  # the broker/producer timestamp: system time on the log
+
+    @property
+    def timestamp(self) -> datetime:
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=timezone.utc)
+
+    @property
+    def where(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+def from_faust(event) -> Record:
+    m = event.message
+    headers = m.headers or ()
+    if isinstance(headers, dict):
+        headers = tuple(headers.items())
+    return Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(headers),
+                  int(round((m.timestamp or 0) * 1000)))

@@ -1,0 +1,49 @@
+"""Topic names and creation. Events and decisions share one partition count so that a user's
+events and decisions land in the same partition number (both are keyed by ``user_id``)."""
+from __future__ import annotations
+
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+
+from memstream.config import Settings
+from memstream.streams.errors import BrokerUnavailable
+
+log = logging.getLogger("memstream.streams")
+
+# The log is the source of truth: nothing ages out of it.
+FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
+async def ensure_topics(settings: Settings) -> None:
+    """Create the events, decisions and dead-letter topics if missing. Existing topics are left
+    as they are (a partition count is never changed here: that would move users' keys)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15000)
+    try:
+        await admin.start()
+    except KafkaConnectionError as exc:
+        raise BrokerUnavailable(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [
+            NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=FOREVER)
+            for name in (settings.events_topic, settings.decisions_topic, settings.dead_letter_topic)
+            if name not in existing
+        ]
+        if wanted:
+            try:
+                await admin.create_topics(wanted)
+            except TopicAlreadyExistsError:
+                pass
+            log.info("created topics %s", [t.name for t in wanted])
+        await _check_copartitioned(admin, settings)
+    finally:
+        await admin.close()
+
+
+async def _check_copartitioned(admin: AIOKafkaAdminClient, settings: Settings) -> None:
+    described = await admin.describe_topics([settings.events_topic, settings.decisions_topic])
+    counts = {d["topic"]: len(d["partitions"]) for d in described}
+    if len(set(counts.values())) != 1:
+        raise RuntimeError(f"events and decisions topics must have one partition count, found {counts}")

@@ -1,0 +1,157 @@
+"""The worker: a Faust app with two agents, wired to our own decode / gate / step code.
+
+Agents consume raw bytes and hand batches to ``Step.process`` through ``run_batch``, which
+retries transient infrastructure errors in place and *stops the process* on anything else: a
+Faust agent that raises would acknowledge the batch, so raising is never an option.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Sequence
+
+import asyncpg
+import faust
+import redis.asyncio as aioredis
+from aiokafka.errors import KafkaError
+from faust.types import TP
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
+
+from memstream.config import Settings
+from memstream.embedding import default_embedder
+from memstream.projections import db
+from memstream.projections import positions as pos
+from memstream.streams.dead_letter import DeadLetters
+from memstream.streams.gate import PositionGate
+from memstream.streams.producer import idempotent_producer
+from memstream.streams.records import from_faust
+from memstream.streams.steps import EpisodesProjection, Formation, Step, _transient
+
+log = logging.getLogger("memstream.worker")
+
+EXIT_FATAL = 70
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, KafkaError):
+        return getattr(exc, "retriable", False) or "Connection" in type(exc).__name__
+    return _transient(exc) or isinstance(exc, (ConnectionError, OSError, asyncio.TimeoutError))
+
+
+class Runtime:
+    """Resources shared by the agents, created lazily on the worker's event loop."""
+
+    def __init__(self, settings: Settings, dsn: str):
+        self.settings, self.dsn = settings, dsn
+        self._lock = asyncio.Lock()
+        self.steps: dict[str, tuple[Step, PositionGate]] = {}
+        self.app: faust.App | None = None
+
+    async def ready(self) -> None:
+        async with self._lock:
+            if self.steps:
+                return
+            s = self.settings
+            self.pool = await db.create_pool(self.dsn, s.postgres_schema, max_size=4)
+            self.redis = aioredis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2)
+            self.producer = idempotent_producer(s.kafka_bootstrap)
+            await self.producer.start()
+            dead = DeadLetters(self.producer, s.dead_letter_topic, s.max_dead_letters_per_1000)
+            embedder = await asyncio.to_thread(default_embedder, s.embed_threads)
+            formation = Formation(producer=self.producer, decisions_topic=s.decisions_topic,
+                                  embedder=embedder, dead_letters=dead, pool=self.pool)
+            episodes = EpisodesProjection(pool=self.pool, redis=self.redis, schema=s.postgres_schema,
+                                          events_topic=s.events_topic, dead_letters=dead,
+                                          tier0_turns=s.tier0_turns)
+            for step in (formation, episodes):
+                self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek))
+            log.info("worker ready: schema=%s embedder=%s", s.postgres_schema, embedder.model_id)
+
+    def _loader(self, projection: str):
+        async def load(topic: str) -> dict[int, int]:
+            return await pos.load(self.pool, projection, topic)
+        return load
+
+    async def _seek(self, topic: str, partition: int, offset: int) -> None:
+        assert self.app is not None
+        await self.app.consumer.seek(TP(topic, partition), offset)
+
+    def forget(self, tps) -> None:
+        for _, gate in self.steps.values():
+            gate.forget([(tp.topic, tp.partition) for tp in tps])
+
+    async def run_batch(self, name: str, events: Sequence) -> None:
+        step, gate = self.steps[name]
+        try:
+            records = await gate.admit([from_faust(e) for e in events])
+            if not records:
+                return
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_retryable), wait=wait_exponential(multiplier=0.2, max=10),
+                before_sleep=lambda rs: log.warning("%s: transient error, retrying: %r", name, rs.outcome.exception()),
+                reraise=True,
+            ):
+                with attempt:
+                    await step.process(records)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            # Not acknowledging is the only safe move: exit before Faust's finally can ack.
+            log.critical("%s: unrecoverable error; stopping the worker without acknowledging", name, exc_info=True)
+            logging.shutdown()
+            os._exit(EXIT_FATAL)
+
+
+def create_app(settings: Settings, runtime: Runtime) -> faust.App:
+    app = faust.App(
+        settings.group_id,
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        store="memory://",
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=10,
+        broker_heartbeat_interval=1,
+        broker_commit_interval=1.0,
+        topic_partitions=settings.partitions,
+        producer_acks=-1,
+        stream_wait_empty=False,
+    )
+    runtime.app = app
+    raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    events = app.topic(settings.events_topic, **raw)
+    decisions = app.topic(settings.decisions_topic, **raw)
+
+    async def consume(name: str, stream) -> None:
+        await runtime.ready()
+        async for batch in stream.take_events(settings.batch_size, within=settings.batch_seconds):
+            await runtime.run_batch(name, batch)
+
+    @app.agent(events, name="formation")
+    async def formation(stream):
+        await consume("formation", stream)
+
+    @app.agent(decisions, name="episodes")
+    async def project_episodes(stream):
+        await consume("episodes", stream)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender, revoked, **kwargs):
+        runtime.forget(revoked)
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender, assigned, **kwargs):
+        runtime.forget(assigned)
+        mine = sorted(f"{tp.topic}/{tp.partition}" for tp in assigned
+                      if tp.topic in (settings.events_topic, settings.decisions_topic))
+        log.info("assigned partitions: %s", " ".join(mine) or "(none)")
+
+    return app
+
+
+def run_worker(settings: Settings, dsn: str, loglevel: str = "INFO") -> None:
+    """Run until SIGTERM/SIGINT. Topics must exist (``ensure_topics``)."""
+    runtime = Runtime(settings, dsn)
+    app = create_app(settings, runtime)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+    worker.execute_from_commandline()
