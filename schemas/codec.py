@@ -16,6 +16,7 @@ _EVENTS = {cls.__struct_config__.tag: cls for cls in EVENT_TYPES}
 _DECISIONS = {cls.__struct_config__.tag: cls for cls in DECISION_TYPES}
 _encoder = msgspec.json.Encoder()
 _PATH = re.compile(r"^(?P<reason>.*?)(?: - at `(?P<field>[^`]+)`)?$", re.S)
+_MISSING = re.compile(r"missing required field `(?P<name>[^`]+)`")
 
 
 class _Header(msgspec.Struct):
@@ -30,7 +31,10 @@ def encode(record: Event | Decision) -> bytes:
 def _invalid(exc: Exception) -> InvalidEvent:
     m = _PATH.match(str(exc))
     assert m is not None
-    return InvalidEvent(m["reason"], m["field"])
+    field, missing = m["field"], _MISSING.search(m["reason"])
+    if missing:
+        field = f"{field or '$'}.{missing['name']}"
+    return InvalidEvent(m["reason"], field)
 
 
 def _decode(data: bytes, registry: dict[str, type[T]]) -> T:

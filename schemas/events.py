@@ -17,6 +17,8 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
+from memstream.schemas.errors import InvalidEvent
+
 MAX_ID_CHARS = 256
 # Keeps one turn well under Kafka's default 1 MiB record limit even as UTF-8.
 MAX_MESSAGE_CHARS = 100_000
@@ -45,9 +47,9 @@ class LogPosition(msgspec.Struct, frozen=True):
 
 def _check_envelope(ev: Event) -> None:
     if ev.event_id.version != 7:
-        raise ValueError("event_id must be a UUIDv7")
+        raise InvalidEvent("event_id must be a UUIDv7", "$.event_id")
     if ev.occurred_at.tzinfo is None:
-        raise ValueError("occurred_at must carry a timezone offset")
+        raise InvalidEvent("occurred_at must carry a timezone offset", "$.occurred_at")
 
 
 class Event(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
@@ -77,11 +79,11 @@ class TurnRecorded(Event, tag="TurnRecorded", kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         _check_envelope(self)
         if self.conversation_id is None:
-            raise ValueError("conversation_id is required for a turn")
+            raise InvalidEvent("conversation_id is required for a turn", "$.conversation_id")
         if not (self.user_message.strip() or self.assistant_message.strip()):
-            raise ValueError("a turn needs a user or an assistant message")
+            raise InvalidEvent("a turn needs a user or an assistant message", "$.user_message")
         if "\x00" in self.user_message or "\x00" in self.assistant_message:
-            raise ValueError("messages must not contain NUL characters")
+            raise InvalidEvent("messages must not contain NUL characters", "$.user_message")
 
     @classmethod
     def new(

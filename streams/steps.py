@@ -127,6 +127,8 @@ class EpisodesProjection:
                 await self._apply_one_by_one(conn, records, rows, exc)
             if self._epoch is None:
                 self._epoch = await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'episodes'")
+        if self._redis is None or not rows:
+            return
         try:
             await session_cache.push_turns(self._redis, self._schema, self._epoch, (row for _, row in rows), self._keep)
         except Exception:  # a derived cache: the read path falls back to Postgres

@@ -1,0 +1,125 @@
+"""The wire contract: golden fixtures of every shipped version, validation at the edge,
+upcasting, and the checked-in JSON Schema."""
+import json
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from memstream.schemas import (EpisodeRecorded, InvalidEvent, TurnRecorded, UnknownEventType,
+                               decode_decision, decode_event, encode, new_event_id)
+from memstream.schemas.codec import validated
+from memstream.schemas.jsonschema import SCHEMA_PATH, render
+from memstream.schemas.upcasting import upcast, upcaster
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "events"
+
+
+def turn_json(**changes) -> bytes:
+    raw = json.loads((FIXTURES / "TurnRecorded.v1.json").read_text())
+    raw.update(changes)
+    return json.dumps({k: v for k, v in raw.items() if v is not ...}).encode()
+
+
+def test_golden_turn_recorded_v1_decodes_to_the_same_turn():
+    turn = decode_event((FIXTURES / "TurnRecorded.v1.json").read_bytes())
+    assert isinstance(turn, TurnRecorded)
+    assert turn.event_id == uuid.UUID("0193a5b2-7c4e-7d3a-9f21-3b5e8c1d2a4f")
+    assert (turn.user_id, turn.conversation_id) == ("user-42", "conv-7")
+    assert turn.occurred_at == datetime(2026, 3, 1, 9, 30, tzinfo=timezone.utc)
+    assert turn.user_message.startswith("I live in Lisbon")
+    assert turn.metadata == {"channel": "web", "turn": 3}
+    assert json.loads(encode(turn)) == json.loads((FIXTURES / "TurnRecorded.v1.json").read_text())
+
+
+def test_golden_episode_recorded_v1_decodes_with_its_embedding():
+    d = decode_decision((FIXTURES / "EpisodeRecorded.v1.json").read_bytes())
+    assert isinstance(d, EpisodeRecorded)
+    assert d.decision_id == uuid.uuid5(d.source_event_id, "episode")
+    assert (d.source.partition, d.source.offset) == (2, 17)
+    assert len(d.embedding) == 384 * 4
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"user_id": ""}, "$.user_id"),
+    ({"user_id": ...}, "$.user_id"),
+    ({"user_id": "x" * 257}, "$.user_id"),
+    ({"user_message": 5}, "$.user_message"),
+    ({"occurred_at": "2026-03-01T09:30:00"}, None),  # naive: reason names occurred_at
+    ({"event_id": str(uuid.uuid4())}, None),  # v4: reason names UUIDv7
+    ({"conversation_id": None}, None),
+    ({"metadata": {"nested": {"no": 1}}}, "$.metadata"),
+])
+def test_invalid_turns_name_the_field_and_the_reason(changes, field):
+    with pytest.raises(InvalidEvent) as info:
+        decode_event(turn_json(**changes))
+    if field:
+        assert info.value.field is not None and info.value.field.startswith(field)
+    else:
+        assert any(w in info.value.reason for w in ("occurred_at", "UUIDv7", "conversation_id"))
+
+
+def test_a_turn_with_a_nul_character_is_refused_at_the_edge():
+    with pytest.raises(InvalidEvent, match="NUL"):
+        TurnRecorded.new(user_id="u", conversation_id="c", user_message="a\x00b", assistant_message="")
+
+
+def test_constraints_msgspec_checks_only_on_decode_are_enforced_by_validated():
+    turn = TurnRecorded.new(user_id="u" * 300, conversation_id="c", user_message="hi", assistant_message="")
+    with pytest.raises(InvalidEvent) as info:
+        validated(turn)
+    assert info.value.field == "$.user_id"
+
+
+def test_undecodable_bytes_raise_invalid_event():
+    with pytest.raises(InvalidEvent):
+        decode_event(b"{not json")
+
+
+def test_an_unknown_type_or_a_newer_version_is_refused_not_guessed():
+    with pytest.raises(UnknownEventType):
+        decode_event(turn_json(type="TurnDeleted"))
+    with pytest.raises(UnknownEventType, match="newer"):
+        decode_event(turn_json(schema_version=2))
+
+
+def test_upcasters_chain_from_old_versions_to_the_current_one():
+    @upcaster("TestThing", 1)
+    def v1_to_v2(raw):
+        raw = dict(raw)
+        raw["name"] = raw.pop("title")
+        return raw
+
+    @upcaster("TestThing", 2)
+    def v2_to_v3(raw):
+        return {**raw, "tags": []}
+
+    out = upcast({"type": "TestThing", "schema_version": 1, "title": "x"}, 3)
+    assert out == {"type": "TestThing", "schema_version": 3, "name": "x", "tags": []}
+    with pytest.raises(LookupError):
+        upcast({"type": "TestThing", "schema_version": 1, "title": "x"}, 4)
+
+
+def test_new_event_ids_are_uuid7_and_time_ordered():
+    ids = [new_event_id() for _ in range(50)]
+    assert all(i.version == 7 for i in ids)
+    assert [i.bytes[:6] for i in ids] == sorted(i.bytes[:6] for i in ids)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    user_id=st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s),
+    user_message=st.text(max_size=200).filter(lambda s: "\x00" not in s and s.strip()),
+    assistant_message=st.text(max_size=200).filter(lambda s: "\x00" not in s),
+    metadata=st.none() | st.dictionaries(st.text(max_size=10), st.integers() | st.text(max_size=10) | st.booleans(), max_size=4),
+)
+def test_any_valid_turn_round_trips_through_the_wire_format(user_id, user_message, assistant_message, metadata):
+    turn = TurnRecorded.new(user_id=user_id, conversation_id="c", user_message=user_message,
+                            assistant_message=assistant_message, metadata=metadata)
+    assert decode_event(encode(turn)) == turn
+
+
+def test_the_checked_in_json_schema_is_current():
+    assert SCHEMA_PATH.read_text() == render(), "run `memstream jsonschema`"

@@ -1,0 +1,65 @@
+"""The position gate keeps each partition contiguous with what the store has applied."""
+import pytest
+
+from memstream.streams import gate as gate_mod
+from memstream.streams.gate import PositionGate
+from memstream.streams.records import Record
+
+
+def rec(p, o, topic="t"):
+    return Record(topic, p, o, b"k", b"v", (), 0)
+
+
+class Fakes:
+    def __init__(self, stored):
+        self.stored, self.seeks = stored, []
+
+    async def load(self, topic):
+        return dict(self.stored)
+
+    async def seek(self, topic, partition, offset):
+        self.seeks.append((topic, partition, offset))
+
+
+async def test_records_below_the_stored_position_are_redeliveries_and_skipped():
+    f = Fakes({0: 5})
+    g = PositionGate("x", f.load, f.seek)
+    out = await g.admit([rec(0, o) for o in range(3, 8)])
+    assert [r.offset for r in out] == [5, 6, 7]
+    assert await g.admit([rec(0, 6), rec(0, 7)]) == []
+
+
+async def test_a_record_past_the_stored_position_seeks_back_instead_of_skipping_data():
+    f = Fakes({0: 5})
+    g = PositionGate("x", f.load, f.seek)
+    assert await g.admit([rec(0, 9), rec(0, 10)]) == []
+    assert f.seeks == [("t", 0, 5)]
+    out = await g.admit([rec(0, 5), rec(0, 6)])  # the re-read after the seek
+    assert [r.offset for r in out] == [5, 6]
+
+
+async def test_a_partition_never_applied_starts_at_offset_zero():
+    f = Fakes({})
+    g = PositionGate("x", f.load, f.seek)
+    assert [r.offset for r in await g.admit([rec(1, 0), rec(1, 1)])] == [0, 1]
+    assert await g.admit([rec(2, 3)]) == [] and f.seeks == [("t", 2, 0)]
+
+
+async def test_a_gap_that_persists_after_repeated_seeks_is_accepted(monkeypatch):
+    monkeypatch.setattr(gate_mod, "RESEEK_AFTER_S", 0.0)
+    f = Fakes({0: 0})
+    g = PositionGate("x", f.load, f.seek)
+    for _ in range(gate_mod.MAX_SEEKS):
+        assert await g.admit([rec(0, 4)]) == []
+    assert [r.offset for r in await g.admit([rec(0, 4)])] == [4]
+    assert len(f.seeks) == gate_mod.MAX_SEEKS
+
+
+async def test_forgetting_a_partition_reloads_its_position():
+    f = Fakes({0: 2})
+    g = PositionGate("x", f.load, f.seek)
+    await g.admit([rec(0, 2)])
+    f.stored = {0: 10}  # another worker moved it
+    g.forget([("t", 0)])
+    assert [r.offset for r in await g.admit([rec(0, 9), rec(0, 10)])] == [10]
+    assert f.seeks == []
