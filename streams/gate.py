@@ -36,6 +36,19 @@ class PositionGate:
             self._next.pop(tp, None)
             self._seeking.pop(tp, None)
 
+    async def align(self, topic: str, consumer_positions: dict[int, int | None]) -> None:
+        """After an assignment: seek back every partition the consumer would resume past the
+        stored position (Kafka's committed offset ran ahead of what was applied)."""
+        stored = await self._load(topic)
+        for partition, at in consumer_positions.items():
+            expected = stored.get(partition, 0)
+            self._next[(topic, partition)] = expected
+            if at is not None and at > expected:
+                log.warning("%s: %s/%s would resume at %s but applied only up to %s; seeking back",
+                            self.name, topic, partition, at, expected)
+                self._seeking[(topic, partition)] = (1, time.monotonic())
+                await self._seek(topic, partition, expected)
+
     async def admit(self, records: list[Record]) -> list[Record]:
         for topic in {r.topic for r in records if (r.topic, r.partition) not in self._next}:
             stored = await self._load(topic)

@@ -77,6 +77,23 @@ class Runtime:
         assert self.app is not None
         await self.app.consumer.seek(TP(topic, partition), offset)
 
+    async def align(self, topics: dict[str, str]) -> None:
+        """Once Faust has resumed the consumer at Kafka's committed offsets (it does so *after*
+        signalling rebalance-complete), move every assigned partition back to what Postgres says
+        was applied. ``topics`` maps topic -> step name."""
+        assert self.app is not None
+        await self.ready()
+        consumer = self.app.consumer
+        deadline = asyncio.get_running_loop().time() + 60
+        while not consumer.flow_active and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        assigned = [tp for tp in consumer.assignment() if tp.topic in topics]
+        for topic, step in topics.items():
+            mine = [tp for tp in assigned if tp.topic == topic]
+            if mine:
+                positions = {tp.partition: await consumer.position(tp) for tp in mine}
+                await self.steps[step][1].align(topic, positions)
+
     def forget(self, tps) -> None:
         for _, gate in self.steps.values():
             gate.forget([(tp.topic, tp.partition) for tp in tps])
@@ -139,6 +156,12 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     async def on_revoked(sender, revoked, **kwargs):
         runtime.forget(revoked)
 
+    @app.on_rebalance_complete.connect
+    async def on_rebalance_complete(sender, **kwargs):
+        task = asyncio.ensure_future(runtime.align({settings.events_topic: "formation",
+                                                    settings.decisions_topic: "episodes"}))
+        task.add_done_callback(_fatal_on_failure)
+
     @app.on_partitions_assigned.connect
     async def on_assigned(sender, assigned, **kwargs):
         runtime.forget(assigned)
@@ -147,6 +170,14 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
         log.info("assigned partitions: %s", " ".join(mine) or "(none)")
 
     return app
+
+
+def _fatal_on_failure(task: asyncio.Future) -> None:
+    # Unaligned partitions could resume past unapplied records: stop rather than risk it.
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("aligning partitions with stored positions failed; stopping", exc_info=task.exception())
+        logging.shutdown()
+        os._exit(EXIT_FATAL)
 
 
 def run_worker(settings: Settings, dsn: str, loglevel: str = "INFO") -> None:

@@ -63,3 +63,13 @@ async def test_forgetting_a_partition_reloads_its_position():
     g.forget([("t", 0)])
     assert [r.offset for r in await g.admit([rec(0, 9), rec(0, 10)])] == [10]
     assert f.seeks == []
+
+
+async def test_align_seeks_back_only_partitions_the_consumer_would_resume_past_the_store():
+    f = Fakes({0: 5, 1: 7})
+    g = PositionGate("x", f.load, f.seek)
+    await g.align("t", {0: 9, 1: 7, 2: None})
+    assert f.seeks == [("t", 0, 5)]
+    assert await g.admit([rec(0, 9)]) == []  # stale record from before the seek: dropped, no re-seek
+    assert len(f.seeks) == 1
+    assert [r.offset for r in await g.admit([rec(0, 5), rec(1, 7)])] == [5, 7]

@@ -1,0 +1,135 @@
+"""Integration tier: real Kafka, Postgres+pgvector and Redis from the local stack.
+
+The stack is started (or reused) once per session. Every test gets its own topics, consumer
+group and Postgres schema, so tests cannot see each other's data."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+from pgvector.asyncpg import register_vector
+
+from memstream.config import Settings
+from memstream.projections.db import drop_schema, migrate
+from memstream.stack.launcher import Stack
+from memstream.streams.topics import ensure_topics
+
+ROOT = Path(__file__).resolve().parents[2]
+HOME = Path(os.environ.get("MEMSTREAM_HOME", ROOT / ".memstream"))
+
+
+@pytest.fixture(scope="session")
+def stack() -> Stack:
+    s = Stack(HOME)
+    s.up()
+    return s
+
+
+@pytest.fixture(scope="session")
+def dsn(stack: Stack) -> str:
+    return stack.postgres.dsn
+
+
+@pytest.fixture
+async def settings(stack: Stack, dsn: str):
+    tag = uuid.uuid4().hex[:10]
+    s = Settings(
+        home=HOME,
+        events_topic=f"t{tag}.events",
+        decisions_topic=f"t{tag}.decisions",
+        dead_letter_topic=f"t{tag}.dead-letter",
+        group_id=f"g{tag}",
+        postgres_schema=f"t_{tag}",
+        partitions=4,
+    )
+    await ensure_topics(s)
+    await migrate(dsn, s.postgres_schema)
+    yield s
+    await drop_schema(dsn, s.postgres_schema)
+
+
+@pytest.fixture
+async def conn(dsn: str, settings: Settings):
+    c = await asyncpg.connect(dsn, server_settings={"search_path": f"{settings.postgres_schema},public"})
+    await register_vector(c)
+    yield c
+    await c.close()
+
+
+class Worker:
+    def __init__(self, settings: Settings, log_path: Path, group_id: str | None = None):
+        env = {**os.environ, "MEMSTREAM_HOME": str(HOME)}
+        for name in ("kafka_bootstrap", "events_topic", "decisions_topic", "dead_letter_topic",
+                     "postgres_schema", "redis_url", "partitions"):
+            env[f"MEMSTREAM_{name.upper()}"] = str(getattr(settings, name))
+        env["MEMSTREAM_GROUP_ID"] = group_id or settings.group_id
+        self.log_path = log_path
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "memstream.cli", "worker"], env=env, cwd=ROOT,
+            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def assigned(self) -> list[str]:
+        """The partitions of the latest assignment this worker logged."""
+        lines = [l for l in self.log().splitlines() if "assigned partitions:" in l]
+        return lines[-1].split("assigned partitions:")[1].split() if lines else []
+
+    async def wait_assigned(self, timeout: float = 60) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            got = [p for p in self.assigned() if p != "(none)"]
+            if got:
+                return got
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"worker got no partitions within {timeout}s:\n{self.log()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def workers(settings: Settings, tmp_path: Path):
+    started: list[Worker] = []
+
+    def start(group_id: str | None = None) -> Worker:
+        w = Worker(settings, tmp_path / f"worker{len(started)}.log", group_id)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+async def wait_until(predicate, timeout: float = 60, what: str = "condition", interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await predicate()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")

@@ -1,0 +1,157 @@
+"""Delivery guarantees under duplicates, crashes, poison records and scaling out."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from memstream.schemas import encode
+from memstream.streams.producer import TurnLog
+
+from .conftest import wait_until
+from .helpers import turns
+
+pytestmark = pytest.mark.asyncio
+
+
+async def snapshot(conn):
+    return await conn.fetch("SELECT episode_id, source_event_id, user_message, embedding::text FROM episodes ORDER BY episode_id")
+
+
+async def count_is(conn, n):
+    return await conn.fetchval("SELECT count(*) FROM episodes") == n
+
+
+async def test_the_same_records_delivered_again_leave_the_table_unchanged(settings, conn, workers):
+    w = workers()
+    await w.wait_assigned()
+    batch = turns(30, users=3)
+    async with TurnLog(settings) as log:
+        await log.append_many(batch)
+        await wait_until(lambda: count_is(conn, 30), what="30 episodes")
+        before = await snapshot(conn)
+        # A host retry after a lost ack: the very same events appended again.
+        await log.append_many(batch)
+    w.stop()
+    # Kafka group offsets are advisory: a fresh group re-reads both copies from offset 0.
+    w2 = workers(group_id=settings.group_id + "-fresh")
+    await w2.wait_assigned()
+
+    async def caught_up():
+        rows = await conn.fetch("SELECT topic, next_offset FROM projection_positions WHERE projection='formation'")
+        return sum(r["next_offset"] for r in rows) == 60
+
+    await wait_until(caught_up, what="formation to pass the duplicates")
+    await asyncio.sleep(1.0)
+    assert await snapshot(conn) == before
+
+
+async def test_a_worker_killed_mid_stream_ends_with_every_turn_projected_exactly_once(settings, conn, workers):
+    n = 3000
+    w = workers()
+    await w.wait_assigned()
+    async with TurnLog(settings) as log:
+        sent = turns(n, users=20, prefix="k")
+        for i in range(0, n, 500):
+            await log.append_many(sent[i:i + 500])
+    await wait_until(lambda: _at_least(conn, 200), what="some episodes before the kill", interval=0.02)
+    w.kill()
+    projected_at_kill = await conn.fetchval("SELECT count(*) FROM episodes")
+    assert projected_at_kill < n, "the kill came too late to test anything"
+    w2 = workers()
+    await w2.wait_assigned()
+    await wait_until(lambda: count_is(conn, n), timeout=180, what=f"{n} episodes")
+    ids = {r["source_event_id"] for r in await conn.fetch("SELECT source_event_id FROM episodes")}
+    assert ids == {t.event_id for t in sent}
+    rows = await conn.fetch("SELECT partition, next_offset FROM projection_positions WHERE projection='formation'")
+    assert sum(r["next_offset"] for r in rows) == n
+
+
+async def test_a_poison_record_is_dead_lettered_with_its_reason_and_later_records_still_project(settings, conn, workers):
+    w = workers()
+    await w.wait_assigned()
+    good = turns(10, users=1, prefix="p")
+    bad_json = b'{"type": "TurnRecorded", "user_id": '
+    bad_field = json.loads(encode(good[0]))
+    bad_field["event_id"] = "not-a-uuid"
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        key = good[0].user_id.encode()
+        for t in good[:5]:
+            await producer.send_and_wait(settings.events_topic, encode(t), key=key)
+        await producer.send_and_wait(settings.events_topic, bad_json, key=key, headers=[("origin", b"test")])
+        await producer.send_and_wait(settings.events_topic, json.dumps(bad_field).encode(), key=key)
+        for t in good[5:]:
+            await producer.send_and_wait(settings.events_topic, encode(t), key=key)
+    finally:
+        await producer.stop()
+    await wait_until(lambda: count_is(conn, 10), what="the 10 good turns")
+    letters = await _read_all(settings, settings.dead_letter_topic, 2)
+    assert [m.value for m in letters] == [bad_json, json.dumps(bad_field).encode()]
+    headers = dict(letters[0].headers)
+    assert headers["origin"] == b"test"
+    assert headers["memstream.stage"] == b"formation"
+    assert b"undecodable event" in headers["memstream.reason"]
+    assert headers["memstream.source"].startswith(settings.events_topic.encode())
+    assert b"event_id" in dict(letters[1].headers)["memstream.reason"]
+
+
+async def test_two_workers_in_one_group_split_the_partitions_and_project_everything(settings, conn, workers):
+    a, b = workers(), workers()
+    await a.wait_assigned()
+    await b.wait_assigned()
+
+    async def split():
+        pa, pb = set(a.assigned()), set(b.assigned())
+        return pa and pb and not (pa & pb) and len(pa | pb) == 2 * settings.partitions
+
+    await wait_until(split, timeout=60, what="a disjoint split of all partitions")
+    async with TurnLog(settings) as log:
+        await log.append_many(turns(400, users=40, prefix="s"))
+    await wait_until(lambda: count_is(conn, 400), timeout=120, what="400 episodes")
+    users = await conn.fetchval("SELECT count(DISTINCT user_id) FROM episodes")
+    assert users == 40
+
+
+async def test_kafka_offsets_committed_ahead_of_postgres_are_overridden_by_stored_positions(settings, conn, workers):
+    """Simulates a batch Faust acknowledged but we never applied (e.g. cancelled mid-batch)."""
+    async with TurnLog(settings) as log:
+        await log.append_many(turns(40, users=4, prefix="o"))
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=settings.group_id,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(settings.events_topic, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.commit({tp: off for tp, off in ends.items() if off})
+    finally:
+        await consumer.stop()
+    w = workers()
+    await w.wait_assigned()
+    await wait_until(lambda: count_is(conn, 40), timeout=60, what="all 40 despite the committed offsets")
+    assert "seeking back" in w.log()
+
+
+async def _at_least(conn, n):
+    return await conn.fetchval("SELECT count(*) FROM episodes") >= n
+
+
+async def _read_all(settings, topic, n, timeout=30):
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap, group_id=None,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    got = []
+    try:
+        async def fill():
+            while len(got) < n:
+                for msgs in (await consumer.getmany(timeout_ms=500)).values():
+                    got.extend(msgs)
+        await asyncio.wait_for(fill(), timeout)
+    finally:
+        await asyncio.sleep(0)
+        await consumer.stop()
+    return sorted(got, key=lambda m: (m.partition, m.offset))
