@@ -172,13 +172,14 @@ def bench() -> None:
 @bench.command("ingest")
 @click.option("--turns", default=10_000, show_default=True)
 @click.option("--users", default=100, show_default=True)
+@click.option("--rate", default=50.0, show_default=True, help="turns/s in the paced (latency) phase")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def bench_ingest(ctx: click.Context, turns: int, users: int, as_json: bool) -> None:
+def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_json: bool) -> None:
     """Append N turns for M users; report append and turn-to-episode latency and throughput."""
     from memstream.bench.ingest import run_ingest_bench
 
-    report = asyncio.run(run_ingest_bench(_settings(ctx), turns=turns, users=users))
+    report = asyncio.run(run_ingest_bench(_settings(ctx), turns=turns, users=users, rate=rate))
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
 
 

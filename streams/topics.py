@@ -2,6 +2,7 @@
 events and decisions land in the same partition number (both are keyed by ``user_id``)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -37,9 +38,21 @@ async def ensure_topics(settings: Settings) -> None:
             except TopicAlreadyExistsError:
                 pass
             log.info("created topics %s", [t.name for t in wanted])
+            await _wait_for_leaders(admin, [t.name for t in wanted])
         await _check_copartitioned(admin, settings)
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], timeout: float = 30) -> None:
+    """New partitions answer NotLeaderForPartition until the controller elects a leader."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        described = await admin.describe_topics(topics)
+        if all(d["partitions"] and all(p["leader"] >= 0 for p in d["partitions"]) for d in described):
+            return
+        await asyncio.sleep(0.1)
+    log.warning("topics %s still have partitions without a leader after %.0fs", topics, timeout)
 
 
 async def _check_copartitioned(admin: AIOKafkaAdminClient, settings: Settings) -> None:
