@@ -172,7 +172,7 @@ def bench() -> None:
 @bench.command("ingest")
 @click.option("--turns", default=10_000, show_default=True)
 @click.option("--users", default=100, show_default=True)
-@click.option("--rate", default=50.0, show_default=True, help="turns/s in the paced (latency) phase")
+@click.option("--rate", default=25.0, show_default=True, help="turns/s in the paced (latency) phase")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_json: bool) -> None:

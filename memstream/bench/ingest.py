@@ -82,7 +82,7 @@ class Visibility:
         return all(self.marks.get(p.partition, 0) > p.offset for p in positions)
 
 
-async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: float = 50.0,
+async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: float = 25.0,
                            latency_share: float = 0.2) -> dict:
     from memstream.cli import resolve_dsn
     from memstream.projections.db import create_pool, drop_schema, migrate
