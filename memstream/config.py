@@ -44,6 +44,14 @@ class Settings(BaseModel):
     # window of 1000 records: a flood of bad records usually means a bad deploy, not bad data.
     max_dead_letters_per_1000: int = Field(100, ge=0)
 
+    # Formation: "offline" (deterministic rules) or "bedrock" (AWS Bedrock Converse).
+    extractor: str = "offline"
+    bedrock_region: str = "us-east-1"
+    bedrock_extraction_model: str = "anthropic.claude-3-5-haiku-20241022-v1:0"
+    bedrock_resolution_model: str = "anthropic.claude-3-5-haiku-20241022-v1:0"
+    # An inferred change to an identity or constraint fact commits on this many observations.
+    gate_observations: int = Field(3, ge=1)
+
     _check_schema = field_validator("postgres_schema")(lambda cls, v: check_schema_name(v))
 
     @classmethod

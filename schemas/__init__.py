@@ -7,6 +7,12 @@ from memstream.schemas.events import (
     Decision,
     EpisodeRecorded,
     Event,
+    FactAdded,
+    FactChangeDeferred,
+    FactDecision,
+    FactDeleted,
+    FactReinforced,
+    FactUpdated,
     LogPosition,
     TurnRecorded,
     new_event_id,
@@ -14,6 +20,7 @@ from memstream.schemas.events import (
 from memstream.schemas.codec import decode_decision, decode_event, encode
 
 __all__ = [
-    "Decision", "EpisodeRecorded", "Event", "InvalidEvent", "LogPosition", "TurnRecorded",
+    "Decision", "EpisodeRecorded", "FactAdded", "FactChangeDeferred", "FactDecision", "FactDeleted",
+    "FactReinforced", "FactUpdated", "Event", "InvalidEvent", "LogPosition", "TurnRecorded",
     "UnknownEventType", "decode_decision", "decode_event", "encode", "new_event_id",
 ]

@@ -142,7 +142,75 @@ class EpisodeRecorded(Decision, tag="EpisodeRecorded", kw_only=True, frozen=True
     embedding_model: str
 
 
+class FactDecision(Decision, kw_only=True, frozen=True):
+    """Common fields of fact decisions: who decided (extractor and resolver model ids), why, and
+    how sure. ``explicit`` is True when the user stated the fact rather than implied it."""
+
+    extractor: str
+    resolver: str
+    reason: str
+    confidence: float
+    explicit: bool
+
+
+class _FactBody(FactDecision, kw_only=True, frozen=True):
+    """A decision that writes a fact version."""
+
+    fact_id: uuid.UUID  # uuid5(source_event_id, "fact:<n>")
+    text: str
+    category: str
+    attribute: str
+    value: str
+    valid_from: datetime  # world time the fact became true (stated, or the turn's occurred_at)
+    embedding: bytes
+    embedding_model: str
+
+
+class FactAdded(_FactBody, tag="FactAdded", kw_only=True, frozen=True):
+    """A new fact is believed."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+
+class FactUpdated(_FactBody, tag="FactUpdated", kw_only=True, frozen=True):
+    """``supersedes`` stops being believed and the new version ``fact_id`` replaces it."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    supersedes: uuid.UUID
+
+
+class FactDeleted(FactDecision, tag="FactDeleted", kw_only=True, frozen=True):
+    """``target`` stops being believed (the user retracted it or said it ended)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    target: uuid.UUID
+    valid_to: datetime
+
+
+class FactReinforced(FactDecision, tag="FactReinforced", kw_only=True, frozen=True):
+    """The NOOP that counts: ``target`` was observed again (a repeat or a near-duplicate)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    target: uuid.UUID
+
+
+class FactChangeDeferred(FactDecision, tag="FactChangeDeferred", kw_only=True, frozen=True):
+    """The safety gate refused to let an inferred candidate change a gated fact (identity,
+    constraint). Recorded so that repeated observations of the same value are counted from the
+    log, deterministically, until they reach the gate's threshold."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    target: uuid.UUID
+    operation: str  # the refused operation: UPDATE or DELETE
+    value: str
+    text: str
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded,)
-DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded,)
+DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
+                                               FactReinforced, FactChangeDeferred)
 AnyEvent = TurnRecorded
-AnyDecision = EpisodeRecorded

@@ -36,18 +36,16 @@ class PositionGate:
             self._next.pop(tp, None)
             self._seeking.pop(tp, None)
 
-    async def align(self, topic: str, consumer_positions: dict[int, int | None]) -> None:
-        """After an assignment: seek back every partition the consumer would resume past the
-        stored position (Kafka's committed offset ran ahead of what was applied)."""
+    async def expect(self, topic: str, partitions) -> dict[int, int]:
+        """Reload the stored positions of ``partitions`` (after an assignment)."""
         stored = await self._load(topic)
-        for partition, at in consumer_positions.items():
-            expected = stored.get(partition, 0)
-            self._next[(topic, partition)] = expected
-            if at is not None and at > expected:
-                log.warning("%s: %s/%s would resume at %s but applied only up to %s; seeking back",
-                            self.name, topic, partition, at, expected)
-                self._seeking[(topic, partition)] = (1, time.monotonic())
-                await self._seek(topic, partition, expected)
+        for p in partitions:
+            self._next[(topic, p)] = stored.get(p, 0)
+            self._seeking.pop((topic, p), None)
+        return {p: self._next[(topic, p)] for p in partitions}
+
+    def seek_started(self, topic: str, partition: int) -> None:
+        self._seeking[(topic, partition)] = (1, time.monotonic())
 
     async def admit(self, records: list[Record]) -> list[Record]:
         for topic in {r.topic for r in records if (r.topic, r.partition) not in self._next}:
@@ -83,3 +81,19 @@ class PositionGate:
         self._seeking[tp] = (seeks + 1, time.monotonic())
         await self._seek(tp[0], tp[1], expected)
         return False
+
+
+async def align(gates: list[PositionGate], topic: str, consumer_positions: dict[int, int | None], seek: Seeker) -> None:
+    """After an assignment: where the consumer would resume past what the least advanced of
+    ``gates`` (the steps sharing this consumer) has applied, seek back to that position."""
+    target: dict[int, int] = {}
+    for gate in gates:
+        for p, expected in (await gate.expect(topic, list(consumer_positions))).items():
+            target[p] = min(target.get(p, expected), expected)
+    for p, at in consumer_positions.items():
+        if at is not None and at > target[p]:
+            log.warning("%s/%s would resume at %s but %s applied only up to %s; seeking back",
+                        topic, p, at, "/".join(g.name for g in gates), target[p])
+            for gate in gates:
+                gate.seek_started(topic, p)
+            await seek(topic, p, target[p])

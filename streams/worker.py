@@ -23,10 +23,13 @@ from memstream.embedding import default_embedder
 from memstream.projections import db
 from memstream.projections import positions as pos
 from memstream.streams.dead_letter import DeadLetters
-from memstream.streams.gate import PositionGate
+from memstream.streams.gate import PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
-from memstream.streams.steps import EpisodesProjection, Formation, Step, _transient
+from memstream.streams.formation.step import Formation, ProjectionBarrier
+from memstream.streams.kafka_util import groupless_consumer
+from memstream.streams.projecting import EpisodesProjection, FactsProjection, transient
+from memstream.streams.step import Step
 
 log = logging.getLogger("memstream.worker")
 
@@ -36,7 +39,7 @@ EXIT_FATAL = 70
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, KafkaError):
         return getattr(exc, "retriable", False) or "Connection" in type(exc).__name__
-    return _transient(exc) or isinstance(exc, (ConnectionError, OSError, asyncio.TimeoutError))
+    return transient(exc) or isinstance(exc, (ConnectionError, OSError, asyncio.TimeoutError))
 
 
 class Runtime:
@@ -59,14 +62,28 @@ class Runtime:
             await self.producer.start()
             dead = DeadLetters(self.producer, s.dead_letter_topic, s.max_dead_letters_per_1000)
             embedder = await asyncio.to_thread(default_embedder, s.embed_threads)
+            extractor, resolver = llm_clients(s)
+            self._offsets = groupless_consumer(s.kafka_bootstrap)
+            self.offsets = await self._offsets.__aenter__()
+            self.barrier = ProjectionBarrier(self.pool, s.decisions_topic, self._end_offset)
             formation = Formation(producer=self.producer, decisions_topic=s.decisions_topic,
-                                  embedder=embedder, dead_letters=dead, pool=self.pool)
+                                  embedder=embedder, extractor=extractor, resolver=resolver,
+                                  dead_letters=dead, pool=self.pool, barrier=self.barrier,
+                                  gate_observations=s.gate_observations)
             episodes = EpisodesProjection(pool=self.pool, redis=self.redis, schema=s.postgres_schema,
                                           events_topic=s.events_topic, dead_letters=dead,
                                           tier0_turns=s.tier0_turns)
-            for step in (formation, episodes):
+            facts = FactsProjection(pool=self.pool, dead_letters=dead)
+            for step in (formation, episodes, facts):
                 self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek))
-            log.info("worker ready: schema=%s embedder=%s", s.postgres_schema, embedder.model_id)
+            log.info("worker ready: schema=%s embedder=%s extractor=%s resolver=%s", s.postgres_schema,
+                     embedder.model_id, extractor.model_id, resolver.model_id)
+
+    async def _end_offset(self, partition: int) -> int:
+        from aiokafka import TopicPartition
+
+        tp = TopicPartition(self.settings.decisions_topic, partition)
+        return (await self.offsets.end_offsets([tp]))[tp]
 
     def _loader(self, projection: str):
         async def load(topic: str) -> dict[int, int]:
@@ -88,15 +105,18 @@ class Runtime:
         while not consumer.flow_active and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         assigned = [tp for tp in consumer.assignment() if tp.topic in topics]
-        for topic, step in topics.items():
+        for topic, steps in topics.items():
             mine = [tp for tp in assigned if tp.topic == topic]
             if mine:
                 positions = {tp.partition: await consumer.position(tp) for tp in mine}
-                await self.steps[step][1].align(topic, positions)
+                # One consumer serves every step of the topic: resume at the least advanced one.
+                await align([self.steps[step][1] for step in steps], topic, positions, self._seek)
 
     def forget(self, tps) -> None:
         for _, gate in self.steps.values():
             gate.forget([(tp.topic, tp.partition) for tp in tps])
+        if self.steps:
+            self.barrier.forget([tp.partition for tp in tps if tp.topic == self.settings.events_topic])
 
     async def run_batch(self, name: str, events: Sequence) -> None:
         step, gate = self.steps[name]
@@ -120,6 +140,21 @@ class Runtime:
             os._exit(EXIT_FATAL)
 
 
+def llm_clients(settings: Settings):
+    """The extraction and resolution clients named by ``settings.extractor``."""
+    if settings.extractor == "offline":
+        from memstream.llm.offline import OfflineExtractor, OfflineResolver
+
+        return OfflineExtractor(), OfflineResolver()
+    if settings.extractor == "bedrock":
+        from memstream.llm.bedrock import BedrockExtractor, BedrockResolver, bedrock_client
+
+        client = bedrock_client(settings.bedrock_region)
+        return (BedrockExtractor(client, settings.bedrock_extraction_model),
+                BedrockResolver(client, settings.bedrock_resolution_model))
+    raise ValueError(f"unknown extractor {settings.extractor!r} (offline | bedrock)")
+
+
 def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     app = faust.App(
         settings.group_id,
@@ -139,18 +174,19 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     events = app.topic(settings.events_topic, **raw)
     decisions = app.topic(settings.decisions_topic, **raw)
 
-    async def consume(name: str, stream) -> None:
+    async def consume(names: tuple[str, ...], stream) -> None:
         await runtime.ready()
         async for batch in stream.take_events(settings.batch_size, within=settings.batch_seconds):
-            await runtime.run_batch(name, batch)
+            for name in names:
+                await runtime.run_batch(name, batch)
 
     @app.agent(events, name="formation")
     async def formation(stream):
-        await consume("formation", stream)
+        await consume(("formation",), stream)
 
-    @app.agent(decisions, name="episodes")
-    async def project_episodes(stream):
-        await consume("episodes", stream)
+    @app.agent(decisions, name="projections")
+    async def projections(stream):
+        await consume(("episodes", "facts"), stream)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender, revoked, **kwargs):
@@ -158,8 +194,8 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     @app.on_rebalance_complete.connect
     async def on_rebalance_complete(sender, **kwargs):
-        task = asyncio.ensure_future(runtime.align({settings.events_topic: "formation",
-                                                    settings.decisions_topic: "episodes"}))
+        task = asyncio.ensure_future(runtime.align({settings.events_topic: ("formation",),
+                                                    settings.decisions_topic: ("episodes", "facts")}))
         task.add_done_callback(_fatal_on_failure)
 
     @app.on_partitions_assigned.connect

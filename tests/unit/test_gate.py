@@ -2,7 +2,7 @@
 import pytest
 
 from memstream.streams import gate as gate_mod
-from memstream.streams.gate import PositionGate
+from memstream.streams.gate import PositionGate, align
 from memstream.streams.records import Record
 
 
@@ -68,8 +68,18 @@ async def test_forgetting_a_partition_reloads_its_position():
 async def test_align_seeks_back_only_partitions_the_consumer_would_resume_past_the_store():
     f = Fakes({0: 5, 1: 7})
     g = PositionGate("x", f.load, f.seek)
-    await g.align("t", {0: 9, 1: 7, 2: None})
+    await align([g], "t", {0: 9, 1: 7, 2: None}, f.seek)
     assert f.seeks == [("t", 0, 5)]
     assert await g.admit([rec(0, 9)]) == []  # stale record from before the seek: dropped, no re-seek
     assert len(f.seeks) == 1
     assert [r.offset for r in await g.admit([rec(0, 5), rec(1, 7)])] == [5, 7]
+
+
+async def test_steps_sharing_a_consumer_resume_at_the_least_advanced_one():
+    ahead, behind = Fakes({0: 10}), Fakes({0: 4})
+    a = PositionGate("episodes", ahead.load, ahead.seek)
+    b = PositionGate("facts", behind.load, behind.seek)
+    await align([a, b], "t", {0: 12}, ahead.seek)
+    assert ahead.seeks == [("t", 0, 4)]
+    assert [r.offset for r in await a.admit([rec(0, o) for o in range(4, 12)])] == [10, 11]  # 4..9 are redeliveries
+    assert [r.offset for r in await b.admit([rec(0, o) for o in range(4, 7)])] == [4, 5, 6]

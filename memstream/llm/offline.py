@@ -1,0 +1,257 @@
+"""A deterministic, rule-based extractor and resolver: no model, no network.
+
+Good enough for the demo and the tests, and a real component: its rules are general patterns of
+first-person English (where the user lives or works, names, preferences and dislikes,
+allergies and diets, family and pets, plans with dates, corrections and negations), unit-tested
+on sentences written apart from the rules. Statements by the user are explicit; what is only
+implied (the assistant greeting the user by a name) is inferred, with lower confidence.
+"""
+from __future__ import annotations
+
+import calendar
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Callable, Iterator, Sequence
+
+from memstream.llm.protocols import CandidateFact, ExistingFact, Operation, Resolution, single_valued
+from memstream.schemas import TurnRecorded
+
+_MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}
+_MONTHS.update({m.lower(): i for i, m in enumerate(calendar.month_abbr) if m})
+_STOP = r"(?=\s*(?:,|;|\.|!|\?|$| and | but | because | so | since | which | where | with | for | from now| now\b| last | next | this | in (?:19|20)\d\d| in (?:%s)\b))" % "|".join(
+    m for m in _MONTHS if len(m) > 3)
+_VALUE = r"(?P<value>[^,.;!?]+?)" + _STOP
+_PROPER = r"(?P<value>[A-Z][\w'&-]*(?:\s+(?:[A-Z][\w'&-]*|of|de|da|do|del|von|van))*)"
+# The subject: "I", or nothing after "and" ("I live in Lisbon and work at Acme").
+_I = r"(?:\b[iI](?=\s|')|\band(?=\s+(?:work|live|moved|joined)))"
+_NOT_NAMES = frozenset({"Sorry", "Fine", "Good", "Great", "Here", "Back", "Not", "Just", "So", "Very",
+                        "Really", "Also", "Still", "Okay", "Ok", "Happy", "Glad", "Excited", "Done"})
+_RELATIVES = ("daughter", "son", "wife", "husband", "partner", "sister", "brother", "mother", "mom",
+              "mum", "father", "dad", "boyfriend", "girlfriend", "grandmother", "grandfather", "friend")
+_PETS = ("dog", "cat", "puppy", "kitten", "parrot", "rabbit", "hamster", "horse", "fish")
+_PARTNERS = {"wife", "husband", "partner", "boyfriend", "girlfriend"}
+
+
+@dataclass(frozen=True)
+class _Rule:
+    pattern: re.Pattern
+    build: Callable[[re.Match, TurnRecorded], Iterator[CandidateFact]]
+
+
+def _clean(value: str) -> str:
+    value = re.sub(r"^(?:the|a|an|my)\s+", "", value.strip(), flags=re.I)
+    return value.strip(" '\"")
+
+
+def _when(text: str, at: datetime) -> datetime | None:
+    """World time a phrase refers to, relative to when the turn happened."""
+    t = text.lower()
+    for phrase, delta in (("last month", -30), ("next month", 30), ("last week", -7), ("next week", 7),
+                          ("yesterday", -1), ("tomorrow", 1), ("last year", -365), ("next year", 365)):
+        if phrase in t:
+            return at + timedelta(days=delta)
+    m = re.search(r"\b(?:on |in )?(%s)\b(?:\s+(\d{1,2})(?:st|nd|rd|th)?)?" % "|".join(_MONTHS), t)
+    if m:
+        month, day = _MONTHS[m.group(1)], int(m.group(2) or 1)
+        year = at.year + (1 if (month, day) < (at.month, at.day) and " in " + m.group(1) in " " + t else 0)
+        try:
+            return at.replace(year=year, month=month, day=day, hour=0, minute=0, second=0, microsecond=0)
+        except ValueError:
+            return None
+    return None
+
+
+def _fact(text, category, attribute, value, *, explicit=True, confidence=0.9, valid_at=None, negated=False):
+    return CandidateFact(text=text, category=category, attribute=attribute, value=value,
+                         confidence=confidence, explicit=explicit, valid_at=valid_at, negated=negated)
+
+
+def _rule(pattern: str, flags=re.I):
+    def register(build):
+        _RULES.append(_Rule(re.compile(pattern, flags), build))
+        return build
+    return register
+
+
+_RULES: list[_Rule] = []
+
+
+@_rule(r"\b(?:my name is|i'm called|i am called|call me|name's)\s+" + _PROPER, 0)
+@_rule(r"^(?:(?:hi|hello|hey)[!,. ]+)?(?:i'm|i am|I'm|I am)\s+" + _PROPER + r"(?=\s*[,.!]|\s+and\b|$)", 0)
+def _name(m, turn):
+    name = m.group("value").split()[0] if len(m.group("value").split()) > 2 else m.group("value")
+    if name not in _NOT_NAMES:
+        yield _fact(f"Name is {name}", "identity", "name", name)
+
+
+@_rule(_I + r"\s+(?:currently |still )?(?:live|am living|'m living|reside) in " + _VALUE)
+@_rule(r"\bmy home is (?:in|now in) " + _VALUE)
+@_rule(_I + r"(?:'m| am) (?:now )?based in " + _VALUE)
+@_rule(_I + r"(?:'ve| have)?\s+(?:just |recently |finally )?(?:moved|relocated) to " + _VALUE)
+def _home(m, turn):
+    value = _clean(m.group("value"))
+    when = _when(turn.user_message[m.end():m.end() + 40], turn.occurred_at)
+    yield _fact(f"Lives in {value}", "location", "home", value, valid_at=when)
+
+
+@_rule(_I + r"(?:'m| am) (?:originally )?from " + _PROPER, 0)
+def _origin(m, turn):
+    yield _fact(f"Is from {m.group('value')}", "location", "origin", m.group("value"))
+
+
+@_rule(_I + r"\s+(?:currently |still |now )?(?:work|am working|'m working) (?:at|for) " + _VALUE)
+@_rule(_I + r"(?:'ve| have)?\s+(?:just |recently )?(?:joined|started (?:a new job |working )?at) " + _PROPER, 0)
+def _employer(m, turn):
+    value = _clean(m.group("value"))
+    when = _when(turn.user_message[m.end():m.end() + 40], turn.occurred_at)
+    yield _fact(f"Works at {value}", "work", "employer", value, valid_at=when)
+
+
+@_rule(_I + r"\s+(?:work|am working|'m working) as (?:a|an) (?P<role>[^,.;!?]+?)(?: (?:at|for) " + _VALUE + r")?" + _STOP)
+@_rule(_I + r"(?:'m| am) (?:a|an) (?P<role>[a-z][a-z -]+?) (?:at|for) " + _VALUE)
+def _role(m, turn):
+    role = _clean(m.group("role"))
+    yield _fact(f"Works as a {role}", "work", "role", role)
+    if m.groupdict().get("value"):
+        employer = _clean(m.group("value"))
+        yield _fact(f"Works at {employer}", "work", "employer", employer)
+
+
+@_rule(_I + r"\s+(?:really |absolutely |also )?(?:love|like|enjoy|adore)\s+(?!you\b|it\b|that\b|this\b)" + _VALUE)
+def _likes(m, turn):
+    value = _clean(m.group("value"))
+    yield _fact(f"Likes {value}", "preference", "likes", value, confidence=0.8)
+
+
+@_rule(_I + r"\s+(?:really )?(?:hate|dislike|can't stand|cannot stand|don't like|do not like)\s+" + _VALUE)
+def _dislikes(m, turn):
+    value = _clean(m.group("value"))
+    yield _fact(f"Dislikes {value}", "preference", "dislikes", value, confidence=0.8)
+
+
+@_rule(r"\bmy (?:all[- ]time )?favou?rite (?P<thing>[a-z]+(?: [a-z]+)?)(?: (?:this|of the) year)? is " + _VALUE)
+def _favourite(m, turn):
+    thing, value = m.group("thing"), _clean(m.group("value"))
+    yield _fact(f"Favourite {thing} is {value}", "preference", f"favourite_{thing.replace(' ', '_')}", value, confidence=0.85)
+
+
+@_rule(_I + r"(?:'m| am) (?:severely |very )?allergic to " + _VALUE)
+def _allergy(m, turn):
+    for part in re.split(r"\s*(?:,|\band\b|\bor\b)\s*", m.group("value")):
+        if part := _clean(part):
+            yield _fact(f"Allergic to {part}", "constraint", "allergy", part, confidence=0.95)
+
+
+@_rule(_I + r"(?:'m| am|'ve been| have been) (?:a |strictly )?(?P<value>vegetarian|vegan|pescatarian|gluten[- ]free|halal|kosher)\b")
+def _diet(m, turn):
+    yield _fact(f"Diet is {m.group('value').lower()}", "constraint", "diet", m.group("value").lower(), confidence=0.95)
+
+
+@_rule(r"\b[Mm]y (?P<rel>%s)(?:'s name is|,| is called| called| named)?\s+(?P<value>[A-Z][a-z]+)" % "|".join(_RELATIVES), 0)
+def _relative(m, turn):
+    rel, name = m.group("rel"), m.group("value")
+    if name in _NOT_NAMES:
+        return
+    attribute = "partner" if rel in _PARTNERS else rel
+    yield _fact(f"{rel.capitalize()} is {name}", "relationship", attribute, name)
+
+
+@_rule(r"\b[Mm]y (?P<pet>%s)(?:'s name is|,| is called| called| named)?\s+(?P<value>[A-Z][a-z]+)" % "|".join(_PETS), 0)
+@_rule(_I + r" (?:have|'ve got|have got) (?:a|an) (?P<pet>%s) (?:called|named) (?P<value>[A-Z][a-z]+)" % "|".join(_PETS))
+def _pet(m, turn):
+    yield _fact(f"Has a {m.group('pet')} named {m.group('value')}", "relationship", "pet", m.group("value"))
+
+
+@_rule(r"(?:\b[Ww]e're|\b[Ww]e are|" + _I + r"'m|" + _I + r" am|" + _I + r"'ll be|" + _I + r" will be)\s+(?:flying|going|travelling|traveling|heading|visiting|off)\s+(?:to\s+)?" + _PROPER
+       + r"(?P<rest>[^.!?]*)", 0)
+def _trip(m, turn):
+    place = m.group("value")
+    if place in _NOT_NAMES:
+        return
+    when = _when(m.string, turn.occurred_at)  # "next month I'm flying to ..." dates it from either side
+    suffix = f" ({when:%Y-%m-%d})" if when else ""
+    yield _fact(f"Plans a trip to {place}{suffix}", "plan", "trip", place, confidence=0.85, valid_at=when)
+
+
+@_rule(_I + r"(?:'m| am) (?:moving|relocating) to " + _PROPER + r"(?P<rest>[^.!?]*)", 0)
+def _moving(m, turn):
+    when = _when(m.string, turn.occurred_at)
+    suffix = f" ({when:%Y-%m-%d})" if when else ""
+    yield _fact(f"Plans to move to {m.group('value')}{suffix}", "plan", "move", m.group("value"), valid_at=when)
+
+
+@_rule(r"\b[Mm]y (?P<who>%s)(?:'s)? (?:\w+ )?(?:turns \d+|birthday is) (?:on )?(?P<rest>[^.!?]*)" % "|".join(_RELATIVES), 0)
+def _birthday(m, turn):
+    when = _when(m.group("rest"), turn.occurred_at)
+    if when:
+        yield _fact(f"{m.group('who').capitalize()}'s birthday is {when:%B} {when.day}", "plan", "birthday", m.group("who"),
+                    valid_at=when, confidence=0.85)
+
+
+@_rule(_I + r"\s+(?:no longer|don't|do not) (?:live in|work (?:at|for)) " + _VALUE)
+@_rule(_I + r"\s+(?:quit|left) (?:my job at |my job with |working at )?" + _PROPER, 0)
+def _stopped(m, turn):
+    value = _clean(m.group("value"))
+    attribute = "home" if "live" in m.group(0).lower() else "employer"
+    verb = "Lives in" if attribute == "home" else "Works at"
+    yield _fact(f"{verb} {value}", "location" if attribute == "home" else "work", attribute, value, negated=True)
+
+
+@_rule(_I + r"\s+(?:no longer have|don't have|do not have) (?:a|an|my) (?P<pet>%s)" % "|".join(_PETS))
+def _no_pet(m, turn):
+    yield _fact(f"Has a {m.group('pet')}", "relationship", "pet", "", negated=True)
+
+
+_GREETING = re.compile(r"^(?i:nice to meet you|hi|hello|hey|thanks|thank you|welcome back|good to see you|congratulations),?\s+"
+                       r"(?P<value>[A-Z][a-z]+)\b")
+
+
+class OfflineExtractor:
+    """Rule-based ``ExtractionClient``."""
+
+    model_id = "offline-rules-v1"
+
+    async def extract(self, turn: TurnRecorded) -> Sequence[CandidateFact]:
+        return extract_facts(turn)
+
+
+def extract_facts(turn: TurnRecorded) -> list[CandidateFact]:
+    found: dict[tuple[str, str, bool], CandidateFact] = {}
+    for sentence in re.split(r"(?<=[.!?])\s+|\n+", turn.user_message):
+        for rule in _RULES:
+            for m in rule.pattern.finditer(sentence):
+                for c in rule.build(m, turn):
+                    found.setdefault((c.attribute, c.value.casefold(), c.negated), c)
+    greeting = _GREETING.match(turn.assistant_message.strip())
+    if greeting and greeting.group("value") not in _NOT_NAMES and not any(k[0] == "name" for k in found):
+        name = greeting.group("value")
+        found[("name", name.casefold(), False)] = _fact(f"Name is {name}", "identity", "name", name,
+                                                        explicit=False, confidence=0.6)
+    return list(found.values())
+
+
+class OfflineResolver:
+    """Slot-based ``ResolutionClient``: same attribute and same value is a NOOP, a new value of a
+    single-valued attribute an UPDATE, a negation a DELETE, anything else an ADD."""
+
+    model_id = "offline-slots-v1"
+
+    async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
+        return resolve_fact(candidate, neighbours)
+
+
+def resolve_fact(candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
+    same_slot = [n for n in neighbours if n.attribute == candidate.attribute]
+    same_value = [n for n in same_slot if n.value.casefold() == candidate.value.casefold()]
+    if candidate.negated:
+        target = same_value[0] if same_value else (same_slot[0] if same_slot and not candidate.value else None)
+        if target is None:
+            return Resolution(Operation.NOOP, None, f"nothing current to retract for {candidate.attribute}")
+        return Resolution(Operation.DELETE, target.fact_id, f"user says {target.text!r} is no longer true")
+    if same_value:
+        return Resolution(Operation.NOOP, same_value[0].fact_id, "already known")
+    if same_slot and single_valued(candidate.attribute):
+        old = same_slot[0]
+        return Resolution(Operation.UPDATE, old.fact_id, f"{candidate.attribute} changed: {old.value!r} -> {candidate.value!r}")
+    return Resolution(Operation.ADD, None, "new fact")

@@ -1,0 +1,93 @@
+"""The two formation calls as typed async protocols.
+
+Both are called only by formation, never by the read path or by a replay: their output is
+recorded as decision events, so it is decided once. Implementations must be safe to call
+concurrently and should raise (not return garbage) when the model's output is malformed.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Protocol, Sequence
+
+from memstream.schemas import TurnRecorded
+
+# Categories whose facts define who the user is or what must never be violated: changing or
+# removing them needs an explicit statement or repeated observation (the safety gate).
+GATED_CATEGORIES = frozenset({"identity", "constraint"})
+CATEGORIES = ("identity", "location", "work", "preference", "constraint", "relationship", "plan", "other")
+
+
+@dataclass(frozen=True)
+class CandidateFact:
+    """One fact the extractor read in a turn.
+
+    ``attribute`` names the slot the fact fills (``home``, ``employer``, ``likes``...), and
+    ``value`` its value; two facts with one single-valued attribute contradict each other.
+    ``explicit`` is True when the user said it outright, False when it was inferred.
+    ``valid_at`` is the world time the fact refers to, when the turn says so.
+    """
+
+    text: str
+    category: str
+    attribute: str
+    value: str
+    confidence: float
+    explicit: bool
+    valid_at: datetime | None = None
+    negated: bool = False  # "I no longer have a car": the fact stops being true
+
+
+@dataclass(frozen=True)
+class ExistingFact:
+    fact_id: uuid.UUID
+    text: str
+    category: str
+    attribute: str
+    value: str
+    similarity: float
+
+
+class Operation(str, Enum):
+    ADD = "ADD"
+    UPDATE = "UPDATE"
+    DELETE = "DELETE"
+    NOOP = "NOOP"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    op: Operation
+    target: uuid.UUID | None = None
+    reason: str = ""
+
+
+class ExtractionClient(Protocol):
+    model_id: str
+
+    async def extract(self, turn: TurnRecorded) -> Sequence[CandidateFact]:
+        """Candidate facts about the user stated or implied in ``turn`` (may be empty)."""
+        ...
+
+
+class ResolutionClient(Protocol):
+    model_id: str
+
+    async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
+        """Classify ``candidate`` against the user's nearest current facts. ``target`` names one
+        of ``neighbours`` for UPDATE, DELETE and NOOP; None for ADD."""
+        ...
+
+
+class MalformedOutput(ValueError):
+    """The model returned output that does not fit the expected structure."""
+
+
+# Attributes holding one value at a time: a new value supersedes the old one.
+SINGLE_VALUED = frozenset({"name", "home", "origin", "employer", "role", "diet", "age", "partner"})
+
+
+def single_valued(attribute: str) -> bool:
+    return attribute in SINGLE_VALUED or attribute.startswith("favourite_")

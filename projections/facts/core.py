@@ -1,0 +1,143 @@
+"""Facts, the pure core: fold fact decisions into versioned fact rows.
+
+``apply(state, decision)`` returns the rows the decision creates or changes; ``state`` must hold
+every row the decision targets (``targets(decision)``). No clock, no I/O: system time is the
+decision's ``recorded_at`` (the source event's log timestamp). Every decision is idempotent:
+re-applying a FactAdded or FactUpdated whose version exists, a FactDeleted of a deleted fact,
+or a FactReinforced / FactChangeDeferred already counted, changes nothing.
+
+Formation uses the same ``apply`` on an in-memory overlay, so within one batch a turn sees the
+decisions of the turns before it exactly as the projection will.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Iterable, Mapping
+
+from memstream.schemas import (Decision, FactAdded, FactChangeDeferred, FactDecision, FactDeleted,
+                               FactReinforced, FactUpdated)
+
+
+class MissingTarget(LookupError):
+    """A decision names a fact this projection does not hold: the decisions log is inconsistent."""
+
+
+@dataclass(frozen=True)
+class FactRow:
+    fact_id: uuid.UUID
+    lineage_id: uuid.UUID
+    user_id: str
+    text: str
+    category: str
+    attribute: str
+    value: str
+    confidence: float
+    explicit: bool
+    status: str
+    valid_from: datetime
+    valid_to: datetime | None
+    recorded_at: datetime
+    superseded_at: datetime | None
+    superseded_by: uuid.UUID | None
+    end_reason: str | None
+    observation_count: int
+    last_observed_at: datetime
+    observed_by: tuple[uuid.UUID, ...]
+    deferred: Mapping[str, int]
+    source_event_id: uuid.UUID
+    extractor: str
+    resolver: str
+    reason: str
+    embedding: bytes
+    embedding_model: str
+
+    @property
+    def current(self) -> bool:
+        return self.status == "current"
+
+
+COLUMNS = tuple(FactRow.__dataclass_fields__)
+
+
+def fact_id(source_event_id: uuid.UUID, n: int) -> uuid.UUID:
+    return uuid.uuid5(source_event_id, f"fact:{n}")
+
+
+def targets(decision: Decision) -> list[uuid.UUID]:
+    """Fact ids whose rows ``apply`` needs in ``state`` for this decision."""
+    if isinstance(decision, FactUpdated):
+        return [decision.fact_id, decision.supersedes]
+    if isinstance(decision, FactAdded):
+        return [decision.fact_id]
+    if isinstance(decision, (FactDeleted, FactReinforced, FactChangeDeferred)):
+        return [decision.target]
+    return []
+
+
+def _new(d: FactAdded | FactUpdated, lineage_id: uuid.UUID) -> FactRow:
+    return FactRow(
+        fact_id=d.fact_id, lineage_id=lineage_id, user_id=d.user_id, text=d.text, category=d.category,
+        attribute=d.attribute, value=d.value, confidence=d.confidence, explicit=d.explicit,
+        status="current", valid_from=d.valid_from, valid_to=None, recorded_at=d.recorded_at,
+        superseded_at=None, superseded_by=None, end_reason=None, observation_count=1,
+        last_observed_at=d.recorded_at, observed_by=(d.decision_id,), deferred={},
+        source_event_id=d.source_event_id, extractor=d.extractor, resolver=d.resolver,
+        reason=d.reason, embedding=d.embedding, embedding_model=d.embedding_model,
+    )
+
+
+def _target(state: Mapping[uuid.UUID, FactRow], fid: uuid.UUID, d: Decision) -> FactRow:
+    row = state.get(fid)
+    if row is None:
+        raise MissingTarget(f"{type(d).__name__} {d.decision_id} targets unknown fact {fid}")
+    return row
+
+
+def apply(state: Mapping[uuid.UUID, FactRow], d: Decision) -> list[FactRow]:
+    if not isinstance(d, FactDecision):
+        return []
+    if isinstance(d, FactAdded):
+        return [] if d.fact_id in state else [_new(d, d.fact_id)]
+    if isinstance(d, FactUpdated):
+        if d.fact_id in state:
+            return []
+        old = _target(state, d.supersedes, d)
+        ended = replace(old, status="superseded", superseded_at=d.recorded_at, superseded_by=d.fact_id,
+                        valid_to=old.valid_to or d.valid_from, end_reason=d.reason)
+        return [ended, _new(d, old.lineage_id)]
+    if isinstance(d, FactDeleted):
+        old = _target(state, d.target, d)
+        if old.status == "deleted":
+            return []
+        return [replace(old, status="deleted", superseded_at=d.recorded_at, valid_to=d.valid_to, end_reason=d.reason)]
+    if isinstance(d, FactReinforced):
+        old = _target(state, d.target, d)
+        if d.decision_id in old.observed_by:
+            return []
+        return [replace(old, observation_count=old.observation_count + 1, last_observed_at=d.recorded_at,
+                        confidence=max(old.confidence, d.confidence), explicit=old.explicit or d.explicit,
+                        observed_by=old.observed_by + (d.decision_id,))]
+    if isinstance(d, FactChangeDeferred):
+        old = _target(state, d.target, d)
+        if d.decision_id in old.observed_by:
+            return []
+        key = deferral_key(d.operation, d.value)
+        return [replace(old, deferred={**old.deferred, key: old.deferred.get(key, 0) + 1},
+                        observed_by=old.observed_by + (d.decision_id,))]
+    return []
+
+
+def deferral_key(operation: str, value: str) -> str:
+    return f"{operation}:{value.casefold()}"
+
+
+def fold(state: dict[uuid.UUID, FactRow], decisions: Iterable[Decision]) -> dict[uuid.UUID, FactRow]:
+    """Apply ``decisions`` in order to ``state`` (mutated) and return the rows that changed."""
+    changed: dict[uuid.UUID, FactRow] = {}
+    for d in decisions:
+        for row in apply(state, d):
+            state[row.fact_id] = row
+            changed[row.fact_id] = row
+    return changed

@@ -1,0 +1,63 @@
+"""Facts, the query side: the read path and formation retrieve current facts with the same SQL."""
+from __future__ import annotations
+
+import uuid
+from typing import Sequence
+
+import asyncpg
+import numpy as np
+
+_COLS = ("fact_id, lineage_id, text, category, attribute, value, confidence, explicit, status, "
+         "valid_from, valid_to, recorded_at, superseded_at, observation_count, last_observed_at")
+
+# relaxed_order iterative scans may return rows slightly out of order: re-sort outside.
+_NEAREST = f"""
+WITH c AS MATERIALIZED (
+    SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_facts
+    WHERE user_id = $1 AND status = 'current' AND embedding_model = $4
+    ORDER BY embedding <=> $2 LIMIT $3)
+SELECT * FROM c ORDER BY distance, fact_id
+"""
+
+_KEYWORD = f"""
+WITH q AS (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS q
+           FROM unnest(to_tsvector('english', $2)))
+SELECT {_COLS}, ts_rank_cd(tsv, q.q) AS rank FROM memory_facts, q
+WHERE user_id = $1 AND status = 'current' AND q.q IS NOT NULL AND tsv @@ q.q
+ORDER BY rank DESC, recorded_at DESC, fact_id LIMIT $3
+"""
+
+_BY_ATTRIBUTE = f"""
+SELECT {_COLS}, embedding FROM memory_facts
+WHERE user_id = $1 AND status = 'current' AND attribute = ANY($2::text[])
+ORDER BY recorded_at, fact_id
+"""
+
+_HISTORY = f"""
+SELECT {_COLS}, superseded_by, end_reason, reason FROM memory_facts
+WHERE lineage_id = (SELECT lineage_id FROM memory_facts WHERE fact_id = $1)
+ORDER BY recorded_at, fact_id
+"""
+
+_CURRENT = f"SELECT {_COLS} FROM memory_facts WHERE user_id = $1 AND status = 'current' ORDER BY category, attribute, recorded_at"
+
+
+async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_NEAREST, user_id, embedding, k, model)
+
+
+async def keyword(conn, user_id: str, text: str, k: int) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_KEYWORD, user_id, text, k)
+
+
+async def current_by_attribute(conn, user_id: str, attributes: Sequence[str]) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_BY_ATTRIBUTE, user_id, list(attributes))
+
+
+async def history(conn, fact_id: uuid.UUID) -> Sequence[asyncpg.Record]:
+    """Every version of the fact's lineage, oldest first, with when and why each one ended."""
+    return await conn.fetch(_HISTORY, fact_id)
+
+
+async def current(conn, user_id: str) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_CURRENT, user_id)

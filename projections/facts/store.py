@@ -1,0 +1,72 @@
+"""Facts, the asyncpg shell: load the rows a batch targets, fold, upsert, positions — one transaction."""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Sequence
+
+import asyncpg
+import numpy as np
+from pgvector import Vector
+
+from memstream.projections import positions as pos
+from memstream.projections.facts.core import COLUMNS, FactRow, fold, targets
+from memstream.schemas import Decision
+
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE fact_id = ANY($1::uuid[])"
+_CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "user_id": "text", "text": "text", "category": "text",
+          "attribute": "text", "value": "text", "confidence": "real", "explicit": "boolean", "status": "text",
+          "valid_from": "timestamptz", "valid_to": "timestamptz", "recorded_at": "timestamptz",
+          "superseded_at": "timestamptz", "superseded_by": "uuid", "end_reason": "text",
+          "observation_count": "int", "last_observed_at": "timestamptz", "observed_by": "text",
+          "deferred": "jsonb", "source_event_id": "uuid", "extractor": "text", "resolver": "text",
+          "reason": "text", "embedding": "vector", "embedding_model": "text"}
+# unnest() zips the column arrays; observed_by travels as text and is cast back to uuid[].
+_UPSERT = (
+    f"INSERT INTO memory_facts ({', '.join(COLUMNS)}) "
+    f"SELECT {', '.join('u.' + c if c != 'observed_by' else 'u.observed_by::uuid[]' for c in COLUMNS)} FROM unnest("
+    + ", ".join(f"${i + 1}::{_CASTS[c]}[]" for i, c in enumerate(COLUMNS))
+    + f") AS u({', '.join(COLUMNS)}) ON CONFLICT (fact_id) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS if c != "fact_id")
+)
+
+
+def from_record(r: asyncpg.Record) -> FactRow:
+    values = dict(r)
+    values["observed_by"] = tuple(values["observed_by"])
+    values["deferred"] = json.loads(values["deferred"]) if isinstance(values["deferred"], str) else values["deferred"]
+    emb = values["embedding"]
+    values["embedding"] = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype="<f4").tobytes()
+    return FactRow(**values)
+
+
+def _column(rows: Sequence[FactRow], c: str) -> list:
+    if c == "embedding":
+        return [Vector(np.frombuffer(r.embedding, dtype="<f4")) for r in rows]
+    if c == "observed_by":
+        return ["{" + ",".join(str(u) for u in r.observed_by) + "}" for r in rows]
+    if c == "deferred":
+        return [json.dumps(dict(r.deferred), sort_keys=True) for r in rows]
+    return [getattr(r, c) for r in rows]
+
+
+async def load(conn, fact_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, FactRow]:
+    if not fact_ids:
+        return {}
+    return {r["fact_id"]: from_record(r) for r in await conn.fetch(_SELECT, list(set(fact_ids)))}
+
+
+async def upsert(conn, rows: Sequence[FactRow]) -> None:
+    if rows:
+        await conn.execute(_UPSERT, *[_column(rows, c) for c in COLUMNS])
+
+
+class FactStore:
+    name = "facts"
+
+    async def apply_batch(self, conn: asyncpg.Connection, decisions: Sequence[Decision], positions: pos.Positions) -> None:
+        async with conn.transaction():
+            state = await load(conn, [t for d in decisions for t in targets(d)])
+            changed = fold(state, decisions)
+            await upsert(conn, list(changed.values()))
+            await pos.save(conn, self.name, positions)

@@ -1,0 +1,1 @@
+"""Formation: events in, decisions out. Decides once what is not deterministic."""

@@ -1,0 +1,79 @@
+"""Turn a resolved candidate into a fact decision: near-duplicate merge and the safety gate.
+
+Pure: the inputs are the candidate, its embedding, the resolver's answer and the current rows
+it may target; the output is at most one decision. No clock, no I/O.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Mapping
+
+import numpy as np
+
+from memstream.embedding import to_bytes
+from memstream.llm.protocols import GATED_CATEGORIES, CandidateFact, ExistingFact, Operation, Resolution
+from memstream.projections.facts.core import FactRow, deferral_key
+from memstream.schemas import (Decision, FactAdded, FactChangeDeferred, FactDeleted, FactReinforced,
+                               FactUpdated, LogPosition, TurnRecorded)
+
+NEAR_DUPLICATE = 0.85  # cosine at or above which an ADD reinforces the existing fact instead
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who is deciding about which turn."""
+
+    turn: TurnRecorded
+    source: LogPosition
+    recorded_at: datetime
+    extractor: str
+    resolver: str
+    embedding_model: str
+    gate_observations: int = 3  # an inferred change to a gated fact needs this many observations
+
+
+def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolution: Resolution,
+           neighbours: list[ExistingFact], rows: Mapping[uuid.UUID, FactRow]) -> Decision | None:
+    """The decision for the ``n``-th candidate of ``ctx.turn`` (``None``: nothing to record)."""
+    fid = uuid.uuid5(ctx.turn.event_id, f"fact:{n}")
+    common = dict(
+        decision_id=fid, source_event_id=ctx.turn.event_id, source=ctx.source, recorded_at=ctx.recorded_at,
+        user_id=ctx.turn.user_id, extractor=ctx.extractor, resolver=ctx.resolver,
+        confidence=float(cand.confidence), explicit=cand.explicit,
+    )
+    body = dict(fact_id=fid, text=cand.text, category=cand.category, attribute=cand.attribute, value=cand.value,
+                valid_from=cand.valid_at or ctx.turn.occurred_at, embedding=to_bytes(vector),
+                embedding_model=ctx.embedding_model)
+    known = {n.fact_id for n in neighbours}
+    op, target = resolution.op, resolution.target
+    if target is not None and (target not in known or target not in rows):
+        # The resolver named a fact it was not shown: do not act on a guess.
+        op, target = Operation.ADD, None
+        resolution = Resolution(op, None, f"resolver named an unknown target; treated as new ({resolution.reason})")
+    if op is Operation.ADD:
+        top = max(neighbours, key=lambda x: x.similarity, default=None)
+        if top is not None and top.similarity >= NEAR_DUPLICATE and not cand.negated:
+            return FactReinforced(**common, target=top.fact_id,
+                                  reason=f"near-duplicate of {top.text!r} (cosine {top.similarity:.2f})")
+        if cand.negated:
+            return None
+        return FactAdded(**common, **body, reason=resolution.reason or "new fact")
+    if op is Operation.NOOP:
+        if target is None:
+            return None
+        return FactReinforced(**common, target=target, reason=resolution.reason or "observed again")
+    old = rows[target]
+    if old.category in GATED_CATEGORIES and not cand.explicit:
+        key = deferral_key(op.value, cand.value)
+        seen = old.deferred.get(key, 0) + 1
+        if seen < ctx.gate_observations:
+            return FactChangeDeferred(
+                **common, target=target, operation=op.value, value=cand.value, text=cand.text,
+                reason=f"safety gate: inferred {op.value} of {old.category} fact {old.text!r} "
+                       f"needs an explicit statement or {ctx.gate_observations} observations (seen {seen})")
+    if op is Operation.UPDATE:
+        return FactUpdated(**common, **body, supersedes=target, reason=resolution.reason or "updated")
+    return FactDeleted(**common, target=target, valid_to=cand.valid_at or ctx.turn.occurred_at,
+                       reason=resolution.reason or "retracted")

@@ -1,0 +1,216 @@
+"""The formation step: each turn becomes an ``EpisodeRecorded`` decision (its embedding) and,
+through extract -> resolve -> classify -> safety gate -> near-duplicate merge, fact decisions.
+
+Formation for a turn must see every earlier decision for the same user, even when the facts
+projection lags. Two mechanisms give that:
+
+* across batches, a **barrier**: before deciding, wait until the facts projection has applied
+  every decision this formation produced to that partition (on a fresh assignment: every
+  decision already in the partition). Decisions go to the same partition number as their
+  source event, so a user's events and decisions share one partition.
+* within a batch, an **overlay**: the decisions made for earlier turns are folded with the
+  facts projection's own pure core, and neighbours are read through it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Awaitable, Callable, Sequence
+
+import asyncpg
+import numpy as np
+
+from memstream.embedding import Embedder, from_bytes, to_bytes
+from memstream.llm.protocols import ExistingFact, ExtractionClient, ResolutionClient
+from memstream.projections import positions as pos
+from memstream.projections.episodes import core as episodes
+from memstream.projections.facts import query as facts_q
+from memstream.projections.facts import store as facts_store
+from memstream.projections.facts.core import FactRow, fold
+from memstream.schemas import (Decision, EpisodeRecorded, FactChangeDeferred, FactDecision, InvalidEvent,
+                               LogPosition, TurnRecorded, decode_event, encode)
+from memstream.streams.formation.decide import Context, decide
+from memstream.streams.records import Record
+
+log = logging.getLogger("memstream.formation")
+
+NEIGHBOURS = 10  # nearest current facts shown to the resolver, besides same-attribute facts
+
+
+def episode_text(turn: TurnRecorded) -> str:
+    return f"{turn.user_message}\n{turn.assistant_message}".strip()
+
+
+def next_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for r in records:
+        out[(r.topic, r.partition)] = max(out.get((r.topic, r.partition), 0), r.offset + 1)
+    return out
+
+
+class ProjectionBarrier:
+    """Waits until the facts projection has applied what formation produced to a partition."""
+
+    def __init__(self, pool: asyncpg.Pool, decisions_topic: str,
+                 end_offset: Callable[[int], Awaitable[int]], timeout: float = 30.0):
+        self._pool, self._topic, self._end_offset, self._timeout = pool, decisions_topic, end_offset, timeout
+        self._needed: dict[int, int] = {}
+
+    def produced(self, partition: int, next_offset: int) -> None:
+        self._needed[partition] = max(self._needed.get(partition, 0), next_offset)
+
+    def forget(self, partitions) -> None:
+        for p in partitions:
+            self._needed.pop(p, None)
+
+    async def wait(self, partition: int) -> None:
+        if partition not in self._needed:
+            self._needed[partition] = await self._end_offset(partition)
+        needed = self._needed[partition]
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        delay = 0.002
+        while True:
+            applied = await self._pool.fetchval(
+                "SELECT next_offset FROM projection_positions WHERE projection = 'facts' AND topic = $1 AND partition = $2",
+                self._topic, partition) or 0
+            if applied >= needed:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                # Retryable: the facts projection may be restarting or on another worker.
+                raise TimeoutError(f"facts projection is at {self._topic}/{partition}@{applied}, formation needs {needed}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+class Overlay:
+    """Fact rows as the facts projection will hold them once this batch's decisions apply."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        self._pool = pool
+        self.rows: dict[uuid.UUID, FactRow] = {}
+        self.touched: set[uuid.UUID] = set()
+
+    async def ensure(self, fact_ids) -> None:
+        missing = [f for f in fact_ids if f not in self.rows]
+        if missing:
+            async with self._pool.acquire() as conn:
+                self.rows.update(await facts_store.load(conn, missing))
+
+    def apply(self, decision: Decision) -> None:
+        self.touched.update(fold(self.rows, [decision]))
+
+    def mine(self, user_id: str) -> list[FactRow]:
+        return [self.rows[f] for f in self.touched if self.rows[f].user_id == user_id]
+
+
+class Formation:
+    name = "formation"
+
+    def __init__(self, *, producer, decisions_topic: str, embedder: Embedder, extractor: ExtractionClient,
+                 resolver: ResolutionClient, dead_letters, pool: asyncpg.Pool, barrier: ProjectionBarrier | None,
+                 gate_observations: int = 3, record_position: bool = True):
+        self._producer, self._topic, self._embedder = producer, decisions_topic, embedder
+        self._extractor, self._resolver = extractor, resolver
+        self._dead, self._pool, self._barrier = dead_letters, pool, barrier
+        self._gate_observations, self._record_position = gate_observations, record_position
+
+    async def process(self, records: list[Record]) -> None:
+        turns: list[tuple[Record, TurnRecorded]] = []
+        letters = []
+        for r in records:
+            try:
+                event = decode_event(r.value or b"")
+            except InvalidEvent as exc:
+                letters.append((r, self.name, f"undecodable event: {exc}"))
+                continue
+            if r.key != event.user_id.encode():
+                letters.append((r, self.name, "record key does not match user_id: per-user order is not guaranteed"))
+                continue
+            if isinstance(event, TurnRecorded):
+                turns.append((r, event))
+        if self._barrier is not None:
+            for partition in sorted({r.partition for r, _ in turns}):
+                await self._barrier.wait(partition)
+        decisions = await self.decide(turns)
+        futures = [await self._producer.send(self._topic, encode(d), key=r.key, partition=r.partition)
+                   for r, d in decisions]
+        metas = await asyncio.gather(*futures)
+        if self._barrier is not None:
+            for m in metas:
+                self._barrier.produced(m.partition, m.offset + 1)
+        await self._dead.send(letters)
+        self._dead.observe(len(records) - len(letters))
+        if self._record_position:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await pos.save(conn, self.name, next_offsets(records))
+
+    async def decide(self, turns: list[tuple[Record, TurnRecorded]]) -> list[tuple[Record, Decision]]:
+        """Every decision for ``turns``, in order; facts decided against the overlay."""
+        if not turns:
+            return []
+        vectors = await asyncio.to_thread(self._embedder.embed, [episode_text(t) for _, t in turns])
+        overlay = Overlay(self._pool)
+        out: list[tuple[Record, Decision]] = []
+        for (r, turn), vector in zip(turns, vectors):
+            out.append((r, EpisodeRecorded(
+                decision_id=episodes.episode_id(turn.event_id), source_event_id=turn.event_id,
+                source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
+                user_id=turn.user_id, conversation_id=turn.conversation_id, occurred_at=turn.occurred_at,
+                user_message=turn.user_message, assistant_message=turn.assistant_message,
+                metadata=turn.metadata, embedding=to_bytes(vector), embedding_model=self._embedder.model_id)))
+            for decision in await self._facts(r, turn, overlay):
+                out.append((r, decision))
+        return out
+
+    async def _facts(self, r: Record, turn: TurnRecorded, overlay: Overlay) -> list[Decision]:
+        candidates = list(await self._extractor.extract(turn))
+        if not candidates:
+            return []
+        vectors = await asyncio.to_thread(self._embedder.embed, [c.text for c in candidates])
+        ctx = Context(turn=turn, source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
+                      extractor=self._extractor.model_id, resolver=self._resolver.model_id,
+                      embedding_model=self._embedder.model_id, gate_observations=self._gate_observations)
+        out = []
+        for n, (cand, vector) in enumerate(zip(candidates, vectors)):
+            neighbours = await self._neighbours(turn.user_id, cand.attribute, vector, overlay)
+            await overlay.ensure([nb.fact_id for nb in neighbours])
+            resolution = await self._resolver.resolve(cand, neighbours)
+            decision = decide(ctx, n, cand, vector, resolution, neighbours, overlay.rows)
+            _log(turn, cand, resolution, decision)
+            if decision is not None:
+                overlay.apply(decision)
+                out.append(decision)
+        return out
+
+    async def _neighbours(self, user_id: str, attribute: str, vector: np.ndarray, overlay: Overlay) -> list[ExistingFact]:
+        """Current facts nearest to the candidate plus those filling the same attribute, as the
+        facts projection will hold them after this batch's earlier decisions."""
+        async with self._pool.acquire() as conn:
+            near = await facts_q.nearest(conn, user_id, vector, NEIGHBOURS, self._embedder.model_id)
+            same = await facts_q.current_by_attribute(conn, user_id, [attribute])
+        found: dict[uuid.UUID, ExistingFact] = {}
+        for rec in near:
+            found[rec["fact_id"]] = ExistingFact(rec["fact_id"], rec["text"], rec["category"], rec["attribute"],
+                                                 rec["value"], 1.0 - float(rec["distance"]))
+        for rec in same:
+            emb = np.asarray(rec["embedding"].to_numpy(), dtype=np.float32)
+            found.setdefault(rec["fact_id"], ExistingFact(rec["fact_id"], rec["text"], rec["category"],
+                                                          rec["attribute"], rec["value"], float(emb @ vector)))
+        for row in overlay.mine(user_id):
+            if row.current and row.embedding_model == self._embedder.model_id:
+                found[row.fact_id] = ExistingFact(row.fact_id, row.text, row.category, row.attribute, row.value,
+                                                  float(from_bytes(row.embedding) @ vector))
+        stale = {f for f in found if f in overlay.rows and not overlay.rows[f].current}
+        return sorted((f for fid, f in found.items() if fid not in stale), key=lambda f: -f.similarity)
+
+
+def _log(turn: TurnRecorded, cand, resolution, decision) -> None:
+    if isinstance(decision, FactChangeDeferred):
+        log.info("GATE REFUSED %s for user %s: %s [event %s]", decision.operation, turn.user_id, decision.reason, turn.event_id)
+    elif isinstance(decision, FactDecision):
+        op = {"FactAdded": "ADD", "FactUpdated": "UPDATE", "FactDeleted": "DELETE", "FactReinforced": "NOOP+reinforce"}[
+            type(decision).__name__]
+        log.info("%s %r for user %s: %s [event %s]", op, cand.text, turn.user_id, decision.reason, turn.event_id)
+    else:
+        log.info("NOOP %r for user %s: %s [event %s]", cand.text, turn.user_id, resolution.reason, turn.event_id)

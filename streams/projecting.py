@@ -1,0 +1,133 @@
+"""The projection steps: decisions in, rows and positions out (one transaction per step).
+
+Each projection has its own positions and its own gate, so one can be rebuilt or lag without
+the other. Undecodable decision records are dead-lettered once, by the episodes step (it runs
+first); the other steps skip them.
+"""
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+
+from memstream.projections import session_cache
+from memstream.projections.episodes import core as episodes
+from memstream.projections.episodes.store import EpisodeStore
+from memstream.projections.facts.core import MissingTarget
+from memstream.projections.facts.store import FactStore
+from memstream.schemas import EpisodeRecorded, FactDecision, InvalidEvent, decode_decision
+from memstream.streams.formation.step import next_offsets
+from memstream.streams.records import Record
+
+log = logging.getLogger("memstream.projections")
+
+
+def _refused_by_server(exc: asyncpg.PostgresError) -> bool:
+    """The server rejected this data (data exception or constraint violation, SQLSTATE 22/23).
+    Client-side encoding errors carry no severity: those are bugs, never a record's fault."""
+    return getattr(exc, "severity", None) is not None and (exc.sqlstate or "")[:2] in ("22", "23")
+
+
+def transient(exc: BaseException) -> bool:
+    return isinstance(exc, (
+        asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
+        asyncpg.TooManyConnectionsError, asyncpg.SerializationError, asyncpg.DeadlockDetectedError,
+        asyncpg.QueryCanceledError, asyncpg.AdminShutdownError,
+    ))
+
+
+class EpisodesProjection:
+    """decisions -> episodes rows (Postgres) and Tier 0 turns (Redis)."""
+
+    name = "episodes"
+
+    def __init__(self, *, pool: asyncpg.Pool, redis, schema: str, events_topic: str,
+                 dead_letters, tier0_turns: int):
+        self._pool, self._redis, self._schema = pool, redis, schema
+        self._events_topic, self._dead, self._keep = events_topic, dead_letters, tier0_turns
+        self._store = EpisodeStore()
+        self._epoch: int | None = None
+
+    async def process(self, records: list[Record]) -> None:
+        rows, letters = [], []
+        for r in records:
+            try:
+                decision = decode_decision(r.value or b"")
+            except InvalidEvent as exc:
+                letters.append((r, self.name, f"undecodable decision: {exc}"))
+                continue
+            if isinstance(decision, EpisodeRecorded):
+                rows.append((r, episodes.apply(decision)))
+        # Dead letters first: the position must not pass a record before its letter is durable.
+        await self._dead.send(letters)
+        self._dead.observe(len(records) - len(letters))
+        async with self._pool.acquire() as conn:
+            try:
+                await self._store.apply_batch(conn, [row for _, row in rows], self._positions(records, rows))
+            except asyncpg.PostgresError as exc:
+                if not _refused_by_server(exc):
+                    raise
+                await self._apply_one_by_one(conn, records, rows, exc)
+            if self._epoch is None:
+                self._epoch = await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'episodes'")
+        if self._redis is None or not rows:
+            return
+        try:
+            await session_cache.push_turns(self._redis, self._schema, self._epoch, (row for _, row in rows), self._keep)
+        except Exception:  # a derived cache: the read path falls back to Postgres
+            log.exception("tier 0 cache update failed for %d turns", len(rows))
+
+    def _positions(self, records, rows) -> dict[tuple[str, int], int]:
+        return {**next_offsets(records), **episodes.source_watermarks([row for _, row in rows], self._events_topic)}
+
+    async def _apply_one_by_one(self, conn, records, rows, batch_error) -> None:
+        """A batch the database refused: isolate the record(s) at fault, dead-letter them with
+        the database's reason, apply the rest."""
+        log.warning("episodes batch refused (%s); applying record by record", batch_error)
+        refused = []
+        for r, row in rows:
+            try:
+                await self._store.apply_batch(conn, [row], self._positions([r], [(r, row)]))
+            except asyncpg.PostgresError as exc:
+                if not _refused_by_server(exc):
+                    raise
+                refused.append((r, self.name, f"database refused the row: {exc}"))
+        if len(refused) == len(rows) > 1:
+            raise batch_error  # every row fails alike: our bug or our schema, not bad records
+        await self._dead.send(refused)
+        await self._store.apply_batch(conn, [], next_offsets(records))
+
+
+class FactsProjection:
+    """decisions -> memory_facts (every version, with history)."""
+
+    name = "facts"
+
+    def __init__(self, *, pool: asyncpg.Pool, dead_letters):
+        self._pool, self._dead = pool, dead_letters
+        self._store = FactStore()
+
+    async def process(self, records: list[Record]) -> None:
+        decisions = []
+        for r in records:
+            try:
+                d = decode_decision(r.value or b"")
+            except InvalidEvent:
+                continue  # dead-lettered by the episodes step
+            if isinstance(d, FactDecision):
+                decisions.append((r, d))
+        async with self._pool.acquire() as conn:
+            try:
+                await self._store.apply_batch(conn, [d for _, d in decisions], next_offsets(records))
+            except MissingTarget:
+                await self._apply_one_by_one(conn, records, decisions)
+
+    async def _apply_one_by_one(self, conn, records, decisions) -> None:
+        refused = []
+        for r, d in decisions:
+            try:
+                await self._store.apply_batch(conn, [d], next_offsets([r]))
+            except MissingTarget as exc:
+                refused.append((r, self.name, str(exc)))
+        await self._dead.send(refused)
+        await self._store.apply_batch(conn, [], next_offsets(records))
