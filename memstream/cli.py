@@ -101,13 +101,15 @@ def migrate(ctx: click.Context) -> None:
 
 
 @main.command()
+@click.option("--role", type=click.Choice(["all", "formation", "projections"]), default="all", show_default=True,
+              help="formation: events -> decisions; projections: decisions -> stores; all: both, as two processes")
 @click.option("--loglevel", default="INFO")
+@click.option("--no-prepare", is_flag=True, help="skip topic creation and migrations")
 @click.pass_context
-def worker(ctx: click.Context, loglevel: str) -> None:
-    """Run a worker: formation (events -> decisions) and projections (decisions -> stores)."""
+def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool) -> None:
+    """Run a worker (formation and/or projections) until SIGTERM."""
     from memstream.projections.db import migrate as run_migrations
     from memstream.streams.topics import ensure_topics
-    from memstream.streams.worker import run_worker
 
     s = _settings(ctx)
     dsn = resolve_dsn(s)
@@ -116,31 +118,35 @@ def worker(ctx: click.Context, loglevel: str) -> None:
         await ensure_topics(s)
         await run_migrations(dsn, s.postgres_schema)
 
-    asyncio.run(prepare())
-    run_worker(s, dsn, loglevel=loglevel)
+    if not no_prepare:
+        asyncio.run(prepare())
+    if role == "all":
+        from memstream.streams.supervisor import supervise
+
+        extra = ["--schema", s.postgres_schema]
+        ctx.exit(supervise(("formation", "projections"), extra))
+    from memstream.streams.worker import run_worker
+
+    run_worker(s, dsn, role, loglevel=loglevel)
 
 
-@main.group()
-def replay() -> None:
-    """Rebuild a projection from the log into a fresh schema."""
-
-
-@replay.command("episodes")
-@click.option("--into", "into", required=True, help="target schema (created; must be empty or absent)")
+@main.command()
+@click.argument("projections", nargs=-1, required=True)
+@click.option("--into", "into", required=True, help="target schema (created; must not hold these projections)")
+@click.option("--from-topic", "topic", help="decisions topic to replay (default: the live one)")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def replay_episodes(ctx: click.Context, into: str, as_json: bool) -> None:
-    """Replay the decisions topic from offset 0 into SCHEMA, up to the live high-water marks."""
+def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: str | None, as_json: bool) -> None:
+    """Replay PROJECTIONS (episodes, facts, or all) from offset 0 into SCHEMA, up to the
+    high-water marks seen at start. Never calls an LLM or the embedder."""
     from memstream.config import check_schema_name
-    from memstream.streams.replay import replay_episodes as run
+    from memstream.streams.replay import PROJECTIONS, replay
 
     s = _settings(ctx)
     check_schema_name(into)
-    report = asyncio.run(run(s, resolve_dsn(s), into))
-    if as_json:
-        click.echo(json.dumps(report.as_dict()))
-    else:
-        click.echo(report.render())
+    names = list(PROJECTIONS) if projections == ("all",) else list(projections)
+    report = asyncio.run(replay(s, resolve_dsn(s), into, names, topic=topic))
+    click.echo(json.dumps(report.as_dict()) if as_json else report.render())
 
 
 @main.command()

@@ -4,16 +4,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 RRF_K = 60  # the usual reciprocal-rank-fusion constant (Cormack et al., 2009)
 
 
 @dataclass(frozen=True)
 class Weights:
+    """``score = relevance·w_rel + recency·w_rec + importance·w_imp + type·w_type``."""
+
     relevance: float = 0.8
     recency: float = 0.2
+    importance: float = 0.0
+    type: float = 0.0
     recency_half_life_days: float = 30.0
+
+
+EPISODE_WEIGHTS = Weights(relevance=0.8, recency=0.2)  # episodes: relevance and recency only
+FACT_WEIGHTS = Weights(relevance=0.6, recency=0.1, importance=0.2, type=0.1, recency_half_life_days=90.0)
+TYPE_WEIGHTS = {"identity": 1.0, "constraint": 1.0, "relationship": 0.8, "location": 0.8, "work": 0.8,
+                "preference": 0.7, "plan": 0.7}
 
 
 @dataclass
@@ -22,6 +32,16 @@ class Candidate:
     row: Mapping[str, Any]
     rrf: float = 0.0
     channels: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Scored:
+    cand: Candidate
+    score: float
+    relevance: float
+    recency: float
+    importance: float = 0.0
+    type: float = 0.0
 
 
 def fuse(channels: Mapping[str, Sequence[Mapping[str, Any]]], key: str) -> list[Candidate]:
@@ -35,20 +55,34 @@ def fuse(channels: Mapping[str, Sequence[Mapping[str, Any]]], key: str) -> list[
     return list(merged.values())
 
 
-def recency_decay(occurred_at: datetime, now: datetime, half_life_days: float) -> float:
-    age_days = max((now - occurred_at).total_seconds(), 0.0) / 86400.0
+def recency_decay(at: datetime, now: datetime, half_life_days: float) -> float:
+    age_days = max((now - at).total_seconds(), 0.0) / 86400.0
     return math.pow(0.5, age_days / half_life_days)
 
 
-def rerank(cands: list[Candidate], now: datetime, w: Weights, n_channels: int) -> list[tuple[Candidate, float, float, float]]:
-    """``score = w_rel * relevance + w_rec * recency``; relevance is the fused rank score scaled
-    to [0, 1] by the best possible (first in every channel). Ties break on newer, then id, so
-    the order is total and stable."""
+def fact_importance(row: Mapping[str, Any]) -> float:
+    """Confidence, plus a little for every repeated observation (saturating)."""
+    seen = min(1.0, math.log2(1 + row["observation_count"]) / 3)
+    return 0.7 * float(row["confidence"]) + 0.3 * seen
+
+
+def fact_type(row: Mapping[str, Any]) -> float:
+    return TYPE_WEIGHTS.get(row["category"], 0.5)
+
+
+def rerank(cands: list[Candidate], now: datetime, w: Weights, n_channels: int, *, time_key: str = "occurred_at",
+           importance: Callable[[Mapping[str, Any]], float] | None = None,
+           type_weight: Callable[[Mapping[str, Any]], float] | None = None) -> list[Scored]:
+    """Relevance is the fused rank score scaled to [0, 1] by the best possible (first in every
+    channel). Ties break on newer, then key, so the order is total and stable."""
     best = n_channels / (RRF_K + 1)
-    scored = []
+    out = []
     for c in cands:
         rel = c.rrf / best if best else 0.0
-        rec = recency_decay(c.row["occurred_at"], now, w.recency_half_life_days)
-        scored.append((c, w.relevance * rel + w.recency * rec, rel, rec))
-    scored.sort(key=lambda s: (-s[1], -s[0].row["occurred_at"].timestamp(), str(s[0].key)))
-    return scored
+        rec = recency_decay(c.row[time_key], now, w.recency_half_life_days)
+        imp = importance(c.row) if importance else 0.0
+        typ = type_weight(c.row) if type_weight else 0.0
+        score = w.relevance * rel + w.recency * rec + w.importance * imp + w.type * typ
+        out.append(Scored(c, score, rel, rec, imp, typ))
+    out.sort(key=lambda s: (-s.score, -s.cand.row[time_key].timestamp(), str(s.cand.key)))
+    return out

@@ -13,9 +13,10 @@ import redis.asyncio as aioredis
 from memstream.embedding import Embedder, default_embedder
 from memstream.projections import db, session_cache
 from memstream.projections.episodes import query as episodes_q
-from memstream.read_client.fusion import Weights, fuse, rerank
+from memstream.projections.facts import query as facts_q
+from memstream.read_client.fusion import EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse, rerank
 from memstream.schemas import LogPosition
-from memstream.schemas.read_models import MemoryContext, RankedEpisode, Turn
+from memstream.schemas.read_models import FactVersion, MemoryContext, RankedEpisode, RankedFact, Turn
 
 log = logging.getLogger("memstream.read")
 
@@ -37,9 +38,11 @@ class MemoryReader:
     """
 
     def __init__(self, *, pool: asyncpg.Pool, redis: aioredis.Redis | None, embedder: Embedder,
-                 schema: str, tier0_turns: int = 20, weights: Weights = Weights()):
+                 schema: str, tier0_turns: int = 20, episode_weights: Weights = EPISODE_WEIGHTS,
+                 fact_weights: Weights = FACT_WEIGHTS):
         self._pool, self._redis, self._embedder = pool, redis, embedder
-        self._schema, self._tier0, self._weights = schema, tier0_turns, weights
+        self._schema, self._tier0 = schema, tier0_turns
+        self._episode_weights, self._fact_weights = episode_weights, fact_weights
         self._epoch: int | None = None
 
     @classmethod
@@ -55,7 +58,7 @@ class MemoryReader:
             await self._redis.aclose()
 
     async def read(self, user_id: str, conversation_id: str, message: str, *,
-                   after: LogPosition | None = None, k: int = 5, wait_timeout: float = 5.0,
+                   after: LogPosition | None = None, k: int = 5, k_facts: int = 10, wait_timeout: float = 5.0,
                    now: datetime | None = None) -> MemoryContext:
         if not user_id or not conversation_id:
             raise ValueError("user_id and conversation_id are required")
@@ -77,26 +80,38 @@ class MemoryReader:
 
         embedding = asyncio.ensure_future(embedded())
         degraded: list[str] = []
-        recent, vector, keyword = await asyncio.gather(
+        recent, vector, keyword, fact_vec, fact_kw = await asyncio.gather(
             self._channel("recent_turns", degraded, timings, self._recent_turns, user_id, conversation_id),
-            self._channel("episodes_vector", degraded, timings, self._episodes_vector, user_id, embedding),
-            self._channel("episodes_keyword", degraded, timings, self._episodes_keyword, user_id, message),
+            self._channel("episodes_vector", degraded, timings, self._nearest, episodes_q, user_id, embedding),
+            self._channel("episodes_keyword", degraded, timings, self._keyword, episodes_q, user_id, message),
+            self._channel("facts_vector", degraded, timings, self._nearest, facts_q, user_id, embedding),
+            self._channel("facts_keyword", degraded, timings, self._keyword, facts_q, user_id, message),
         )
         ctx.recent_turns = recent or []
         ranked = rerank(fuse({"vector": vector or [], "keyword": keyword or []}, "episode_id"),
-                        now, self._weights, n_channels=2)
+                        now, self._episode_weights, n_channels=2)
         ctx.episodes = [
-            RankedEpisode(**{c: cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
-                                                       "user_message", "assistant_message")},
-                          score=round(score, 6), relevance=round(rel, 6), recency=round(rec, 6),
-                          channels=cand.channels)
-            for cand, score, rel, rec in ranked[:k]
+            RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
+                                                         "user_message", "assistant_message")},
+                          score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
+                          channels=s.cand.channels)
+            for s in ranked[:k]
+        ]
+        facts = rerank(fuse({"vector": fact_vec or [], "keyword": fact_kw or []}, "fact_id"), now,
+                       self._fact_weights, n_channels=2, time_key="last_observed_at",
+                       importance=fact_importance, type_weight=fact_type)
+        ctx.facts = [
+            RankedFact(**{c: s.cand.row[c] for c in ("fact_id", "text", "category", "attribute", "value", "confidence",
+                                                     "explicit", "observation_count", "valid_from", "recorded_at")},
+                       score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
+                       importance=round(s.importance, 6), type_weight=s.type, channels=s.cand.channels)
+            for s in facts[:k_facts]
         ]
         ctx.degraded = degraded
         timings["total"] = (time.perf_counter() - t0) * 1000
         ctx.timings_ms = {name: round(ms, 3) for name, ms in timings.items()}
-        log.debug("read %s/%s: %d recent turns, %d episodes, degraded=%s, %.1f ms", user_id,
-                  conversation_id, len(ctx.recent_turns), len(ctx.episodes), degraded, timings["total"])
+        log.debug("read %s/%s: %d recent turns, %d facts, %d episodes, degraded=%s, %.1f ms", user_id,
+                  conversation_id, len(ctx.recent_turns), len(ctx.facts), len(ctx.episodes), degraded, timings["total"])
         return ctx
 
     async def _channel(self, name: str, degraded: list[str], timings: dict[str, float],
@@ -141,11 +156,20 @@ class MemoryReader:
         rows = await episodes_q.recent(self._pool, user_id, conversation_id, self._tier0)
         return [Turn(**{k: r[k] for k in Turn.model_fields}) for r in rows]
 
-    async def _episodes_vector(self, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
+    async def _nearest(self, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
         vec = await embedding
         async with self._pool.acquire() as conn:
-            return await episodes_q.nearest(conn, user_id, vec, ANN_CANDIDATES, self._embedder.model_id)
+            return await q.nearest(conn, user_id, vec, ANN_CANDIDATES, self._embedder.model_id)
 
-    async def _episodes_keyword(self, user_id: str, message: str) -> list[asyncpg.Record]:
+    async def _keyword(self, q, user_id: str, message: str) -> list[asyncpg.Record]:
         async with self._pool.acquire() as conn:
-            return await episodes_q.keyword(conn, user_id, message, ANN_CANDIDATES)
+            return await q.keyword(conn, user_id, message, ANN_CANDIDATES)
+
+    async def current_facts(self, user_id: str) -> list[asyncpg.Record]:
+        """Every fact currently believed about the user (for memory views and tools)."""
+        return list(await facts_q.current(self._pool, user_id))
+
+    async def fact_history(self, user_id: str, fact_id) -> list[FactVersion]:
+        """Every version of the fact's lineage, oldest first: what was believed, when and why."""
+        rows = await facts_q.history(self._pool, user_id, fact_id)
+        return [FactVersion(**{k: r[k] for k in FactVersion.model_fields}) for r in rows]

@@ -30,6 +30,44 @@ class RankedEpisode(BaseModel):
     channels: list[str] = Field(description="channels that retrieved it: vector, keyword")
 
 
+class RankedFact(BaseModel):
+    """A current fact about the user, with how it scored for the message."""
+
+    fact_id: uuid.UUID
+    text: str
+    category: str
+    attribute: str
+    value: str
+    confidence: float
+    explicit: bool
+    observation_count: int
+    valid_from: datetime
+    recorded_at: datetime
+    score: float
+    relevance: float
+    recency: float
+    importance: float
+    type_weight: float
+    channels: list[str]
+
+
+class FactVersion(BaseModel):
+    """One version in a fact's history: what was believed, from when, until when and why."""
+
+    fact_id: uuid.UUID
+    text: str
+    value: str
+    status: str = Field(description="current, superseded or deleted")
+    valid_from: datetime
+    valid_to: datetime | None
+    recorded_at: datetime
+    superseded_at: datetime | None
+    superseded_by: uuid.UUID | None
+    reason: str = Field(description="why this version was recorded")
+    end_reason: str | None = Field(description="why it stopped being believed")
+    observation_count: int
+
+
 class MemoryContext(BaseModel):
     """Everything memstream knows that is worth putting in front of the model for a message.
 
@@ -42,6 +80,7 @@ class MemoryContext(BaseModel):
     conversation_id: str
     message: str
     recent_turns: list[Turn] = Field(default_factory=list)
+    facts: list[RankedFact] = Field(default_factory=list)
     episodes: list[RankedEpisode] = Field(default_factory=list)
     degraded: list[str] = Field(default_factory=list)
     caught_up: bool = True

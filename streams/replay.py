@@ -1,4 +1,4 @@
-"""Replay: rebuild a projection from offset 0 of its topic into a fresh schema.
+"""Replay: rebuild projections from offset 0 of a decisions topic into a fresh schema.
 
 The live projection keeps serving meanwhile. Replay reads the decisions topic only — never the
 LLM, never the embedder — up to the high-water marks seen when it starts, through the same
@@ -18,7 +18,7 @@ from memstream.config import Settings
 from memstream.projections import db
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.records import Record
-from memstream.streams.steps import EpisodesProjection
+from memstream.streams.projecting import EpisodesProjection, FactsProjection
 
 log = logging.getLogger("memstream.replay")
 
@@ -43,12 +43,17 @@ class SkippedLetters:
         self.count += len(letters)
 
 
+PROJECTIONS = ("episodes", "facts")
+_TABLES = {"episodes": "episodes", "facts": "memory_facts"}
+
+
 @dataclass
 class ReplayReport:
-    projection: str
+    projections: list[str]
     schema: str
+    topic: str
     records: int
-    rows: int
+    rows: dict[str, int]
     skipped: int
     seconds: float
     high_water: dict[int, int]
@@ -61,34 +66,49 @@ class ReplayReport:
         return {**asdict(self), "records_per_s": round(self.records_per_s, 1)}
 
     def render(self) -> str:
-        return (f"replayed {self.projection} into schema {self.schema}: {self.records} records -> "
-                f"{self.rows} rows, {self.skipped} skipped, {self.seconds:.2f}s "
+        return (f"replayed {'+'.join(self.projections)} from {self.topic} into schema {self.schema}: "
+                f"{self.records} records -> rows {self.rows}, {self.skipped} skipped, {self.seconds:.2f}s "
                 f"({self.records_per_s:.0f} records/s); high-water marks {self.high_water}")
 
 
-async def replay_episodes(settings: Settings, dsn: str, into: str, *, batch_size: int = 500) -> ReplayReport:
+async def replay_episodes(settings: Settings, dsn: str, into: str, **kw) -> ReplayReport:
+    return await replay(settings, dsn, into, ["episodes"], **kw)
+
+
+async def replay(settings: Settings, dsn: str, into: str, projections: list[str], *,
+                 topic: str | None = None, batch_size: int = 500) -> ReplayReport:
+    """Rebuild ``projections`` from ``topic`` (default: the live decisions topic) into ``into``."""
+    unknown = set(projections) - set(PROJECTIONS)
+    if unknown:
+        raise ReplayError(f"unknown projections {sorted(unknown)}; known: {PROJECTIONS}")
     if into == settings.postgres_schema:
         raise ReplayError("refusing to replay into the live schema; pick a fresh one")
     await db.migrate(dsn, into)
     pool = await db.create_pool(dsn, into, max_size=2)
     try:
-        if await pool.fetchval("SELECT count(*) FROM projection_positions WHERE projection = 'episodes'"):
-            raise ReplayError(f"schema {into} already holds an episodes projection; drop it first")
+        if await pool.fetchval("SELECT count(*) FROM projection_positions WHERE projection = ANY($1::text[])", projections):
+            raise ReplayError(f"schema {into} already holds {'/'.join(projections)} positions; drop it first")
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest",
                                       max_poll_records=batch_size) as consumer:
-            return await _replay(settings, consumer, pool, into)
+            return await _replay(settings, consumer, pool, into, projections, topic or settings.decisions_topic)
     finally:
         await pool.close()
 
 
-async def _replay(settings: Settings, consumer, pool, into: str) -> ReplayReport:
-    tps = [TopicPartition(settings.decisions_topic, p) for p in await partitions_of(consumer, settings.decisions_topic)]
+async def _replay(settings: Settings, consumer, pool, into: str, projections: list[str], topic: str) -> ReplayReport:
+    tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+    if not tps:
+        raise ReplayError(f"topic {topic} does not exist")
     consumer.assign(tps)
     high = {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
     await consumer.seek_to_beginning(*tps)
     sink = SkippedLetters()
-    step = EpisodesProjection(pool=pool, redis=None, schema=into, events_topic=settings.events_topic,
-                              dead_letters=sink, tier0_turns=settings.tier0_turns)
+    available = {
+        "episodes": lambda: EpisodesProjection(pool=pool, redis=None, schema=into, events_topic=settings.events_topic,
+                                               dead_letters=sink, tier0_turns=settings.tier0_turns),
+        "facts": lambda: FactsProjection(pool=pool, dead_letters=sink),
+    }
+    steps = [available[name]() for name in projections]
     remaining = {p for p, off in high.items() if off > 0}
     records = 0
     t0 = time.perf_counter()
@@ -98,12 +118,13 @@ async def _replay(settings: Settings, consumer, pool, into: str) -> ReplayReport
             batch = [Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()), m.timestamp)
                      for m in msgs if m.offset < high[tp.partition]]
             if batch:
-                await step.process(batch)
+                for step in steps:
+                    await step.process(batch)
                 records += len(batch)
             if msgs and msgs[-1].offset + 1 >= high[tp.partition]:
                 remaining.discard(tp.partition)
     seconds = time.perf_counter() - t0
-    rows = await pool.fetchval("SELECT count(*) FROM episodes")
-    report = ReplayReport("episodes", into, records, rows, sink.count, seconds, high)
+    rows = {name: await pool.fetchval(f"SELECT count(*) FROM {_TABLES[name]}") for name in projections}
+    report = ReplayReport(projections, into, topic, records, rows, sink.count, seconds, high)
     log.info(report.render())
     return report

@@ -1,4 +1,14 @@
-"""The worker: a Faust app with two agents, wired to our own decode / gate / step code.
+"""The worker: Faust apps wired to our own decode / gate / step code.
+
+Two roles, each its own Faust app, consumer group and process:
+
+* ``formation`` (group ``<group_id>``): events -> decisions;
+* ``projections`` (group ``<group_id>-projections``): decisions -> Postgres and Redis.
+
+They must not share a consumer: formation waits for the facts projection (its barrier), and a
+Faust consumer stops delivering to every agent when one agent's buffer is full — one shared
+consumer could deadlock under a backlog. ``memstream worker`` runs both roles as two child
+processes; each role can also be run and scaled on its own.
 
 Agents consume raw bytes and hand batches to ``Step.process`` through ``run_batch``, which
 retries transient infrastructure errors in place and *stops the process* on anything else: a
@@ -45,8 +55,8 @@ def _retryable(exc: BaseException) -> bool:
 class Runtime:
     """Resources shared by the agents, created lazily on the worker's event loop."""
 
-    def __init__(self, settings: Settings, dsn: str):
-        self.settings, self.dsn = settings, dsn
+    def __init__(self, settings: Settings, dsn: str, role: str):
+        self.settings, self.dsn, self.role = settings, dsn, role
         self._lock = asyncio.Lock()
         self.steps: dict[str, tuple[Step, PositionGate]] = {}
         self.app: faust.App | None = None
@@ -61,23 +71,27 @@ class Runtime:
             self.producer = idempotent_producer(s.kafka_bootstrap)
             await self.producer.start()
             dead = DeadLetters(self.producer, s.dead_letter_topic, s.max_dead_letters_per_1000)
-            embedder = await asyncio.to_thread(default_embedder, s.embed_threads)
-            extractor, resolver = llm_clients(s)
-            self._offsets = groupless_consumer(s.kafka_bootstrap)
-            self.offsets = await self._offsets.__aenter__()
-            self.barrier = ProjectionBarrier(self.pool, s.decisions_topic, self._end_offset)
-            formation = Formation(producer=self.producer, decisions_topic=s.decisions_topic,
-                                  embedder=embedder, extractor=extractor, resolver=resolver,
-                                  dead_letters=dead, pool=self.pool, barrier=self.barrier,
-                                  gate_observations=s.gate_observations)
-            episodes = EpisodesProjection(pool=self.pool, redis=self.redis, schema=s.postgres_schema,
-                                          events_topic=s.events_topic, dead_letters=dead,
-                                          tier0_turns=s.tier0_turns)
-            facts = FactsProjection(pool=self.pool, dead_letters=dead)
-            for step in (formation, episodes, facts):
+            steps: list[Step] = []
+            if self.role == "formation":
+                embedder = await asyncio.to_thread(default_embedder, s.embed_threads)
+                extractor, resolver = llm_clients(s)
+                self._offsets = groupless_consumer(s.kafka_bootstrap)
+                self.offsets = await self._offsets.__aenter__()
+                self.barrier = ProjectionBarrier(self.pool, s.decisions_topic, self._end_offset)
+                steps.append(Formation(producer=self.producer, decisions_topic=s.decisions_topic,
+                                       embedder=embedder, extractor=extractor, resolver=resolver,
+                                       dead_letters=dead, pool=self.pool, barrier=self.barrier,
+                                       gate_observations=s.gate_observations))
+                log.info("formation ready: embedder=%s extractor=%s resolver=%s",
+                         embedder.model_id, extractor.model_id, resolver.model_id)
+            else:
+                steps.append(EpisodesProjection(pool=self.pool, redis=self.redis, schema=s.postgres_schema,
+                                                events_topic=s.events_topic, dead_letters=dead,
+                                                tier0_turns=s.tier0_turns))
+                steps.append(FactsProjection(pool=self.pool, dead_letters=dead))
+            for step in steps:
                 self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek))
-            log.info("worker ready: schema=%s embedder=%s extractor=%s resolver=%s", s.postgres_schema,
-                     embedder.model_id, extractor.model_id, resolver.model_id)
+            log.info("%s ready: schema=%s", self.role, s.postgres_schema)
 
     async def _end_offset(self, partition: int) -> int:
         from aiokafka import TopicPartition
@@ -115,7 +129,7 @@ class Runtime:
     def forget(self, tps) -> None:
         for _, gate in self.steps.values():
             gate.forget([(tp.topic, tp.partition) for tp in tps])
-        if self.steps:
+        if self.role == "formation" and self.steps:
             self.barrier.forget([tp.partition for tp in tps if tp.topic == self.settings.events_topic])
 
     async def run_batch(self, name: str, events: Sequence) -> None:
@@ -155,9 +169,13 @@ def llm_clients(settings: Settings):
     raise ValueError(f"unknown extractor {settings.extractor!r} (offline | bedrock)")
 
 
+ROLES = ("formation", "projections")
+
+
 def create_app(settings: Settings, runtime: Runtime) -> faust.App:
+    role = runtime.role
     app = faust.App(
-        settings.group_id,
+        settings.group_id if role == "formation" else f"{settings.group_id}-projections",
         broker=f"kafka://{settings.kafka_bootstrap}",
         store="memory://",
         web_enabled=False,
@@ -171,8 +189,6 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     )
     runtime.app = app
     raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
-    events = app.topic(settings.events_topic, **raw)
-    decisions = app.topic(settings.decisions_topic, **raw)
 
     async def consume(names: tuple[str, ...], stream) -> None:
         await runtime.ready()
@@ -180,13 +196,15 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
             for name in names:
                 await runtime.run_batch(name, batch)
 
-    @app.agent(events, name="formation")
-    async def formation(stream):
-        await consume(("formation",), stream)
+    # Declare only this role's topic: Faust subscribes to every topic an app declares.
+    if role == "formation":
+        topic, step_names = app.topic(settings.events_topic, **raw), ("formation",)
+    else:
+        topic, step_names = app.topic(settings.decisions_topic, **raw), ("episodes", "facts")
 
-    @app.agent(decisions, name="projections")
-    async def projections(stream):
-        await consume(("episodes", "facts"), stream)
+    @app.agent(topic, name=role)
+    async def agent(stream):
+        await consume(step_names, stream)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender, revoked, **kwargs):
@@ -194,16 +212,14 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     @app.on_rebalance_complete.connect
     async def on_rebalance_complete(sender, **kwargs):
-        task = asyncio.ensure_future(runtime.align({settings.events_topic: ("formation",),
-                                                    settings.decisions_topic: ("episodes", "facts")}))
+        task = asyncio.ensure_future(runtime.align({topic.get_topic_name(): step_names}))
         task.add_done_callback(_fatal_on_failure)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender, assigned, **kwargs):
         runtime.forget(assigned)
-        mine = sorted(f"{tp.topic}/{tp.partition}" for tp in assigned
-                      if tp.topic in (settings.events_topic, settings.decisions_topic))
-        log.info("assigned partitions: %s", " ".join(mine) or "(none)")
+        mine = sorted(f"{tp.topic}/{tp.partition}" for tp in assigned if tp.topic == topic.get_topic_name())
+        log.info("%s assigned partitions: %s", role, " ".join(mine) or "(none)")
 
     return app
 
@@ -216,9 +232,11 @@ def _fatal_on_failure(task: asyncio.Future) -> None:
         os._exit(EXIT_FATAL)
 
 
-def run_worker(settings: Settings, dsn: str, loglevel: str = "INFO") -> None:
-    """Run until SIGTERM/SIGINT. Topics must exist (``ensure_topics``)."""
-    runtime = Runtime(settings, dsn)
+def run_worker(settings: Settings, dsn: str, role: str, loglevel: str = "INFO") -> None:
+    """Run one role until SIGTERM/SIGINT. Topics must exist (``ensure_topics``)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; one of {ROLES}")
+    runtime = Runtime(settings, dsn, role)
     app = create_app(settings, runtime)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
     worker.execute_from_commandline()

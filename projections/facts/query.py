@@ -35,7 +35,7 @@ ORDER BY recorded_at, fact_id
 
 _HISTORY = f"""
 SELECT {_COLS}, superseded_by, end_reason, reason FROM memory_facts
-WHERE lineage_id = (SELECT lineage_id FROM memory_facts WHERE fact_id = $1)
+WHERE user_id = $1 AND lineage_id = (SELECT lineage_id FROM memory_facts WHERE fact_id = $2 AND user_id = $1)
 ORDER BY recorded_at, fact_id
 """
 
@@ -54,9 +54,9 @@ async def current_by_attribute(conn, user_id: str, attributes: Sequence[str]) ->
     return await conn.fetch(_BY_ATTRIBUTE, user_id, list(attributes))
 
 
-async def history(conn, fact_id: uuid.UUID) -> Sequence[asyncpg.Record]:
+async def history(conn, user_id: str, fact_id: uuid.UUID) -> Sequence[asyncpg.Record]:
     """Every version of the fact's lineage, oldest first, with when and why each one ended."""
-    return await conn.fetch(_HISTORY, fact_id)
+    return await conn.fetch(_HISTORY, user_id, fact_id)
 
 
 async def current(conn, user_id: str) -> Sequence[asyncpg.Record]:

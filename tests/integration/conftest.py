@@ -81,17 +81,21 @@ class Worker:
         return self.log_path.read_text(errors="replace")
 
     def assigned(self) -> list[str]:
-        """The partitions of the latest assignment this worker logged."""
-        lines = [l for l in self.log().splitlines() if "assigned partitions:" in l]
-        return lines[-1].split("assigned partitions:")[1].split() if lines else []
+        """The partitions of the latest assignment each role of this worker logged."""
+        latest: dict[str, list[str]] = {}
+        for line in self.log().splitlines():
+            if "assigned partitions:" in line:
+                head, parts = line.split("assigned partitions:")
+                latest[head.split()[-1]] = [p for p in parts.split() if p != "(none)"]
+        return [p for parts in latest.values() for p in parts]
 
     async def wait_assigned(self, timeout: float = 60) -> list[str]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            got = [p for p in self.assigned() if p != "(none)"]
-            if got:
+            got = self.assigned()
+            if any(".events/" in p for p in got) and any(".decisions/" in p for p in got):
                 return got
             await asyncio.sleep(0.2)
         raise AssertionError(f"worker got no partitions within {timeout}s:\n{self.log()[-3000:]}")
