@@ -55,6 +55,7 @@ class FactVersion(BaseModel):
     """One version in a fact's history: what was believed, from when, until when and why."""
 
     fact_id: uuid.UUID
+    version: int
     text: str
     value: str
     status: str = Field(description="current, superseded or deleted")

@@ -28,6 +28,7 @@ class MissingTarget(LookupError):
 class FactRow:
     fact_id: uuid.UUID
     lineage_id: uuid.UUID
+    version: int
     user_id: str
     text: str
     category: str
@@ -76,9 +77,9 @@ def targets(decision: Decision) -> list[uuid.UUID]:
     return []
 
 
-def _new(d: FactAdded | FactUpdated, lineage_id: uuid.UUID) -> FactRow:
+def _new(d: FactAdded | FactUpdated, lineage_id: uuid.UUID, version: int) -> FactRow:
     return FactRow(
-        fact_id=d.fact_id, lineage_id=lineage_id, user_id=d.user_id, text=d.text, category=d.category,
+        fact_id=d.fact_id, lineage_id=lineage_id, version=version, user_id=d.user_id, text=d.text, category=d.category,
         attribute=d.attribute, value=d.value, confidence=d.confidence, explicit=d.explicit,
         status="current", valid_from=d.valid_from, valid_to=None, recorded_at=d.recorded_at,
         superseded_at=None, superseded_by=None, end_reason=None, observation_count=1,
@@ -99,14 +100,14 @@ def apply(state: Mapping[uuid.UUID, FactRow], d: Decision) -> list[FactRow]:
     if not isinstance(d, FactDecision):
         return []
     if isinstance(d, FactAdded):
-        return [] if d.fact_id in state else [_new(d, d.fact_id)]
+        return [] if d.fact_id in state else [_new(d, d.fact_id, 1)]
     if isinstance(d, FactUpdated):
         if d.fact_id in state:
             return []
         old = _target(state, d.supersedes, d)
         ended = replace(old, status="superseded", superseded_at=d.recorded_at, superseded_by=d.fact_id,
                         valid_to=old.valid_to or d.valid_from, end_reason=d.reason)
-        return [ended, _new(d, old.lineage_id)]
+        return [ended, _new(d, old.lineage_id, old.version + 1)]
     if isinstance(d, FactDeleted):
         old = _target(state, d.target, d)
         if old.status == "deleted":

@@ -7,7 +7,7 @@ from typing import Sequence
 import asyncpg
 import numpy as np
 
-_COLS = ("fact_id, lineage_id, text, category, attribute, value, confidence, explicit, status, "
+_COLS = ("fact_id, lineage_id, version, text, category, attribute, value, confidence, explicit, status, "
          "valid_from, valid_to, recorded_at, superseded_at, observation_count, last_observed_at")
 
 # relaxed_order iterative scans may return rows slightly out of order: re-sort outside.
@@ -36,7 +36,7 @@ ORDER BY recorded_at, fact_id
 _HISTORY = f"""
 SELECT {_COLS}, superseded_by, end_reason, reason FROM memory_facts
 WHERE user_id = $1 AND lineage_id = (SELECT lineage_id FROM memory_facts WHERE fact_id = $2 AND user_id = $1)
-ORDER BY recorded_at, fact_id
+ORDER BY version
 """
 
 _CURRENT = f"SELECT {_COLS} FROM memory_facts WHERE user_id = $1 AND status = 'current' ORDER BY category, attribute, recorded_at"

@@ -14,7 +14,7 @@ from memstream.projections.facts.core import COLUMNS, FactRow, fold, targets
 from memstream.schemas import Decision
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE fact_id = ANY($1::uuid[])"
-_CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "user_id": "text", "text": "text", "category": "text",
+_CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "version": "int", "user_id": "text", "text": "text", "category": "text",
           "attribute": "text", "value": "text", "confidence": "real", "explicit": "boolean", "status": "text",
           "valid_from": "timestamptz", "valid_to": "timestamptz", "recorded_at": "timestamptz",
           "superseded_at": "timestamptz", "superseded_by": "uuid", "end_reason": "text",

@@ -4,6 +4,7 @@
 CREATE TABLE memory_facts (
     fact_id           uuid        PRIMARY KEY,       -- uuid5(source_event_id, 'fact:<n>')
     lineage_id        uuid        NOT NULL,          -- the first version's fact_id
+    version           int         NOT NULL,          -- 1, 2, ... within the lineage
     user_id           text        NOT NULL,
     text              text        NOT NULL,
     category          text        NOT NULL,
@@ -33,5 +34,5 @@ CREATE TABLE memory_facts (
 CREATE INDEX memory_facts_embedding_hnsw ON memory_facts USING hnsw (embedding vector_cosine_ops);
 CREATE INDEX memory_facts_tsv_gin ON memory_facts USING gin (tsv);
 CREATE INDEX memory_facts_current ON memory_facts (user_id, attribute) WHERE status = 'current';
-CREATE INDEX memory_facts_lineage ON memory_facts (lineage_id, recorded_at);
+CREATE INDEX memory_facts_lineage ON memory_facts (lineage_id, version);
 INSERT INTO projection_epochs VALUES ('facts', 1);
