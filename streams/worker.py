@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from memstream.config import Settings
 from memstream.embedding import default_embedder
+from memstream.llm.protocols import MalformedOutput
 from memstream.projections import db
 from memstream.projections import positions as pos
 from memstream.streams.dead_letter import DeadLetters
@@ -47,6 +48,10 @@ EXIT_FATAL = 70
 
 
 def _retryable(exc: BaseException) -> bool:
+    # A malformed LLM answer is retried (logged each time) rather than guessed at or skipped:
+    # formation stalls visibly until the model or the prompt is fixed.
+    if isinstance(exc, MalformedOutput):
+        return True
     if isinstance(exc, KafkaError):
         return getattr(exc, "retriable", False) or "Connection" in type(exc).__name__
     return transient(exc) or isinstance(exc, (ConnectionError, OSError, asyncio.TimeoutError))

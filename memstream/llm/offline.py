@@ -77,7 +77,7 @@ def _rule(pattern: str, flags=re.I):
 _RULES: list[_Rule] = []
 
 
-@_rule(r"\b(?:my name is|i'm called|i am called|call me|name's)\s+" + _PROPER, 0)
+@_rule(r"\b(?i:my name is|i'm called|i am called|call me|name's)\s+" + _PROPER, 0)
 @_rule(r"^(?:(?:hi|hello|hey)[!,. ]+)?(?:i'm|i am|I'm|I am)\s+" + _PROPER + r"(?=\s*[,.!]|\s+and\b|$)", 0)
 def _name(m, turn):
     name = m.group("value").split()[0] if len(m.group("value").split()) > 2 else m.group("value")
@@ -136,7 +136,7 @@ def _favourite(m, turn):
     yield _fact(f"Favourite {thing} is {value}", "preference", f"favourite_{thing.replace(' ', '_')}", value, confidence=0.85)
 
 
-@_rule(_I + r"(?:'m| am) (?:severely |very )?allergic to " + _VALUE)
+@_rule(_I + r"(?:'m| am) (?:severely |very )?allergic to (?P<value>[^.;!?]+?)(?=\s+(?:but|so|because|which|when)\b|[.;!?]|$)")
 def _allergy(m, turn):
     for part in re.split(r"\s*(?:,|\band\b|\bor\b)\s*", m.group("value")):
         if part := _clean(part):
@@ -203,8 +203,8 @@ def _no_pet(m, turn):
     yield _fact(f"Has a {m.group('pet')}", "relationship", "pet", "", negated=True)
 
 
-_GREETING = re.compile(r"^(?i:nice to meet you|hi|hello|hey|thanks|thank you|welcome back|good to see you|congratulations),?\s+"
-                       r"(?P<value>[A-Z][a-z]+)\b")
+# A vocative at the start of the answer: "Nice to meet you, Dana!", "Sure thing, Dana."
+_GREETING = re.compile(r"^(?:(?i:[a-z' ]{1,30}),\s+|(?i:hi|hello|hey|thanks|welcome back)\s+)(?P<value>[A-Z][a-z]+)\s*[!.,?]")
 
 
 class OfflineExtractor:
@@ -223,7 +223,7 @@ def extract_facts(turn: TurnRecorded) -> list[CandidateFact]:
             for m in rule.pattern.finditer(sentence):
                 for c in rule.build(m, turn):
                     found.setdefault((c.attribute, c.value.casefold(), c.negated), c)
-    greeting = _GREETING.match(turn.assistant_message.strip())
+    greeting = _GREETING.match(turn.assistant_message.strip())  # inferred: the user never said it
     if greeting and greeting.group("value") not in _NOT_NAMES and not any(k[0] == "name" for k in found):
         name = greeting.group("value")
         found[("name", name.casefold(), False)] = _fact(f"Name is {name}", "identity", "name", name,

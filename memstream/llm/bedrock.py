@@ -1,0 +1,167 @@
+"""AWS Bedrock adapters for formation: the Converse API with a forced tool for structured output.
+
+Credentials come only from boto3's own chain or from arguments passed to ``bedrock_client``;
+this module never reads the environment. boto3 is synchronous, so calls run in a thread.
+Throttling and transient service errors are retried with exponential backoff; a response
+without the forced tool call, or whose input does not fit the tool's schema, raises
+``MalformedOutput`` (formation then retries the batch, it never guesses).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import datetime
+from typing import Any, Literal, Sequence
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, Field, ValidationError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from memstream.llm.protocols import (CATEGORIES, CandidateFact, ExistingFact, MalformedOutput, Operation,
+                                     Resolution)
+from memstream.schemas import TurnRecorded
+
+log = logging.getLogger("memstream.llm")
+
+RETRYABLE = frozenset({"ThrottlingException", "ServiceUnavailableException", "InternalServerException",
+                       "ModelNotReadyException", "TooManyRequestsException"})
+
+
+def bedrock_client(region: str, *, aws_access_key_id: str | None = None, aws_secret_access_key: str | None = None,
+                   aws_session_token: str | None = None):
+    """A ``bedrock-runtime`` client; explicit keys if given, else boto3's credential chain.
+    botocore's own retries are off: ``_converse`` retries, so attempts are counted once."""
+    return boto3.client(
+        "bedrock-runtime", region_name=region, aws_access_key_id=aws_access_key_id,
+        aws_secret_access_key=aws_secret_access_key, aws_session_token=aws_session_token,
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=60),
+    )
+
+
+class _Fact(BaseModel):
+    text: str = Field(min_length=1, description="the fact as a short sentence about the user")
+    category: Literal[CATEGORIES]  # type: ignore[valid-type]
+    attribute: str = Field(min_length=1, description="slot: name, home, employer, role, likes, allergy, ...")
+    value: str
+    confidence: float = Field(ge=0, le=1)
+    explicit: bool = Field(description="true if the user stated it, false if inferred")
+    valid_at: datetime | None = Field(None, description="when the fact became true, if the turn says")
+    negated: bool = Field(False, description="true if the user says it is no longer true")
+
+
+class _Facts(BaseModel):
+    facts: list[_Fact]
+
+
+class _Resolution(BaseModel):
+    operation: Literal["ADD", "UPDATE", "DELETE", "NOOP"]
+    target_index: int | None = Field(None, description="index of the existing fact for UPDATE, DELETE or NOOP")
+    reason: str = Field(min_length=1)
+
+
+EXTRACT_TOOL = "record_facts"
+RESOLVE_TOOL = "classify_fact"
+EXTRACT_PROMPT = (
+    "You extract durable facts about the USER from one conversation turn: identity, where they live or work, "
+    "preferences and dislikes, constraints (allergies, diets), family, pets, plans with dates. Only facts about "
+    "the user. Mark explicit=true only for what the user stated; inferred facts get explicit=false and lower "
+    f"confidence. Always answer by calling {EXTRACT_TOOL}; an empty list is fine."
+)
+RESOLVE_PROMPT = (
+    "Decide how a new candidate fact relates to the user's existing facts. ADD if it is new; UPDATE(target) if it "
+    "replaces an existing fact's value; DELETE(target) if the user says an existing fact is no longer true; "
+    f"NOOP(target) if it is already known. Always answer by calling {RESOLVE_TOOL}."
+)
+
+
+def _tool(name: str, description: str, model: type[BaseModel]) -> dict:
+    return {"toolSpec": {"name": name, "description": description, "inputSchema": {"json": model.model_json_schema()}}}
+
+
+class _Converse:
+    def __init__(self, client, model_id: str, *, attempts: int = 5, backoff: float = 0.5, max_tokens: int = 1024):
+        self._client, self.model_id = client, model_id
+        self._attempts, self._backoff, self._max_tokens = attempts, backoff, max_tokens
+
+    def request(self, system: str, user: str, tool: dict) -> dict:
+        return {
+            "modelId": self.model_id,
+            "system": [{"text": system}],
+            "messages": [{"role": "user", "content": [{"text": user}]}],
+            "toolConfig": {"tools": [tool], "toolChoice": {"tool": {"name": tool["toolSpec"]["name"]}}},
+            "inferenceConfig": {"temperature": 0.0, "maxTokens": self._max_tokens},
+        }
+
+    async def call(self, request: dict, model: type[BaseModel]) -> BaseModel:
+        name = request["toolConfig"]["tools"][0]["toolSpec"]["name"]
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, ClientError) and e.response["Error"]["Code"] in RETRYABLE),
+            wait=wait_exponential(multiplier=self._backoff, max=20), stop=stop_after_attempt(self._attempts),
+            before_sleep=lambda rs: log.warning("bedrock %s: %s; retrying", self.model_id, rs.outcome.exception()),
+            reraise=True,
+        ):
+            with attempt:
+                response = await asyncio.to_thread(self._client.converse, **request)
+        return _parse(response, name, model)
+
+
+def _parse(response: dict, tool_name: str, model: type[BaseModel]) -> BaseModel:
+    content = response.get("output", {}).get("message", {}).get("content", [])
+    uses = [c["toolUse"] for c in content if "toolUse" in c and c["toolUse"].get("name") == tool_name]
+    if not uses:
+        raise MalformedOutput(f"the model did not call {tool_name} (stopReason={response.get('stopReason')!r})")
+    try:
+        return model.model_validate(uses[0].get("input"))
+    except ValidationError as exc:
+        raise MalformedOutput(f"{tool_name} input does not fit its schema: {exc.errors()[:3]}") from exc
+
+
+def _render_turn(turn: TurnRecorded) -> str:
+    return (f"Turn at {turn.occurred_at.isoformat()}\nUSER: {turn.user_message}\n"
+            f"ASSISTANT: {turn.assistant_message}")
+
+
+class BedrockExtractor:
+    """``ExtractionClient`` over Bedrock Converse."""
+
+    def __init__(self, client, model_id: str, **kw: Any):
+        self._converse = _Converse(client, model_id, **kw)
+        self.model_id = f"bedrock:{model_id}"
+        self._tool = _tool(EXTRACT_TOOL, "Record the facts found in the turn.", _Facts)
+
+    def request(self, turn: TurnRecorded) -> dict:
+        return self._converse.request(EXTRACT_PROMPT, _render_turn(turn), self._tool)
+
+    async def extract(self, turn: TurnRecorded) -> Sequence[CandidateFact]:
+        out = await self._converse.call(self.request(turn), _Facts)
+        return [CandidateFact(**f.model_dump()) for f in out.facts]  # type: ignore[attr-defined]
+
+
+class BedrockResolver:
+    """``ResolutionClient`` over Bedrock Converse. Neighbours are shown numbered; the model
+    answers with an index, mapped back to the fact id here (it never sees ids)."""
+
+    def __init__(self, client, model_id: str, **kw: Any):
+        self._converse = _Converse(client, model_id, **kw)
+        self.model_id = f"bedrock:{model_id}"
+        self._tool = _tool(RESOLVE_TOOL, "Classify the candidate against the existing facts.", _Resolution)
+
+    def request(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> dict:
+        existing = "\n".join(f"[{i}] {n.text} (attribute={n.attribute}, similarity={n.similarity:.2f})"
+                             for i, n in enumerate(neighbours)) or "(none)"
+        user = (f"Candidate: {json.dumps({'text': candidate.text, 'attribute': candidate.attribute, 'value': candidate.value, 'negated': candidate.negated})}\n"
+                f"Existing facts:\n{existing}")
+        return self._converse.request(RESOLVE_PROMPT, user, self._tool)
+
+    async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
+        out = await self._converse.call(self.request(candidate, neighbours), _Resolution)
+        op = Operation(out.operation)  # type: ignore[attr-defined]
+        index = out.target_index  # type: ignore[attr-defined]
+        if op is Operation.ADD:
+            return Resolution(op, None, out.reason)  # type: ignore[attr-defined]
+        if index is None or not 0 <= index < len(neighbours):
+            raise MalformedOutput(f"{op.value} needs a target_index in [0, {len(neighbours)}), got {index!r}")
+        return Resolution(op, neighbours[index].fact_id, out.reason)  # type: ignore[attr-defined]

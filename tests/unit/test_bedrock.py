@@ -1,0 +1,115 @@
+"""Bedrock adapters against botocore's Stubber: request shape, parsing, throttling, bad output."""
+import uuid
+from datetime import datetime, timezone
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+
+from memstream.llm.bedrock import BedrockExtractor, BedrockResolver
+from memstream.llm.protocols import CandidateFact, ExistingFact, MalformedOutput, Operation
+from memstream.schemas import TurnRecorded
+
+MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
+TURN = TurnRecorded.new(user_id="u", conversation_id="c", user_message="I moved to Berlin last month.",
+                        assistant_message="Exciting!", occurred_at=datetime(2026, 5, 1, tzinfo=timezone.utc))
+
+
+@pytest.fixture
+def client():
+    c = boto3.client("bedrock-runtime", region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test")
+    with Stubber(c) as stub:
+        c.stub = stub
+        yield c
+        stub.assert_no_pending_responses()
+
+
+def tool_response(name, tool_input):
+    return {
+        "output": {"message": {"role": "assistant", "content": [
+            {"toolUse": {"toolUseId": "t1", "name": name, "input": tool_input}}]}},
+        "stopReason": "tool_use",
+        "usage": {"inputTokens": 10, "outputTokens": 10, "totalTokens": 20},
+        "metrics": {"latencyMs": 5},
+    }
+
+
+BERLIN = {"facts": [{"text": "Lives in Berlin", "category": "location", "attribute": "home", "value": "Berlin",
+                     "confidence": 0.95, "explicit": True, "valid_at": "2026-04-01T00:00:00Z"}]}
+
+
+async def test_extraction_forces_the_tool_at_temperature_zero_and_parses_its_input(client):
+    ex = BedrockExtractor(client, MODEL)
+    expected = {"modelId": MODEL, "system": ANY, "messages": ANY,
+                "toolConfig": {"tools": ANY, "toolChoice": {"tool": {"name": "record_facts"}}},
+                "inferenceConfig": {"temperature": 0.0, "maxTokens": 1024}}
+    client.stub.add_response("converse", tool_response("record_facts", BERLIN), expected)
+    facts = await ex.extract(TURN)
+    assert facts == [CandidateFact(text="Lives in Berlin", category="location", attribute="home", value="Berlin",
+                                   confidence=0.95, explicit=True,
+                                   valid_at=datetime(2026, 4, 1, tzinfo=timezone.utc))]
+    req = ex.request(TURN)
+    assert "I moved to Berlin last month." in req["messages"][0]["content"][0]["text"]
+    assert req["toolConfig"]["tools"][0]["toolSpec"]["inputSchema"]["json"]["required"] == ["facts"]
+    assert ex.model_id == f"bedrock:{MODEL}"
+
+
+async def test_throttling_is_retried_with_backoff(client):
+    ex = BedrockExtractor(client, MODEL, backoff=0.001)
+    client.stub.add_client_error("converse", service_error_code="ThrottlingException", http_status_code=429)
+    client.stub.add_client_error("converse", service_error_code="ServiceUnavailableException", http_status_code=503)
+    client.stub.add_response("converse", tool_response("record_facts", BERLIN))
+    assert [f.value for f in await ex.extract(TURN)] == ["Berlin"]
+
+
+async def test_throttling_past_the_attempt_limit_raises_and_other_errors_are_not_retried(client):
+    from botocore.exceptions import ClientError
+
+    ex = BedrockExtractor(client, MODEL, backoff=0.001, attempts=2)
+    for _ in range(2):
+        client.stub.add_client_error("converse", service_error_code="ThrottlingException", http_status_code=429)
+    with pytest.raises(ClientError, match="Throttling"):
+        await ex.extract(TURN)
+    client.stub.add_client_error("converse", service_error_code="AccessDeniedException", http_status_code=403)
+    with pytest.raises(ClientError, match="AccessDenied"):
+        await ex.extract(TURN)
+
+
+@pytest.mark.parametrize("response", [
+    {"output": {"message": {"role": "assistant", "content": [{"text": "I think she moved."}]}}, "stopReason": "end_turn",
+     "usage": {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2}, "metrics": {"latencyMs": 1}},
+    tool_response("record_facts", {"facts": [{"text": "x", "category": "astrology", "attribute": "a", "value": "v",
+                                              "confidence": 0.5, "explicit": True}]}),
+    tool_response("record_facts", {"facts": [{"text": "Lives in Berlin", "confidence": 2}]}),
+    tool_response("other_tool", BERLIN),
+])
+async def test_malformed_tool_output_raises_a_clear_error(client, response):
+    client.stub.add_response("converse", response)
+    with pytest.raises(MalformedOutput):
+        await BedrockExtractor(client, MODEL).extract(TURN)
+
+
+def neighbours():
+    return [ExistingFact(uuid.UUID(int=1), "Lives in Lisbon", "location", "home", "Lisbon", 0.82),
+            ExistingFact(uuid.UUID(int=2), "Likes hiking", "preference", "likes", "hiking", 0.11)]
+
+
+CAND = CandidateFact(text="Lives in Berlin", category="location", attribute="home", value="Berlin",
+                     confidence=0.9, explicit=True)
+
+
+async def test_resolution_maps_the_target_index_back_to_the_fact_id(client):
+    res = BedrockResolver(client, MODEL)
+    client.stub.add_response("converse", tool_response("classify_fact", {"operation": "UPDATE", "target_index": 0,
+                                                                         "reason": "moved"}))
+    r = await res.resolve(CAND, neighbours())
+    assert (r.op, r.target, r.reason) == (Operation.UPDATE, uuid.UUID(int=1), "moved")
+    text = res.request(CAND, neighbours())["messages"][0]["content"][0]["text"]
+    assert "[0] Lives in Lisbon" in text and str(uuid.UUID(int=1)) not in text
+
+
+async def test_a_resolution_naming_a_fact_it_was_not_shown_is_malformed(client):
+    client.stub.add_response("converse", tool_response("classify_fact", {"operation": "DELETE", "target_index": 7,
+                                                                         "reason": "gone"}))
+    with pytest.raises(MalformedOutput, match="target_index"):
+        await BedrockResolver(client, MODEL).resolve(CAND, neighbours())

@@ -1,0 +1,72 @@
+"""The facts projection's pure core: versions, supersession, deletion, idempotency."""
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from memstream.projections.facts.core import MissingTarget, apply, fold
+from memstream.schemas import (FactAdded, FactChangeDeferred, FactDeleted, FactReinforced, FactUpdated,
+                               LogPosition)
+from memstream.schemas.events import new_event_id
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def common(offset, **kw):
+    ev = new_event_id()
+    return dict(decision_id=uuid.uuid5(ev, "fact:0"), source_event_id=ev, source=LogPosition("e", 0, offset),
+                recorded_at=T0 + timedelta(hours=offset), user_id="u", extractor="x", resolver="r",
+                reason="because", confidence=0.9, explicit=True, **kw)
+
+
+def added(offset, value="Lisbon"):
+    c = common(offset)
+    return FactAdded(**c, fact_id=c["decision_id"], text=f"Lives in {value}", category="location", attribute="home",
+                     value=value, valid_from=c["recorded_at"], embedding=b"\0" * 1536, embedding_model="m")
+
+
+def updated(offset, old, value="Berlin"):
+    c = common(offset)
+    return FactUpdated(**c, fact_id=c["decision_id"], supersedes=old, text=f"Lives in {value}", category="location",
+                       attribute="home", value=value, valid_from=c["recorded_at"] - timedelta(days=2),
+                       embedding=b"\0" * 1536, embedding_model="m")
+
+
+def test_an_update_ends_the_old_version_and_starts_the_next_in_the_same_lineage():
+    a = added(1)
+    state = {}
+    fold(state, [a])
+    u = updated(2, a.fact_id)
+    fold(state, [u])
+    old, new = state[a.fact_id], state[u.fact_id]
+    assert (old.status, new.status) == ("superseded", "current")
+    assert (old.version, new.version) == (1, 2) and new.lineage_id == old.lineage_id == a.fact_id
+    assert old.superseded_at == u.recorded_at and old.valid_to == u.valid_from and old.superseded_by == u.fact_id
+
+
+def test_every_decision_is_idempotent():
+    a = added(1)
+    state = {}
+    fold(state, [a])
+    r = FactReinforced(**common(2), target=a.fact_id)
+    d = FactDeleted(**common(3), target=a.fact_id, valid_to=T0)
+    once = dict(fold(dict(state), [r, d]))
+    state2 = dict(state)
+    fold(state2, [r, r, d, d, a])
+    assert state2[a.fact_id] == once[a.fact_id]
+    assert state2[a.fact_id].observation_count == 2 and state2[a.fact_id].status == "deleted"
+
+
+def test_deferred_changes_are_counted_per_operation_and_value():
+    a = added(1)
+    state = {}
+    fold(state, [a])
+    for i, value in enumerate(["Mark", "mark", "Paul"]):
+        fold(state, [FactChangeDeferred(**common(2 + i), target=a.fact_id, operation="UPDATE", value=value, text=value)])
+    assert state[a.fact_id].deferred == {"UPDATE:mark": 2, "UPDATE:paul": 1}
+    assert state[a.fact_id].status == "current"
+
+
+def test_a_decision_about_an_unknown_fact_is_refused():
+    with pytest.raises(MissingTarget):
+        apply({}, FactDeleted(**common(1), target=uuid.uuid4(), valid_to=T0))

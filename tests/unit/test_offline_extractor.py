@@ -1,0 +1,101 @@
+"""The offline extractor on sentences written apart from its rules (not the demo's script)."""
+from datetime import datetime, timezone
+
+import pytest
+
+from memstream.llm.offline import extract_facts, resolve_fact
+from memstream.llm.protocols import CandidateFact, ExistingFact, Operation
+from memstream.schemas import TurnRecorded
+
+AT = datetime(2026, 3, 15, 10, tzinfo=timezone.utc)
+
+
+def facts(user, assistant="Okay."):
+    turn = TurnRecorded.new(user_id="u", conversation_id="c", user_message=user, assistant_message=assistant, occurred_at=AT)
+    return {(c.attribute, c.value, c.negated) for c in extract_facts(turn)}, extract_facts(turn)
+
+
+@pytest.mark.parametrize("sentence, expected", [
+    ("These days I live in Montreal with two roommates.", ("home", "Montreal")),
+    ("we finally got the keys, I've just moved to Cape Town!", ("home", "Cape Town")),
+    ("I'm based in Austin, Texas for now", ("home", "Austin")),
+    ("I work for the city council", ("employer", "city council")),
+    ("Last week I joined Mistral AI as an intern.", ("employer", "Mistral AI")),
+    ("I work as a pediatric nurse.", ("role", "pediatric nurse")),
+    ("My name is Jean-Luc.", ("name", "Jean-Luc")),
+    ("Hello! I'm Priya and I need help with a cover letter.", ("name", "Priya")),
+    ("I really enjoy board games with friends", ("likes", "board games")),
+    ("I can't stand horror movies.", ("dislikes", "horror movies")),
+    ("My favourite food is ramen", ("favourite_food", "ramen")),
+    ("I'm vegan, just so you know.", ("diet", "vegan")),
+    ("My husband Carlos is a chef.", ("partner", "Carlos")),
+    ("my cat is called Pixel", ("pet", "Pixel")),
+    ("I have a dog named Biscuit.", ("pet", "Biscuit")),
+    ("I'm originally from Kenya.", ("origin", "Kenya")),
+])
+def test_extracts_the_fact_a_person_states(sentence, expected):
+    found, _ = facts(sentence)
+    assert (*expected, False) in found, found
+
+
+def test_allergies_split_into_one_fact_each():
+    found, _ = facts("I am allergic to shellfish and penicillin.")
+    assert {("allergy", "shellfish", False), ("allergy", "penicillin", False)} <= found
+
+
+def test_negations_retract():
+    assert ("employer", "Initech", True) in facts("Good news, I quit my job at Initech.")[0]
+    assert ("home", "Leeds", True) in facts("I no longer live in Leeds.")[0]
+
+
+def test_trips_and_birthdays_carry_the_world_time_they_refer_to():
+    _, cands = facts("We're visiting Lima in July, can't wait.")
+    trip = next(c for c in cands if c.attribute == "trip")
+    assert trip.value == "Lima" and trip.valid_at == AT.replace(month=7, day=1, hour=0)
+    _, cands = facts("My son Leo turns 4 on May 3rd.")
+    bday = next(c for c in cands if c.attribute == "birthday")
+    assert bday.valid_at == AT.replace(month=5, day=3, hour=0)
+
+
+def test_relative_dates_are_relative_to_the_turn():
+    _, cands = facts("I moved to Oslo last month.")
+    home = next(c for c in cands if c.attribute == "home")
+    assert home.valid_at is not None and (AT - home.valid_at).days == 30
+
+
+def test_a_name_the_assistant_uses_is_inferred_not_explicit():
+    _, cands = facts("Can you check my calendar?", assistant="Sure thing, Dana! Here it is.")
+    assert [(c.attribute, c.value, c.explicit) for c in cands] == [("name", "Dana", False)]
+    assert cands[0].confidence < 0.9
+
+
+@pytest.mark.parametrize("sentence", [
+    "What time is it in Tokyo?", "I think so.", "I like it.", "Thanks, that helps!",
+    "Can you summarise this article about people who live in Paris?",
+])
+def test_questions_and_small_talk_yield_no_facts(sentence):
+    assert facts(sentence)[0] == set()
+
+
+def cand(attribute, value, negated=False):
+    return CandidateFact(text=f"{attribute} {value}", category="x", attribute=attribute, value=value,
+                         confidence=0.9, explicit=True, negated=negated)
+
+
+def existing(fid, attribute, value):
+    import uuid
+    return ExistingFact(uuid.UUID(int=fid), f"{attribute} {value}", "x", attribute, value, 0.8)
+
+
+def test_resolver_updates_single_valued_attributes_and_adds_multi_valued_ones():
+    old = existing(1, "home", "Lisbon")
+    assert resolve_fact(cand("home", "Berlin"), [old]).op is Operation.UPDATE
+    assert resolve_fact(cand("home", "lisbon"), [old]).op is Operation.NOOP
+    assert resolve_fact(cand("likes", "jazz"), [existing(2, "likes", "hiking")]).op is Operation.ADD
+    assert resolve_fact(cand("home", "Lisbon", negated=True), [old]).op is Operation.DELETE
+    assert resolve_fact(cand("home", "Oslo", negated=True), [old]).op is Operation.NOOP
+
+
+def test_an_allergy_list_stops_where_the_clause_does():
+    found, _ = facts("I'm allergic to cats but I love dogs")
+    assert ("allergy", "cats", False) in found and ("allergy", "I love dogs", False) not in found
