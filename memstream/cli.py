@@ -150,6 +150,26 @@ def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: s
 
 
 @main.command()
+@click.option("--extractor", required=True, type=click.Choice(["offline", "offline-strict", "bedrock"]))
+@click.option("--since", type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]),
+              help="re-form events from this time on (UTC if no offset); earlier decisions are copied")
+@click.option("--into-topic", "topic", help="decisions topic of the new version (default: <decisions>.reform-<extractor>)")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def reform(ctx: click.Context, extractor: str, since, topic: str | None, as_json: bool) -> None:
+    """Re-run formation over the events log with EXTRACTOR into a separate decisions version."""
+    from datetime import timezone
+
+    from memstream.streams.reform import reform as run
+
+    s = _settings(ctx)
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=timezone.utc)
+    report = asyncio.run(run(s, extractor=extractor, topic=topic or f"{s.decisions_topic}.reform-{extractor}", since=since))
+    click.echo(json.dumps(report.as_dict()) if as_json else report.render())
+
+
+@main.command()
 @click.pass_context
 def status(ctx: click.Context) -> None:
     """Projection positions and lag per partition."""

@@ -161,17 +161,18 @@ class Runtime:
 
 def llm_clients(settings: Settings):
     """The extraction and resolution clients named by ``settings.extractor``."""
-    if settings.extractor == "offline":
-        from memstream.llm.offline import OfflineExtractor, OfflineResolver
+    if settings.extractor in ("offline", "offline-strict"):
+        from memstream.llm.offline import OfflineExtractor, OfflineResolver, StrictOfflineExtractor
 
-        return OfflineExtractor(), OfflineResolver()
+        extractor = StrictOfflineExtractor() if settings.extractor == "offline-strict" else OfflineExtractor()
+        return extractor, OfflineResolver()
     if settings.extractor == "bedrock":
         from memstream.llm.bedrock import BedrockExtractor, BedrockResolver, bedrock_client
 
         client = bedrock_client(settings.bedrock_region)
         return (BedrockExtractor(client, settings.bedrock_extraction_model),
                 BedrockResolver(client, settings.bedrock_resolution_model))
-    raise ValueError(f"unknown extractor {settings.extractor!r} (offline | bedrock)")
+    raise ValueError(f"unknown extractor {settings.extractor!r} (offline | offline-strict | bedrock)")
 
 
 ROLES = ("formation", "projections")

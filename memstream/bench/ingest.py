@@ -147,7 +147,7 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
         await pool.close()
         await drop_schema(dsn, settings.postgres_schema)
     return {
-        "turns": turns, "users": users, "worker": "1 process, embed_threads=%d" % settings.embed_threads,
+        "turns": turns, "users": users, "worker": "memstream worker (formation + projections processes), embed_threads=%d" % settings.embed_threads,
         "paced_turns": len(paced), "paced_rate_per_s": rate,
         "append_ack_ms": _pcts(acks),
         "turn_to_episode_visible_ms": _pcts(e2e),

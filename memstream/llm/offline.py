@@ -231,6 +231,16 @@ def extract_facts(turn: TurnRecorded) -> list[CandidateFact]:
     return list(found.values())
 
 
+class StrictOfflineExtractor:
+    """The same rules, keeping only explicit, high-confidence candidates (a second extractor
+    version to backfill and compare with ``memstream reform``)."""
+
+    model_id = "offline-rules-v1-strict"
+
+    async def extract(self, turn: TurnRecorded) -> Sequence[CandidateFact]:
+        return [c for c in extract_facts(turn) if c.explicit and c.confidence >= 0.9]
+
+
 class OfflineResolver:
     """Slot-based ``ResolutionClient``: same attribute and same value is a NOOP, a new value of a
     single-valued attribute an UPDATE, a negation a DELETE, anything else an ADD."""

@@ -49,6 +49,24 @@ def next_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
     return out
 
 
+def decode_turns(records: Sequence[Record], stage: str) -> tuple[list[tuple[Record, TurnRecorded]], list]:
+    """Turns to form, and ``(record, stage, reason)`` for records that must be dead-lettered."""
+    turns: list[tuple[Record, TurnRecorded]] = []
+    letters = []
+    for r in records:
+        try:
+            event = decode_event(r.value or b"")
+        except InvalidEvent as exc:
+            letters.append((r, stage, f"undecodable event: {exc}"))
+            continue
+        if r.key != event.user_id.encode():
+            letters.append((r, stage, "record key does not match user_id: per-user order is not guaranteed"))
+            continue
+        if isinstance(event, TurnRecorded):
+            turns.append((r, event))
+    return turns, letters
+
+
 class ProjectionBarrier:
     """Waits until the facts projection has applied what formation produced to a partition."""
 
@@ -83,13 +101,14 @@ class ProjectionBarrier:
             delay = min(delay * 2, 0.05)
 
 
-class Overlay:
-    """Fact rows as the facts projection will hold them once this batch's decisions apply."""
+class PostgresView:
+    """Current facts as the facts projection will hold them once this batch's decisions apply:
+    the projection's rows (same SQL as the read path) under an overlay of the batch's decisions."""
 
-    def __init__(self, pool: asyncpg.Pool):
-        self._pool = pool
+    def __init__(self, pool: asyncpg.Pool, model_id: str):
+        self._pool, self._model = pool, model_id
         self.rows: dict[uuid.UUID, FactRow] = {}
-        self.touched: set[uuid.UUID] = set()
+        self._touched: set[uuid.UUID] = set()
 
     async def ensure(self, fact_ids) -> None:
         missing = [f for f in fact_ids if f not in self.rows]
@@ -98,10 +117,54 @@ class Overlay:
                 self.rows.update(await facts_store.load(conn, missing))
 
     def apply(self, decision: Decision) -> None:
-        self.touched.update(fold(self.rows, [decision]))
+        self._touched.update(fold(self.rows, [decision]))
 
-    def mine(self, user_id: str) -> list[FactRow]:
-        return [self.rows[f] for f in self.touched if self.rows[f].user_id == user_id]
+    async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
+        async with self._pool.acquire() as conn:
+            near = await facts_q.nearest(conn, user_id, vector, NEIGHBOURS, self._model)
+            same = await facts_q.current_by_attribute(conn, user_id, [attribute])
+        found: dict[uuid.UUID, ExistingFact] = {}
+        for rec in near:
+            found[rec["fact_id"]] = ExistingFact(rec["fact_id"], rec["text"], rec["category"], rec["attribute"],
+                                                 rec["value"], 1.0 - float(rec["distance"]))
+        for rec in same:
+            emb = np.asarray(rec["embedding"].to_numpy(), dtype=np.float32)
+            found.setdefault(rec["fact_id"], ExistingFact(rec["fact_id"], rec["text"], rec["category"],
+                                                          rec["attribute"], rec["value"], float(emb @ vector)))
+        for fid in self._touched:
+            row = self.rows[fid]
+            if row.user_id == user_id and row.current and row.embedding_model == self._model:
+                found[fid] = _existing(row, vector)
+        stale = {f for f in found if f in self.rows and not self.rows[f].current}
+        return sorted((f for fid, f in found.items() if fid not in stale), key=lambda f: -f.similarity)
+
+
+class MemoryView:
+    """Every fact in memory, for backfills that run formation over the whole log (``reform``)."""
+
+    def __init__(self, model_id: str):
+        self._model = model_id
+        self.rows: dict[uuid.UUID, FactRow] = {}
+        self._by_user: dict[str, set[uuid.UUID]] = {}
+
+    async def ensure(self, fact_ids) -> None:
+        pass
+
+    def apply(self, decision: Decision) -> None:
+        for fid, row in fold(self.rows, [decision]).items():
+            self._by_user.setdefault(row.user_id, set()).add(fid)
+
+    async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
+        current = [self.rows[f] for f in self._by_user.get(user_id, ()) if self.rows[f].current
+                   and self.rows[f].embedding_model == self._model]
+        scored = sorted((_existing(r, vector) for r in current), key=lambda f: (-f.similarity, f.fact_id))
+        near = scored[:NEIGHBOURS]
+        return near + [f for f in scored[NEIGHBOURS:] if f.attribute == attribute]
+
+
+def _existing(row: FactRow, vector: np.ndarray) -> ExistingFact:
+    return ExistingFact(row.fact_id, row.text, row.category, row.attribute, row.value,
+                        float(from_bytes(row.embedding) @ vector))
 
 
 class Formation:
@@ -116,19 +179,7 @@ class Formation:
         self._gate_observations, self._record_position = gate_observations, record_position
 
     async def process(self, records: list[Record]) -> None:
-        turns: list[tuple[Record, TurnRecorded]] = []
-        letters = []
-        for r in records:
-            try:
-                event = decode_event(r.value or b"")
-            except InvalidEvent as exc:
-                letters.append((r, self.name, f"undecodable event: {exc}"))
-                continue
-            if r.key != event.user_id.encode():
-                letters.append((r, self.name, "record key does not match user_id: per-user order is not guaranteed"))
-                continue
-            if isinstance(event, TurnRecorded):
-                turns.append((r, event))
+        turns, letters = decode_turns(records, self.name)
         if self._barrier is not None:
             for partition in sorted({r.partition for r, _ in turns}):
                 await self._barrier.wait(partition)
@@ -145,12 +196,13 @@ class Formation:
             async with self._pool.acquire() as conn, conn.transaction():
                 await pos.save(conn, self.name, next_offsets(records))
 
-    async def decide(self, turns: list[tuple[Record, TurnRecorded]]) -> list[tuple[Record, Decision]]:
-        """Every decision for ``turns``, in order; facts decided against the overlay."""
+    async def decide(self, turns: list[tuple[Record, TurnRecorded]], view=None) -> list[tuple[Record, Decision]]:
+        """Every decision for ``turns``, in order. Facts are decided against ``view`` (default:
+        the facts projection under an overlay of this batch's decisions)."""
         if not turns:
             return []
         vectors = await asyncio.to_thread(self._embedder.embed, [episode_text(t) for _, t in turns])
-        overlay = Overlay(self._pool)
+        overlay = view if view is not None else PostgresView(self._pool, self._embedder.model_id)
         out: list[tuple[Record, Decision]] = []
         for (r, turn), vector in zip(turns, vectors):
             out.append((r, EpisodeRecorded(
@@ -163,7 +215,7 @@ class Formation:
                 out.append((r, decision))
         return out
 
-    async def _facts(self, r: Record, turn: TurnRecorded, overlay: Overlay) -> list[Decision]:
+    async def _facts(self, r: Record, turn: TurnRecorded, overlay) -> list[Decision]:
         candidates = list(await self._extractor.extract(turn))
         if not candidates:
             return []
@@ -173,7 +225,7 @@ class Formation:
                       embedding_model=self._embedder.model_id, gate_observations=self._gate_observations)
         out = []
         for n, (cand, vector) in enumerate(zip(candidates, vectors)):
-            neighbours = await self._neighbours(turn.user_id, cand.attribute, vector, overlay)
+            neighbours = await overlay.neighbours(turn.user_id, cand.attribute, vector)
             await overlay.ensure([nb.fact_id for nb in neighbours])
             resolution = await self._resolver.resolve(cand, neighbours)
             decision = decide(ctx, n, cand, vector, resolution, neighbours, overlay.rows)
@@ -182,27 +234,6 @@ class Formation:
                 overlay.apply(decision)
                 out.append(decision)
         return out
-
-    async def _neighbours(self, user_id: str, attribute: str, vector: np.ndarray, overlay: Overlay) -> list[ExistingFact]:
-        """Current facts nearest to the candidate plus those filling the same attribute, as the
-        facts projection will hold them after this batch's earlier decisions."""
-        async with self._pool.acquire() as conn:
-            near = await facts_q.nearest(conn, user_id, vector, NEIGHBOURS, self._embedder.model_id)
-            same = await facts_q.current_by_attribute(conn, user_id, [attribute])
-        found: dict[uuid.UUID, ExistingFact] = {}
-        for rec in near:
-            found[rec["fact_id"]] = ExistingFact(rec["fact_id"], rec["text"], rec["category"], rec["attribute"],
-                                                 rec["value"], 1.0 - float(rec["distance"]))
-        for rec in same:
-            emb = np.asarray(rec["embedding"].to_numpy(), dtype=np.float32)
-            found.setdefault(rec["fact_id"], ExistingFact(rec["fact_id"], rec["text"], rec["category"],
-                                                          rec["attribute"], rec["value"], float(emb @ vector)))
-        for row in overlay.mine(user_id):
-            if row.current and row.embedding_model == self._embedder.model_id:
-                found[row.fact_id] = ExistingFact(row.fact_id, row.text, row.category, row.attribute, row.value,
-                                                  float(from_bytes(row.embedding) @ vector))
-        stale = {f for f in found if f in overlay.rows and not overlay.rows[f].current}
-        return sorted((f for fid, f in found.items() if fid not in stale), key=lambda f: -f.similarity)
 
 
 def _log(turn: TurnRecorded, cand, resolution, decision) -> None:

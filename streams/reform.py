@@ -1,0 +1,149 @@
+"""``memstream reform``: re-run formation over the events log with another extractor, into a
+separate decisions stream version (a topic of its own), leaving the live one untouched.
+
+Decisions of events before ``--since`` are copied from the live decisions topic as they are;
+events from ``--since`` on are formed again with the chosen extractor. Formation's view of
+current facts lives in memory (the same pure core as the facts projection), so a backfill
+needs no projection of its own. The new version is then rebuilt into a schema with
+``memstream replay all --from-topic <topic> --into <schema>`` and compared or switched to.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from memstream.config import Settings
+from memstream.embedding import default_embedder
+from memstream.schemas import FactDecision, decode_decision, encode
+from memstream.streams.formation.step import Formation, MemoryView, decode_turns
+from memstream.streams.kafka_util import groupless_consumer, partitions_of
+from memstream.streams.producer import idempotent_producer
+from memstream.streams.records import Record
+from memstream.streams.topics import FOREVER
+
+log = logging.getLogger("memstream.reform")
+
+
+class ReformError(RuntimeError):
+    pass
+
+
+@dataclass
+class ReformReport:
+    topic: str
+    extractor: str
+    copied_decisions: int
+    reformed_events: int
+    new_decisions: int
+    skipped_events: int
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def render(self) -> str:
+        return (f"reformed with {self.extractor} into {self.topic}: copied {self.copied_decisions} decisions, "
+                f"formed {self.reformed_events} events -> {self.new_decisions} decisions "
+                f"({self.skipped_events} undecodable skipped) in {self.seconds:.1f}s")
+
+
+def _records(msgs, high: int) -> list[Record]:
+    return [Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()), m.timestamp)
+            for m in msgs if m.offset < high]
+
+
+async def _drain(consumer, tps, high, handle) -> None:
+    remaining = {tp for tp in tps if high[tp] > await consumer.position(tp)}
+    while remaining:
+        fetched = await consumer.getmany(*remaining, timeout_ms=1000)
+        for tp, msgs in fetched.items():
+            batch = _records(msgs, high[tp])
+            if batch:
+                await handle(batch)
+            if msgs and msgs[-1].offset + 1 >= high[tp]:
+                remaining.discard(tp)
+
+
+async def reform(settings: Settings, *, extractor: str, topic: str, since: datetime | None = None) -> ReformReport:
+    from memstream.streams.worker import llm_clients
+
+    extraction, resolution = llm_clients(settings.model_copy(update={"extractor": extractor}))
+    embedder = await asyncio.to_thread(default_embedder, settings.embed_threads)
+    producer = idempotent_producer(settings.kafka_bootstrap)
+    await producer.start()
+    t0 = time.perf_counter()
+    try:
+        async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest", max_poll_records=256) as c:
+            partitions = await partitions_of(c, settings.events_topic)
+            await _create_version_topic(settings, topic, len(partitions), c)
+            events = [TopicPartition(settings.events_topic, p) for p in partitions]
+            decisions = [TopicPartition(settings.decisions_topic, p) for p in partitions]
+            c.assign(events + decisions)
+            high = await c.end_offsets(events + decisions)
+            start = {tp: 0 for tp in events}
+            if since is not None:
+                found = await c.offsets_for_times({tp: int(since.timestamp() * 1000) for tp in events})
+                start = {tp: (found[tp].offset if found.get(tp) else high[tp]) for tp in events}
+            view = MemoryView(embedder.model_id)
+            counts = {"copied": 0, "events": 0, "new": 0, "skipped": 0}
+
+            async def copy(batch: list[Record]) -> None:
+                futures = []
+                for r in batch:
+                    d = decode_decision(r.value or b"")
+                    if d.source.offset >= start[TopicPartition(settings.events_topic, d.source.partition)]:
+                        continue  # formed again below
+                    if isinstance(d, FactDecision):
+                        view.apply(d)
+                    futures.append(await producer.send(topic, r.value, key=r.key, partition=r.partition))
+                await asyncio.gather(*futures)
+                counts["copied"] += len(futures)
+
+            formation = Formation(producer=producer, decisions_topic=topic, embedder=embedder, extractor=extraction,
+                                  resolver=resolution, dead_letters=None, pool=None, barrier=None)
+
+            async def form(batch: list[Record]) -> None:
+                turns, letters = decode_turns(batch, "reform")
+                counts["skipped"] += len(letters)
+                made = await formation.decide(turns, view)
+                futures = [await producer.send(topic, encode(d), key=r.key, partition=r.partition) for r, d in made]
+                await asyncio.gather(*futures)
+                counts["events"] += len(batch)
+                counts["new"] += len(made)
+
+            if since is not None:
+                c.assign(decisions)
+                await c.seek_to_beginning(*decisions)
+                await _drain(c, decisions, high, copy)
+            c.assign(events)
+            for tp in events:
+                c.seek(tp, start[tp])
+            await _drain(c, events, high, form)
+    finally:
+        await producer.stop()
+    report = ReformReport(topic, extraction.model_id, counts["copied"], counts["events"], counts["new"],
+                          counts["skipped"], time.perf_counter() - t0)
+    log.info(report.render())
+    return report
+
+
+async def _create_version_topic(settings: Settings, topic: str, partitions: int, consumer) -> None:
+    if topic in (settings.events_topic, settings.decisions_topic):
+        raise ReformError("the new decisions version needs a topic of its own")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        if topic in set(await admin.list_topics()):
+            tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+            if any((await consumer.end_offsets(tps)).values()):
+                raise ReformError(f"topic {topic} already holds decisions; pick a new version name")
+        else:
+            await admin.create_topics([NewTopic(topic, partitions, settings.replication_factor, topic_configs=FOREVER)])
+    finally:
+        await admin.close()

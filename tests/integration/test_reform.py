@@ -1,0 +1,66 @@
+"""Backfill: formation re-run with another extractor into a separate decisions version."""
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from memstream.projections.compare import diff_counts
+from memstream.projections.db import drop_schema
+from memstream.streams.reform import ReformError, reform
+from memstream.streams.replay import replay
+
+from .test_formation import append_and_wait, turn
+
+pytestmark = pytest.mark.asyncio
+
+SCRIPT = [
+    ("fay", "Hi, my name is Fay.", "Nice to meet you, Fay!"),
+    ("fay", "I live in Lisbon and work as a nurse at Santa Maria.", "Great."),
+    ("fay", "What's the weather like?", "Thanks, Mark! It's sunny."),  # inferred name
+    ("gus", "I'm allergic to peanuts.", "Noted."),
+    ("fay", "I moved to Berlin last month.", "Exciting!"),
+    ("gus", "I'm allergic to peanuts.", "Still noted."),
+]
+
+
+async def test_reform_versions_rebuild_to_comparable_projections(settings, conn, dsn, workers):
+    w = workers()
+    await w.wait_assigned()
+    turns = [turn(u, m, i * 60, answer=a) for i, (u, m, a) in enumerate(SCRIPT)]
+    await append_and_wait(settings, conn, turns[:4])
+    since = await conn.fetchval("SELECT max(recorded_at) FROM episodes") + timedelta(milliseconds=1)
+    await asyncio.sleep(0.05)  # later log timestamps for the rest
+    await append_and_wait(settings, conn, turns[4:])
+    w.stop()
+    live = settings.postgres_schema
+    same, strict, later = (f"{live}_same", f"{live}_strict", f"{live}_since")
+    try:
+        r1 = await reform(settings, extractor="offline", topic=settings.decisions_topic + ".v2")
+        assert (r1.reformed_events, r1.copied_decisions) == (len(SCRIPT), 0)
+        await replay(settings, dsn, same, ["episodes", "facts"], topic=settings.decisions_topic + ".v2")
+        # Same extractor, same log: the new version rebuilds to exactly the live projection.
+        assert await diff_counts(conn, live, same, "memory_facts") == (0, 0)
+        assert await diff_counts(conn, live, same, "episodes") == (0, 0)
+
+        r2 = await reform(settings, extractor="offline-strict", topic=settings.decisions_topic + ".strict")
+        await replay(settings, dsn, strict, ["facts"], topic=settings.decisions_topic + ".strict")
+        assert r2.extractor == "offline-rules-v1-strict"
+        assert await diff_counts(conn, live, strict, "memory_facts") != (0, 0)
+        live_current = {r["text"] for r in await conn.fetch(f"SELECT text FROM {live}.memory_facts WHERE status='current'")}
+        strict_current = {r["text"] for r in await conn.fetch(f"SELECT text FROM {strict}.memory_facts WHERE status='current'")}
+        assert live_current == strict_current  # explicit facts agree ...
+        assert await conn.fetchval(f"SELECT count(*) FROM {strict}.memory_facts WHERE deferred <> '{{}}'::jsonb") == 0
+        assert await conn.fetchval(f"SELECT count(*) FROM {live}.memory_facts WHERE deferred <> '{{}}'::jsonb") == 1
+
+        # --since: earlier decisions are copied, later events formed again; the result is the same.
+        r3 = await reform(settings, extractor="offline", topic=settings.decisions_topic + ".since", since=since)
+        assert r3.copied_decisions > 0 and r3.reformed_events == 2
+        await replay(settings, dsn, later, ["episodes", "facts"], topic=settings.decisions_topic + ".since")
+        assert await diff_counts(conn, live, later, "memory_facts") == (0, 0)
+        with pytest.raises(ReformError, match="already holds"):
+            await reform(settings, extractor="offline", topic=settings.decisions_topic + ".v2")
+    finally:
+        for schema in (same, strict, later):
+            await drop_schema(dsn, schema)
