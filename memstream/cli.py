@@ -209,6 +209,19 @@ def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_jso
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
 
 
+@bench.command("formation")
+@click.option("--turns", default=3000, show_default=True)
+@click.option("--users", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def bench_formation(ctx: click.Context, turns: int, users: int, as_json: bool) -> None:
+    """Turns/s through formation (extract, resolve, gate, merge) for one worker."""
+    from memstream.bench.formation import run_formation_bench
+
+    report = asyncio.run(run_formation_bench(_settings(ctx), turns=turns, users=users))
+    click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
+
+
 def _render_report(report: dict) -> str:
     return "\n".join(f"{k:<34} {v}" for k, v in report.items())
 

@@ -40,6 +40,10 @@ SCRIPT: dict[str, list[tuple[int, list[tuple[str, str]]]]] = {
                "Congratulations! Will Rex come with you?"),
               ("Of course, Rex comes with me. I need a flat near a park for him.",
                "Prenzlauer Berg and Tempelhof have great parks for dogs.")]),
+        (75, [("I moved to Berlin last week, our flat is right next to Tempelhof field.",
+               "Welcome to Berlin! Rex must love the field."),
+              ("I'm allergic to peanuts, as you know. Any good restaurants nearby?",
+               "Try the Vietnamese places on Kottbusser Damm, they can cook without peanuts.")]),
     ],
     "tom": [
         (2, [("I'm Tom, I've been vegetarian for ten years.", "Good to know, Tom."),
@@ -66,7 +70,7 @@ SCRIPT: dict[str, list[tuple[int, list[tuple[str, str]]]]] = {
 }
 
 QUESTIONS = {
-    "maria": ["Where does Maria live now?", "What should I cook for dinner?", "How is Rex doing?"],
+    "maria": ["Where do I live now?", "What should I cook for dinner?", "How is Rex doing?"],
     "tom": ["Any ideas for Lily's next birthday?", "How is the Japanese going?"],
     "aisha": ["Can I run the long route this Sunday?", "Recommend me a book"],
 }
@@ -100,10 +104,25 @@ def _show(ctx, question: str) -> None:
     click.echo(f"   recent turns in {ctx.conversation_id}:")
     for t in ctx.recent_turns[-3:]:
         click.echo(f"     · {t.user_message}")
+    click.echo("   ranked facts:")
+    for i, f in enumerate(ctx.facts[:5], 1):
+        seen = f", seen {f.observation_count}x" if f.observation_count > 1 else ""
+        click.echo(f"     {i}. [{f.score:.2f}] {f.text}  ({f.category}, confidence {f.confidence:.2f}{seen})")
     click.echo("   ranked episodes:")
     for i, e in enumerate(ctx.episodes, 1):
         click.echo(f"     {i}. [{e.score:.2f} {'+'.join(e.channels):<14}] {e.occurred_at:%Y-%m-%d} "
                    f"{e.conversation_id}: {e.user_message}")
+
+
+async def _show_history(reader, user: str, attribute: str) -> None:
+    current = [f for f in await reader.current_facts(user) if f["attribute"] == attribute]
+    if not current:
+        return
+    click.secho(f"\n── history of {user}'s {attribute} (a later turn superseded the earlier one; nothing is deleted)", bold=True)
+    for v in await reader.fact_history(user, current[0]["fact_id"]):
+        until = f"until {v.valid_to:%Y-%m-%d}" if v.valid_to else "until now"
+        click.echo(f"     v{v.version} {v.text:<22} {v.status:<10} true from {v.valid_from:%Y-%m-%d} {until}; "
+                   f"recorded because: {v.reason}" + (f"; ended because: {v.end_reason}" if v.end_reason else ""))
 
 
 async def run_demo(base: Settings, users: int = 3) -> None:
@@ -129,7 +148,7 @@ async def run_demo(base: Settings, users: int = 3) -> None:
     click.secho("2/5 creating topics and migrating schema " + settings.postgres_schema, bold=True)
     await ensure_topics(settings)
     await migrate(dsn, settings.postgres_schema)
-    click.secho("3/5 starting a worker (formation + episodes projection)", bold=True)
+    click.secho("3/5 starting a worker (formation + projections)", bold=True)
     with WorkerProcess(settings, Path(settings.home) / "logs" / "demo-worker.log") as worker:
         turns = script_turns(users)
         click.secho(f"4/5 appending {len(turns)} turns for {users} users to {settings.events_topic}", bold=True)
@@ -151,6 +170,7 @@ async def run_demo(base: Settings, users: int = 3) -> None:
                     if not ctx.caught_up:
                         raise click.ClickException(f"the worker did not project {user}'s turns; see {worker.log_path}")
                     _show(ctx, question)
+            await _show_history(reader, "maria", "home")
         finally:
             await reader.close()
     click.secho(f"\nDone. The stack is still running (memstream stack status / memstream stack down); "

@@ -31,6 +31,7 @@ _RELATIVES = ("daughter", "son", "wife", "husband", "partner", "sister", "brothe
               "mum", "father", "dad", "boyfriend", "girlfriend", "grandmother", "grandfather", "friend")
 _PETS = ("dog", "cat", "puppy", "kitten", "parrot", "rabbit", "hamster", "horse", "fish")
 _PARTNERS = {"wife", "husband", "partner", "boyfriend", "girlfriend"}
+_CLAUSE = re.compile(r"(?i)^(?:as|so|but|which|if|when|you|i|please|just|though|too|also|really)\b")
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,9 @@ def _favourite(m, turn):
 @_rule(_I + r"(?:'m| am) (?:severely |very )?allergic to (?P<value>[^.;!?]+?)(?=\s+(?:but|so|because|which|when)\b|[.;!?]|$)")
 def _allergy(m, turn):
     for part in re.split(r"\s*(?:,|\band\b|\bor\b)\s*", m.group("value")):
-        if part := _clean(part):
+        part = _clean(part)
+        # "peanuts, as you know": keep list items, not the clause that follows the list.
+        if part and len(part.split()) <= 4 and not _CLAUSE.match(part):
             yield _fact(f"Allergic to {part}", "constraint", "allergy", part, confidence=0.95)
 
 

@@ -53,7 +53,9 @@ def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolu
         op, target = Operation.ADD, None
         resolution = Resolution(op, None, f"resolver named an unknown target; treated as new ({resolution.reason})")
     if op is Operation.ADD:
-        top = max(neighbours, key=lambda x: x.similarity, default=None)
+        # A near-duplicate is the same kind of fact said again ("Likes jazz" / "Loves jazz"),
+        # not a different kind that happens to read alike ("trip to Berlin" / "move to Berlin").
+        top = max((x for x in neighbours if x.category == cand.category), key=lambda x: x.similarity, default=None)
         if top is not None and top.similarity >= NEAR_DUPLICATE and not cand.negated:
             return FactReinforced(**common, target=top.fact_id,
                                   reason=f"near-duplicate of {top.text!r} (cosine {top.similarity:.2f})")

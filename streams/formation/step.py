@@ -14,6 +14,7 @@ projection lags. Two mechanisms give that:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import uuid
 from typing import Awaitable, Callable, Sequence
@@ -177,6 +178,8 @@ class Formation:
         self._extractor, self._resolver = extractor, resolver
         self._dead, self._pool, self._barrier = dead_letters, pool, barrier
         self._gate_observations, self._record_position = gate_observations, record_position
+        # Fact texts repeat ("Lives in Berlin"); vectors are a pure function of (model, text).
+        self._fact_vectors: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
 
     async def process(self, records: list[Record]) -> None:
         turns, letters = decode_turns(records, self.name)
@@ -215,11 +218,22 @@ class Formation:
                 out.append((r, decision))
         return out
 
+    async def _embed_facts(self, texts: list[str], keep: int = 10_000) -> list[np.ndarray]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self._fact_vectors]
+        if missing:
+            for text, vec in zip(missing, await asyncio.to_thread(self._embedder.embed, missing)):
+                self._fact_vectors[text] = vec
+        for t in texts:
+            self._fact_vectors.move_to_end(t)
+        while len(self._fact_vectors) > keep:
+            self._fact_vectors.popitem(last=False)
+        return [self._fact_vectors[t] for t in texts]
+
     async def _facts(self, r: Record, turn: TurnRecorded, overlay) -> list[Decision]:
         candidates = list(await self._extractor.extract(turn))
         if not candidates:
             return []
-        vectors = await asyncio.to_thread(self._embedder.embed, [c.text for c in candidates])
+        vectors = await self._embed_facts([c.text for c in candidates])
         ctx = Context(turn=turn, source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
                       extractor=self._extractor.model_id, resolver=self._resolver.model_id,
                       embedding_model=self._embedder.model_id, gate_observations=self._gate_observations)

@@ -99,3 +99,8 @@ def test_resolver_updates_single_valued_attributes_and_adds_multi_valued_ones():
 def test_an_allergy_list_stops_where_the_clause_does():
     found, _ = facts("I'm allergic to cats but I love dogs")
     assert ("allergy", "cats", False) in found and ("allergy", "I love dogs", False) not in found
+
+
+def test_a_clause_after_an_allergy_is_not_an_allergy():
+    found, _ = facts("I'm allergic to peanuts, as you know.")
+    assert {f for f in found if f[0] == "allergy"} == {("allergy", "peanuts", False)}

@@ -1,0 +1,72 @@
+"""Formation's pure decision step: near-duplicate merge and the safety gate."""
+import uuid
+from datetime import datetime, timezone
+
+import numpy as np
+
+from memstream.llm.protocols import CandidateFact, ExistingFact, Operation, Resolution
+from memstream.projections.facts.core import fold
+from memstream.schemas import FactAdded, FactChangeDeferred, FactReinforced, FactUpdated, LogPosition, TurnRecorded
+from memstream.streams.formation.decide import Context, decide
+
+AT = datetime(2026, 2, 1, tzinfo=timezone.utc)
+TURN = TurnRecorded.new(user_id="u", conversation_id="c", user_message="x", assistant_message="y", occurred_at=AT)
+CTX = Context(turn=TURN, source=LogPosition("e", 0, 3), recorded_at=AT, extractor="x", resolver="r",
+              embedding_model="m", gate_observations=3)
+VEC = np.ones(384, dtype=np.float32) / np.sqrt(384)
+
+
+def cand(text, category, attribute, value, explicit=True):
+    return CandidateFact(text=text, category=category, attribute=attribute, value=value, confidence=0.9, explicit=explicit)
+
+
+def near(fid, text, category, attribute, value, sim):
+    return ExistingFact(uuid.UUID(int=fid), text, category, attribute, value, sim)
+
+
+def test_an_add_that_nearly_duplicates_a_fact_of_the_same_kind_reinforces_it():
+    d = decide(CTX, 0, cand("Loves jazz", "preference", "likes", "jazz"), VEC, Resolution(Operation.ADD),
+               [near(1, "Likes jazz", "preference", "likes", "jazz music", 0.9)], {})
+    assert isinstance(d, FactReinforced) and d.target == uuid.UUID(int=1) and "near-duplicate" in d.reason
+
+
+def test_a_similar_fact_of_another_kind_is_added_not_merged():
+    d = decide(CTX, 0, cand("Plans to move to Berlin", "plan", "move", "Berlin"), VEC, Resolution(Operation.ADD),
+               [near(1, "Plans a trip to Berlin", "location", "trip", "Berlin", 0.9)], {})
+    assert isinstance(d, FactAdded)
+
+
+def _state_with_name(value="Maria"):
+    state = {}
+    seed = decide(CTX, 0, cand(f"Name is {value}", "identity", "name", value), VEC, Resolution(Operation.ADD), [], {})
+    fold(state, [seed])
+    return state, seed.fact_id
+
+
+def test_an_inferred_identity_change_is_deferred_until_observed_enough_times():
+    state, fid = _state_with_name()
+    neighbours = [ExistingFact(fid, "Name is Maria", "identity", "name", "Maria", 0.7)]
+    decisions = []
+    for n in range(1, 4):
+        turn = TurnRecorded.new(user_id="u", conversation_id="c", user_message="x", assistant_message="y", occurred_at=AT)
+        ctx = Context(turn=turn, source=LogPosition("e", 0, 3 + n), recorded_at=AT, extractor="x", resolver="r",
+                      embedding_model="m", gate_observations=3)
+        d = decide(ctx, n, cand("Name is Mark", "identity", "name", "Mark", explicit=False), VEC,
+                   Resolution(Operation.UPDATE, fid, "renamed"), neighbours, state)
+        fold(state, [d])
+        decisions.append(type(d))
+    assert decisions == [FactChangeDeferred, FactChangeDeferred, FactUpdated]
+
+
+def test_an_explicit_identity_change_passes_the_gate_at_once():
+    state, fid = _state_with_name()
+    d = decide(CTX, 1, cand("Name is Marta", "identity", "name", "Marta"), VEC, Resolution(Operation.UPDATE, fid, "x"),
+               [ExistingFact(fid, "Name is Maria", "identity", "name", "Maria", 0.7)], state)
+    assert isinstance(d, FactUpdated) and d.supersedes == fid
+
+
+def test_a_target_the_resolver_was_not_shown_is_not_acted_on():
+    state, fid = _state_with_name()
+    d = decide(CTX, 1, cand("Name is Marta", "identity", "name", "Marta"), VEC,
+               Resolution(Operation.DELETE, uuid.uuid4(), "guess"), [], state)
+    assert isinstance(d, FactAdded) and "unknown target" in d.reason
