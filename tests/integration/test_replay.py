@@ -30,7 +30,7 @@ async def test_replay_into_a_fresh_schema_equals_the_live_projection_and_never_e
     target = settings.postgres_schema + "_rebuilt"
     try:
         report = await replay_episodes(settings, dsn, target)
-        assert (report.rows, report.skipped) == (120, 0)
+        assert (report.rows, report.skipped) == ({"episodes": 120}, 0)
         assert report.records >= 120 and report.records_per_s > 0
         assert await diff_counts(conn, settings.postgres_schema, target, "episodes") == (0, 0)
         live = await conn.fetch("SELECT * FROM projection_positions WHERE projection='episodes' ORDER BY 2, 3")
