@@ -14,14 +14,18 @@ from memstream.embedding import Embedder, default_embedder
 from memstream.projections import db, session_cache
 from memstream.projections.episodes import query as episodes_q
 from memstream.projections.facts import query as facts_q
+from memstream.projections.graph import query as graph_q
 from memstream.read_client.fusion import EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse, rerank
 from memstream.schemas import LogPosition
-from memstream.schemas.read_models import FactVersion, MemoryContext, RankedEpisode, RankedFact, Turn
+from memstream.schemas.read_models import AsOf, FactVersion, MemoryContext, RankedEdge, RankedEpisode, RankedFact, Turn
 
 log = logging.getLogger("memstream.read")
 
 T = TypeVar("T")
 ANN_CANDIDATES = 20  # the first stage of the funnel: ANN / keyword top-k before the rerank
+EDGE_CANDIDATES = 10  # directly matched edges
+HOP_LIMIT = 20  # edges pulled in by one-hop expansion, at most
+HOP_DISCOUNT = 0.5  # an expanded edge scores at most half its best connected direct match
 
 
 class MemoryReader:
@@ -39,7 +43,8 @@ class MemoryReader:
 
     def __init__(self, *, pool: asyncpg.Pool, redis: aioredis.Redis | None, embedder: Embedder,
                  schema: str, tier0_turns: int = 20, episode_weights: Weights = EPISODE_WEIGHTS,
-                 fact_weights: Weights = FACT_WEIGHTS):
+                 fact_weights: Weights = FACT_WEIGHTS, edge_candidates: int = EDGE_CANDIDATES):
+        self._edge_candidates = edge_candidates
         self._pool, self._redis, self._embedder = pool, redis, embedder
         self._schema, self._tier0 = schema, tier0_turns
         self._episode_weights, self._fact_weights = episode_weights, fact_weights
@@ -58,8 +63,9 @@ class MemoryReader:
             await self._redis.aclose()
 
     async def read(self, user_id: str, conversation_id: str, message: str, *,
-                   after: LogPosition | None = None, k: int = 5, k_facts: int = 10, wait_timeout: float = 5.0,
-                   now: datetime | None = None) -> MemoryContext:
+                   after: LogPosition | None = None, k: int = 5, k_facts: int = 10, k_edges: int = 8,
+                   wait_timeout: float = 5.0, now: datetime | None = None,
+                   as_of: AsOf | datetime | None = None) -> MemoryContext:
         if not user_id or not conversation_id:
             raise ValueError("user_id and conversation_id are required")
         if k < 1:
@@ -71,6 +77,12 @@ class MemoryReader:
             ctx.caught_up = await self._wait_for(after, wait_timeout)
             timings["wait"] = (time.perf_counter() - t0) * 1000
         now = now or datetime.now(timezone.utc)
+        if isinstance(as_of, datetime):
+            as_of = AsOf(valid_time=as_of, recorded_time=as_of)
+        if as_of is not None:
+            recorded = as_of.recorded_time or now
+            as_of = AsOf(valid_time=as_of.valid_time or recorded, recorded_time=recorded)
+            ctx.as_of = as_of
 
         async def embedded():
             t = time.perf_counter()
@@ -80,12 +92,13 @@ class MemoryReader:
 
         embedding = asyncio.ensure_future(embedded())
         degraded: list[str] = []
-        recent, vector, keyword, fact_vec, fact_kw = await asyncio.gather(
+        recent, vector, keyword, fact_vec, fact_kw, edges = await asyncio.gather(
             self._channel("recent_turns", degraded, timings, self._recent_turns, user_id, conversation_id),
             self._channel("episodes_vector", degraded, timings, self._nearest, episodes_q, user_id, embedding),
             self._channel("episodes_keyword", degraded, timings, self._keyword, episodes_q, user_id, message),
             self._channel("facts_vector", degraded, timings, self._nearest, facts_q, user_id, embedding),
             self._channel("facts_keyword", degraded, timings, self._keyword, facts_q, user_id, message),
+            self._channel("edges", degraded, timings, self._edges, user_id, embedding, as_of, k_edges),
         )
         ctx.recent_turns = recent or []
         ranked = rerank(fuse({"vector": vector or [], "keyword": keyword or []}, "episode_id"),
@@ -107,11 +120,13 @@ class MemoryReader:
                        importance=round(s.importance, 6), type_weight=s.type, channels=s.cand.channels)
             for s in facts[:k_facts]
         ]
+        ctx.edges = edges or []
         ctx.degraded = degraded
         timings["total"] = (time.perf_counter() - t0) * 1000
         ctx.timings_ms = {name: round(ms, 3) for name, ms in timings.items()}
-        log.debug("read %s/%s: %d recent turns, %d facts, %d episodes, degraded=%s, %.1f ms", user_id,
-                  conversation_id, len(ctx.recent_turns), len(ctx.facts), len(ctx.episodes), degraded, timings["total"])
+        log.debug("read %s/%s: %d recent turns, %d facts, %d episodes, %d edges, degraded=%s, %.1f ms", user_id,
+                  conversation_id, len(ctx.recent_turns), len(ctx.facts), len(ctx.episodes), len(ctx.edges), degraded,
+                  timings["total"])
         return ctx
 
     async def _channel(self, name: str, degraded: list[str], timings: dict[str, float],
@@ -165,6 +180,38 @@ class MemoryReader:
         async with self._pool.acquire() as conn:
             return await q.keyword(conn, user_id, message, ANN_CANDIDATES)
 
+    async def _edges(self, user_id: str, embedding: asyncio.Future, as_of: AsOf | None, k: int) -> list[RankedEdge]:
+        """Current edges by fact-sentence similarity plus a bounded one-hop expansion around the
+        matched entities, reranked together; or, with ``as_of``, the graph as it was."""
+        vec = await embedding
+        async with self._pool.acquire() as conn:
+            if as_of is not None:
+                rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time, vec, k)
+                return [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in rows]
+            direct = await graph_q.nearest_current(conn, user_id, vec, self._edge_candidates, self._embedder.model_id)
+            entities = {r["source_entity_id"] for r in direct} | {r["target_entity_id"] for r in direct if r["target_entity_id"]}
+            hops = await graph_q.one_hop(conn, user_id, list(entities), [r["edge_id"] for r in direct], vec, HOP_LIMIT) if direct else []
+        ranked = [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in direct]
+        best_via = {}
+        for r in direct:
+            for e in (r["source_entity_id"], r["target_entity_id"]):
+                if e is not None:
+                    best_via[e] = max(best_via.get(e, 0.0), 1.0 - float(r["distance"]))
+        for r in hops:
+            via = max(best_via.get(r["source_entity_id"], 0.0), best_via.get(r["target_entity_id"], 0.0))
+            # Reranked, not equally relevant: bounded by the connecting match, plus its own similarity.
+            score = HOP_DISCOUNT * via * (0.5 + 0.5 * max(0.0, 1.0 - float(r["distance"])))
+            ranked.append(_edge(r, hop=1, score=score))
+        ranked.sort(key=lambda e: (-e.score, e.hop, str(e.edge_id)))
+        return ranked[:k]
+
+    async def timeline(self, user_id: str, source_entity_id, relation: str) -> list[RankedEdge]:
+        """Every edge of one (source, relation), in world-time order."""
+        from memstream.llm.relations import canonical
+
+        rows = await graph_q.timeline(self._pool, user_id, source_entity_id, canonical(relation))
+        return [_edge(r, hop=0, score=0.0, similarity=0.0) for r in rows]
+
     async def current_facts(self, user_id: str) -> list[asyncpg.Record]:
         """Every fact currently believed about the user (for memory views and tools)."""
         return list(await facts_q.current(self._pool, user_id))
@@ -173,3 +220,11 @@ class MemoryReader:
         """Every version of the fact's lineage, oldest first: what was believed, when and why."""
         rows = await facts_q.history(self._pool, user_id, fact_id)
         return [FactVersion(**{k: r[k] for k in FactVersion.model_fields}) for r in rows]
+
+
+def _edge(r, *, hop: int, score: float, similarity: float | None = None) -> RankedEdge:
+    return RankedEdge(
+        edge_id=r["edge_id"], fact_sentence=r["fact_sentence"], relation=r["relation"], source=r["source_name"],
+        target=r["target_name"], valid_from=r["valid_from"], valid_to=r["valid_to"], recorded_at=r["recorded_at"],
+        closed_at=r["closed_at"], hop=hop, score=round(score, 6),
+        similarity=round(similarity if similarity is not None else 1.0 - float(r["distance"]), 6))

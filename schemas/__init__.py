@@ -5,8 +5,13 @@ Imports nothing of ours. Wire format is JSON (see ``jsonschema/``), decoded with
 from memstream.schemas.errors import InvalidEvent, UnknownEventType
 from memstream.schemas.events import (
     Decision,
+    AliasAdded,
+    EdgeClosed,
+    EdgeOpened,
+    EntityCreated,
     EpisodeRecorded,
     Event,
+    GraphDecision,
     FactAdded,
     FactChangeDeferred,
     FactDecision,
@@ -20,6 +25,7 @@ from memstream.schemas.events import (
 from memstream.schemas.codec import decode_decision, decode_event, encode
 
 __all__ = [
+    "AliasAdded", "EdgeClosed", "EdgeOpened", "EntityCreated", "GraphDecision",
     "Decision", "EpisodeRecorded", "FactAdded", "FactChangeDeferred", "FactDecision", "FactDeleted",
     "FactReinforced", "FactUpdated", "Event", "InvalidEvent", "LogPosition", "TurnRecorded",
     "UnknownEventType", "decode_decision", "decode_event", "encode", "new_event_id",

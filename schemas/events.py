@@ -210,7 +210,67 @@ class FactChangeDeferred(FactDecision, tag="FactChangeDeferred", kw_only=True, f
     text: str
 
 
+class GraphDecision(Decision, kw_only=True, frozen=True):
+    """Common fields of graph decisions: which extractor decided, and why."""
+
+    extractor: str
+    reason: str
+
+
+class EntityCreated(GraphDecision, tag="EntityCreated", kw_only=True, frozen=True):
+    """A new entity in the user's graph. The user themself is one entity (``is_user``)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    entity_id: uuid.UUID
+    name: str
+    is_user: bool = False
+
+
+class AliasAdded(GraphDecision, tag="AliasAdded", kw_only=True, frozen=True):
+    """Another name the entity goes by (matched case-insensitively, like its name)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    entity_id: uuid.UUID
+    alias: str
+
+
+class EdgeOpened(GraphDecision, tag="EdgeOpened", kw_only=True, frozen=True):
+    """A relationship became true at ``valid_from`` (world time); believed from ``recorded_at``.
+
+    ``relation`` is canonical (see the relation vocabulary). The target is an entity or, for
+    literal values, ``target_value``. ``fact_sentence`` is the deterministic sentence embedded
+    for retrieval ("Maria works at Acme Corp")."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    edge_id: uuid.UUID
+    source_entity_id: uuid.UUID
+    relation: str
+    target_entity_id: uuid.UUID | None = None
+    target_value: str | None = None
+    multi_valued: bool
+    valid_from: datetime
+    fact_sentence: str
+    confidence: float
+    explicit: bool
+    embedding: bytes
+    embedding_model: str
+
+
+class EdgeClosed(GraphDecision, tag="EdgeClosed", kw_only=True, frozen=True):
+    """``edge_id`` stopped being true at ``valid_to`` (world time); recorded at ``recorded_at``.
+    Contradictions never delete: they close the old edge and open a new one."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    edge_id: uuid.UUID
+    valid_to: datetime
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded,)
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
-                                               FactReinforced, FactChangeDeferred)
+                                               FactReinforced, FactChangeDeferred, EntityCreated, AliasAdded,
+                                               EdgeOpened, EdgeClosed)
 AnyEvent = TurnRecorded

@@ -51,6 +51,34 @@ class RankedFact(BaseModel):
     channels: list[str]
 
 
+class RankedEdge(BaseModel):
+    """A relationship edge with its validity; ``hop`` is 0 for a direct match of the message and
+    1 for an edge reached through a matched edge's entities (one-hop expansion)."""
+
+    edge_id: uuid.UUID
+    fact_sentence: str
+    relation: str
+    source: str
+    target: str
+    valid_from: datetime
+    valid_to: datetime | None
+    recorded_at: datetime
+    closed_at: datetime | None
+    hop: int
+    score: float
+    similarity: float
+
+
+class AsOf(BaseModel):
+    """A bi-temporal point: ``valid_time`` — what was true then; ``recorded_time`` — as we
+    believed it then. ``recorded_time`` defaults to now (what we know today about the past);
+    ``valid_time`` defaults to ``recorded_time``. ``read(as_of=<datetime>)`` sets both: the graph
+    exactly as it was at that moment."""
+
+    valid_time: datetime | None = None
+    recorded_time: datetime | None = None
+
+
 class FactVersion(BaseModel):
     """One version in a fact's history: what was believed, from when, until when and why."""
 
@@ -82,7 +110,9 @@ class MemoryContext(BaseModel):
     message: str
     recent_turns: list[Turn] = Field(default_factory=list)
     facts: list[RankedFact] = Field(default_factory=list)
+    edges: list[RankedEdge] = Field(default_factory=list)
     episodes: list[RankedEpisode] = Field(default_factory=list)
     degraded: list[str] = Field(default_factory=list)
     caught_up: bool = True
+    as_of: AsOf | None = None
     timings_ms: dict[str, float] = Field(default_factory=dict)

@@ -15,7 +15,9 @@ from memstream.projections.episodes import core as episodes
 from memstream.projections.episodes.store import EpisodeStore
 from memstream.projections.facts.core import MissingTarget
 from memstream.projections.facts.store import FactStore
-from memstream.schemas import EpisodeRecorded, FactDecision, InvalidEvent, decode_decision
+from memstream.projections.graph.core import MissingGraphTarget
+from memstream.projections.graph.store import GraphStore
+from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, decode_decision
 from memstream.streams.formation.step import next_offsets
 from memstream.streams.records import Record
 
@@ -98,14 +100,17 @@ class EpisodesProjection:
         await self._store.apply_batch(conn, [], next_offsets(records))
 
 
-class FactsProjection:
-    """decisions -> memory_facts (every version, with history)."""
+class _DecisionProjection:
+    """Applies one family of decisions with its store; undecodable records were dead-lettered by
+    the episodes step. A decision naming a row the store lacks is dead-lettered, the rest applied."""
 
-    name = "facts"
+    name: str
+    kinds: tuple[type, ...]
+    missing: type[Exception]
 
     def __init__(self, *, pool: asyncpg.Pool, dead_letters):
         self._pool, self._dead = pool, dead_letters
-        self._store = FactStore()
+        self._store = self.store()
 
     async def process(self, records: list[Record]) -> None:
         decisions = []
@@ -113,13 +118,13 @@ class FactsProjection:
             try:
                 d = decode_decision(r.value or b"")
             except InvalidEvent:
-                continue  # dead-lettered by the episodes step
-            if isinstance(d, FactDecision):
+                continue
+            if isinstance(d, self.kinds):
                 decisions.append((r, d))
         async with self._pool.acquire() as conn:
             try:
                 await self._store.apply_batch(conn, [d for _, d in decisions], next_offsets(records))
-            except MissingTarget:
+            except self.missing:
                 await self._apply_one_by_one(conn, records, decisions)
 
     async def _apply_one_by_one(self, conn, records, decisions) -> None:
@@ -127,7 +132,19 @@ class FactsProjection:
         for r, d in decisions:
             try:
                 await self._store.apply_batch(conn, [d], next_offsets([r]))
-            except MissingTarget as exc:
+            except self.missing as exc:
                 refused.append((r, self.name, str(exc)))
         await self._dead.send(refused)
         await self._store.apply_batch(conn, [], next_offsets(records))
+
+
+class FactsProjection(_DecisionProjection):
+    """decisions -> memory_facts (every version, with history)."""
+
+    name, kinds, missing, store = "facts", (FactDecision,), MissingTarget, FactStore
+
+
+class GraphProjection(_DecisionProjection):
+    """decisions -> entities and bi-temporal memory_edges."""
+
+    name, kinds, missing, store = "graph", (GraphDecision,), MissingGraphTarget, GraphStore

@@ -20,7 +20,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from memstream.config import Settings
 from memstream.embedding import default_embedder
-from memstream.schemas import FactDecision, decode_decision, encode
+from memstream.schemas import FactDecision, GraphDecision, decode_decision, encode
+from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.step import Formation, MemoryView, decode_turns
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
@@ -73,7 +74,7 @@ async def _drain(consumer, tps, high, handle) -> None:
 async def reform(settings: Settings, *, extractor: str, topic: str, since: datetime | None = None) -> ReformReport:
     from memstream.streams.worker import llm_clients
 
-    extraction, resolution = llm_clients(settings.model_copy(update={"extractor": extractor}))
+    extraction, resolution, relations = llm_clients(settings.model_copy(update={"extractor": extractor}))
     embedder = await asyncio.to_thread(default_embedder, settings.embed_threads)
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
@@ -91,6 +92,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                 found = await c.offsets_for_times({tp: int(since.timestamp() * 1000) for tp in events})
                 start = {tp: (found[tp].offset if found.get(tp) else high[tp]) for tp in events}
             view = MemoryView(embedder.model_id)
+            graph = GraphView(None)
             counts = {"copied": 0, "events": 0, "new": 0, "skipped": 0}
 
             async def copy(batch: list[Record]) -> None:
@@ -101,17 +103,20 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                         continue  # formed again below
                     if isinstance(d, FactDecision):
                         view.apply(d)
+                    elif isinstance(d, GraphDecision):
+                        await graph.ensure_user(d.user_id)
+                        graph.apply(d)
                     futures.append(await producer.send(topic, r.value, key=r.key, partition=r.partition))
                 await asyncio.gather(*futures)
                 counts["copied"] += len(futures)
 
             formation = Formation(producer=producer, decisions_topic=topic, embedder=embedder, extractor=extraction,
-                                  resolver=resolution, dead_letters=None, pool=None, barrier=None)
+                                  resolver=resolution, dead_letters=None, pool=None, barrier=None, relations=relations)
 
             async def form(batch: list[Record]) -> None:
                 turns, letters = decode_turns(batch, "reform")
                 counts["skipped"] += len(letters)
-                made = await formation.decide(turns, view)
+                made = await formation.decide(turns, view, graph)
                 futures = [await producer.send(topic, encode(d), key=r.key, partition=r.partition) for r, d in made]
                 await asyncio.gather(*futures)
                 counts["events"] += len(batch)

@@ -18,7 +18,7 @@ from memstream.config import Settings
 from memstream.projections import db
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.records import Record
-from memstream.streams.projecting import EpisodesProjection, FactsProjection
+from memstream.streams.projecting import EpisodesProjection, FactsProjection, GraphProjection
 
 log = logging.getLogger("memstream.replay")
 
@@ -43,8 +43,8 @@ class SkippedLetters:
         self.count += len(letters)
 
 
-PROJECTIONS = ("episodes", "facts")
-_TABLES = {"episodes": "episodes", "facts": "memory_facts"}
+PROJECTIONS = ("episodes", "facts", "graph")
+_TABLES = {"episodes": "episodes", "facts": "memory_facts", "graph": "memory_edges"}
 
 
 @dataclass
@@ -107,6 +107,7 @@ async def _replay(settings: Settings, consumer, pool, into: str, projections: li
         "episodes": lambda: EpisodesProjection(pool=pool, redis=None, schema=into, events_topic=settings.events_topic,
                                                dead_letters=sink, tier0_turns=settings.tier0_turns),
         "facts": lambda: FactsProjection(pool=pool, dead_letters=sink),
+        "graph": lambda: GraphProjection(pool=pool, dead_letters=sink),
     }
     steps = [available[name]() for name in projections]
     remaining = {p for p, off in high.items() if off > 0}

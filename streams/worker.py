@@ -39,7 +39,7 @@ from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
 from memstream.streams.formation.step import Formation, ProjectionBarrier
 from memstream.streams.kafka_util import groupless_consumer
-from memstream.streams.projecting import EpisodesProjection, FactsProjection, transient
+from memstream.streams.projecting import EpisodesProjection, FactsProjection, GraphProjection, transient
 from memstream.streams.step import Step
 
 log = logging.getLogger("memstream.worker")
@@ -79,14 +79,14 @@ class Runtime:
             steps: list[Step] = []
             if self.role == "formation":
                 embedder = await asyncio.to_thread(default_embedder, s.embed_threads)
-                extractor, resolver = llm_clients(s)
+                extractor, resolver, relations = llm_clients(s)
                 self._offsets = groupless_consumer(s.kafka_bootstrap)
                 self.offsets = await self._offsets.__aenter__()
                 self.barrier = ProjectionBarrier(self.pool, s.decisions_topic, self._end_offset)
                 steps.append(Formation(producer=self.producer, decisions_topic=s.decisions_topic,
                                        embedder=embedder, extractor=extractor, resolver=resolver,
                                        dead_letters=dead, pool=self.pool, barrier=self.barrier,
-                                       gate_observations=s.gate_observations))
+                                       relations=relations, gate_observations=s.gate_observations))
                 log.info("formation ready: embedder=%s extractor=%s resolver=%s",
                          embedder.model_id, extractor.model_id, resolver.model_id)
             else:
@@ -94,6 +94,7 @@ class Runtime:
                                                 events_topic=s.events_topic, dead_letters=dead,
                                                 tier0_turns=s.tier0_turns))
                 steps.append(FactsProjection(pool=self.pool, dead_letters=dead))
+                steps.append(GraphProjection(pool=self.pool, dead_letters=dead))
             for step in steps:
                 self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek))
             log.info("%s ready: schema=%s", self.role, s.postgres_schema)
@@ -160,18 +161,20 @@ class Runtime:
 
 
 def llm_clients(settings: Settings):
-    """The extraction and resolution clients named by ``settings.extractor``."""
+    """The fact extraction, resolution and relation extraction clients named by ``settings.extractor``."""
     if settings.extractor in ("offline", "offline-strict"):
         from memstream.llm.offline import OfflineExtractor, OfflineResolver, StrictOfflineExtractor
+        from memstream.llm.offline_relations import OfflineRelationExtractor
 
         extractor = StrictOfflineExtractor() if settings.extractor == "offline-strict" else OfflineExtractor()
-        return extractor, OfflineResolver()
+        return extractor, OfflineResolver(), OfflineRelationExtractor()
     if settings.extractor == "bedrock":
-        from memstream.llm.bedrock import BedrockExtractor, BedrockResolver, bedrock_client
+        from memstream.llm.bedrock import BedrockExtractor, BedrockRelationExtractor, BedrockResolver, bedrock_client
 
         client = bedrock_client(settings.bedrock_region)
         return (BedrockExtractor(client, settings.bedrock_extraction_model),
-                BedrockResolver(client, settings.bedrock_resolution_model))
+                BedrockResolver(client, settings.bedrock_resolution_model),
+                BedrockRelationExtractor(client, settings.bedrock_extraction_model))
     raise ValueError(f"unknown extractor {settings.extractor!r} (offline | offline-strict | bedrock)")
 
 
@@ -206,7 +209,7 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     if role == "formation":
         topic, step_names = app.topic(settings.events_topic, **raw), ("formation",)
     else:
-        topic, step_names = app.topic(settings.decisions_topic, **raw), ("episodes", "facts")
+        topic, step_names = app.topic(settings.decisions_topic, **raw), ("episodes", "facts", "graph")
 
     @app.agent(topic, name=role)
     async def agent(stream):

@@ -165,3 +165,45 @@ class BedrockResolver:
         if index is None or not 0 <= index < len(neighbours):
             raise MalformedOutput(f"{op.value} needs a target_index in [0, {len(neighbours)}), got {index!r}")
         return Resolution(op, neighbours[index].fact_id, out.reason)  # type: ignore[attr-defined]
+
+
+class _Relation(BaseModel):
+    source: str = Field(min_length=1, description='"I" for the user, else the entity name')
+    relation: str = Field(min_length=1, description="snake_case, e.g. works_at, managed_by, lives_in, has_child")
+    target: str = Field(min_length=1)
+    target_is_entity: bool
+    confidence: float = Field(ge=0, le=1)
+    explicit: bool
+    valid_at: datetime | None = None
+    negated: bool = False
+
+
+class _Relations(BaseModel):
+    relations: list[_Relation]
+
+
+RELATE_TOOL = "record_relations"
+RELATE_PROMPT = (
+    "You extract relationships stated or implied in one conversation turn as (source, relation, target) "
+    'triples. Name the user "I". Use short snake_case relations (works_at, managed_by, lives_in, married_to, '
+    "has_child, friend_of, has_pet...). negated=true when the user says a relationship ended. "
+    f"Always answer by calling {RELATE_TOOL}; an empty list is fine."
+)
+
+
+class BedrockRelationExtractor:
+    """``RelationExtractionClient`` over Bedrock Converse."""
+
+    def __init__(self, client, model_id: str, **kw: Any):
+        self._converse = _Converse(client, model_id, **kw)
+        self.model_id = f"bedrock:{model_id}"
+        self._tool = _tool(RELATE_TOOL, "Record the relationships found in the turn.", _Relations)
+
+    def request(self, turn: TurnRecorded) -> dict:
+        return self._converse.request(RELATE_PROMPT, _render_turn(turn), self._tool)
+
+    async def extract(self, turn: TurnRecorded):
+        from memstream.llm.relations import RelationCandidate
+
+        out = await self._converse.call(self.request(turn), _Relations)
+        return [RelationCandidate(**r.model_dump()) for r in out.relations]  # type: ignore[attr-defined]

@@ -31,7 +31,10 @@ from memstream.projections.facts import store as facts_store
 from memstream.projections.facts.core import FactRow, fold
 from memstream.schemas import (Decision, EpisodeRecorded, FactChangeDeferred, FactDecision, InvalidEvent,
                                LogPosition, TurnRecorded, decode_event, encode)
+from memstream.llm.relations import RelationExtractionClient
+from memstream.projections.graph import store as graph_store
 from memstream.streams.formation.decide import Context, decide
+from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
 from memstream.streams.records import Record
 
 log = logging.getLogger("memstream.formation")
@@ -69,7 +72,10 @@ def decode_turns(records: Sequence[Record], stage: str) -> tuple[list[tuple[Reco
 
 
 class ProjectionBarrier:
-    """Waits until the facts projection has applied what formation produced to a partition."""
+    """Waits until the projections formation reads (facts, graph) have applied what formation
+    produced to a partition."""
+
+    projections = ("facts", "graph")
 
     def __init__(self, pool: asyncpg.Pool, decisions_topic: str,
                  end_offset: Callable[[int], Awaitable[int]], timeout: float = 30.0):
@@ -91,13 +97,14 @@ class ProjectionBarrier:
         delay = 0.002
         while True:
             applied = await self._pool.fetchval(
-                "SELECT next_offset FROM projection_positions WHERE projection = 'facts' AND topic = $1 AND partition = $2",
-                self._topic, partition) or 0
+                "SELECT coalesce(min(next_offset), 0) FROM projection_positions WHERE projection = ANY($3::text[]) "
+                "AND topic = $1 AND partition = $2 HAVING count(*) = cardinality($3::text[])",
+                self._topic, partition, list(self.projections)) or 0
             if applied >= needed:
                 return
             if asyncio.get_running_loop().time() > deadline:
                 # Retryable: the facts projection may be restarting or on another worker.
-                raise TimeoutError(f"facts projection is at {self._topic}/{partition}@{applied}, formation needs {needed}")
+                raise TimeoutError(f"facts/graph projections are at {self._topic}/{partition}@{applied}, formation needs {needed}")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
 
@@ -173,7 +180,9 @@ class Formation:
 
     def __init__(self, *, producer, decisions_topic: str, embedder: Embedder, extractor: ExtractionClient,
                  resolver: ResolutionClient, dead_letters, pool: asyncpg.Pool, barrier: ProjectionBarrier | None,
-                 gate_observations: int = 3, record_position: bool = True):
+                 relations: RelationExtractionClient | None = None, gate_observations: int = 3,
+                 record_position: bool = True):
+        self._relations = relations
         self._producer, self._topic, self._embedder = producer, decisions_topic, embedder
         self._extractor, self._resolver = extractor, resolver
         self._dead, self._pool, self._barrier = dead_letters, pool, barrier
@@ -199,13 +208,15 @@ class Formation:
             async with self._pool.acquire() as conn, conn.transaction():
                 await pos.save(conn, self.name, next_offsets(records))
 
-    async def decide(self, turns: list[tuple[Record, TurnRecorded]], view=None) -> list[tuple[Record, Decision]]:
-        """Every decision for ``turns``, in order. Facts are decided against ``view`` (default:
-        the facts projection under an overlay of this batch's decisions)."""
+    async def decide(self, turns: list[tuple[Record, TurnRecorded]], view=None, graph: GraphView | None = None
+                     ) -> list[tuple[Record, Decision]]:
+        """Every decision for ``turns``, in order. Facts are decided against ``view`` and edges
+        against ``graph`` (default: the projections under an overlay of this batch's decisions)."""
         if not turns:
             return []
         vectors = await asyncio.to_thread(self._embedder.embed, [episode_text(t) for _, t in turns])
         overlay = view if view is not None else PostgresView(self._pool, self._embedder.model_id)
+        graph = graph if graph is not None else GraphView(self._load_graph)
         out: list[tuple[Record, Decision]] = []
         for (r, turn), vector in zip(turns, vectors):
             out.append((r, EpisodeRecorded(
@@ -216,7 +227,35 @@ class Formation:
                 metadata=turn.metadata, embedding=to_bytes(vector), embedding_model=self._embedder.model_id)))
             for decision in await self._facts(r, turn, overlay):
                 out.append((r, decision))
+            for decision in await self._edges(r, turn, graph):
+                out.append((r, decision))
         return out
+
+    async def _load_graph(self, user_id: str):
+        async with self._pool.acquire() as conn:
+            return await graph_store.load_user(conn, user_id)
+
+    async def _edges(self, r: Record, turn: TurnRecorded, graph: GraphView) -> list[Decision]:
+        if self._relations is None:
+            return []
+        candidates = list(await self._relations.extract(turn))
+        if not candidates:
+            return []
+        await graph.ensure_user(turn.user_id)
+        ctx = GraphContext(turn=turn, extractor=self._relations.model_id, common=dict(
+            source_event_id=turn.event_id, source=LogPosition(r.topic, r.partition, r.offset),
+            recorded_at=r.timestamp, user_id=turn.user_id))
+        decider = EdgeDecider(ctx, graph)
+        for c in candidates:
+            decider.add(c)
+        sentences = decider.sentences()
+        vectors = dict(zip(sentences, (to_bytes(v) for v in await self._embed_facts(sentences)))) if sentences else {}
+        decisions = decider.finish(vectors, self._embedder.model_id)
+        for d in decisions:
+            log.info("%s for user %s: %s [event %s]", type(d).__name__,
+                     turn.user_id, getattr(d, "fact_sentence", None) or d.reason, turn.event_id)
+        # The view saw the edges without vectors; it only needs ids, targets and intervals.
+        return decisions
 
     async def _embed_facts(self, texts: list[str], keep: int = 10_000) -> list[np.ndarray]:
         missing = [t for t in dict.fromkeys(texts) if t not in self._fact_vectors]

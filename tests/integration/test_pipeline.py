@@ -81,7 +81,7 @@ async def test_a_failing_channel_empties_only_its_section(settings, dsn, workers
         ctx = await reader.read("t-user-0", "conv-0-0", "topic number 3 cat", after=pos, wait_timeout=60)
     finally:
         await reader.close()
-    assert sorted(ctx.degraded) == ["episodes_vector", "facts_vector"]
+    assert sorted(ctx.degraded) == ["edges", "episodes_vector", "facts_vector"]  # every channel that needs the embedding
     assert len(ctx.recent_turns) == 5
     assert ctx.episodes and all(e.channels == ["keyword"] for e in ctx.episodes)
     assert any("episodes_vector failed" in r.message and r.exc_info for r in caplog.records)

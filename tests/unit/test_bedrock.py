@@ -113,3 +113,20 @@ async def test_a_resolution_naming_a_fact_it_was_not_shown_is_malformed(client):
                                                                          "reason": "gone"}))
     with pytest.raises(MalformedOutput, match="target_index"):
         await BedrockResolver(client, MODEL).resolve(CAND, neighbours())
+
+
+async def test_relation_extraction_forces_its_tool_and_parses_triples(client):
+    from memstream.llm.bedrock import BedrockRelationExtractor
+    from memstream.llm.relations import RelationCandidate
+
+    rel = BedrockRelationExtractor(client, MODEL)
+    client.stub.add_response("converse", tool_response("record_relations", {"relations": [
+        {"source": "I", "relation": "has_manager", "target": "David", "target_is_entity": True,
+         "confidence": 0.9, "explicit": True}]}),
+        {"modelId": MODEL, "system": ANY, "messages": ANY,
+         "toolConfig": {"tools": ANY, "toolChoice": {"tool": {"name": "record_relations"}}},
+         "inferenceConfig": {"temperature": 0.0, "maxTokens": 1024}})
+    assert await rel.extract(TURN) == [RelationCandidate("I", "has_manager", "David", True, 0.9, True)]
+    client.stub.add_response("converse", tool_response("record_relations", {"relations": [{"source": "I"}]}))
+    with pytest.raises(MalformedOutput):
+        await rel.extract(TURN)

@@ -1,0 +1,105 @@
+"""The graph, the query side: current edges by fact-sentence similarity, one-hop expansion,
+neighbourhoods, as-of queries on both time axes, and the timeline of one relation."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Sequence
+
+import asyncpg
+import numpy as np
+
+_EDGE = """e.edge_id, e.source_entity_id, e.relation, e.target_entity_id, e.target_value, e.valid_from, e.valid_to,
+    e.recorded_at, e.closed_at, e.fact_sentence, e.confidence, e.explicit, s.name AS source_name,
+    coalesce(t.name, e.target_value) AS target_name"""
+_JOIN = "memory_edges e JOIN entities s ON s.entity_id = e.source_entity_id LEFT JOIN entities t ON t.entity_id = e.target_entity_id"
+
+_NEAREST_CURRENT = f"""
+WITH c AS MATERIALIZED (
+    SELECT edge_id, embedding <=> $2 AS distance FROM memory_edges
+    WHERE user_id = $1 AND valid_to IS NULL AND embedding_model = $4
+    ORDER BY embedding <=> $2 LIMIT $3)
+SELECT {_EDGE}, c.distance FROM c JOIN {_JOIN} ON e.edge_id = c.edge_id ORDER BY c.distance, e.edge_id
+"""
+
+# Other current edges touching the given entities: bounded, never the edges already found.
+_ONE_HOP = f"""
+SELECT {_EDGE}, (e.embedding <=> $4) AS distance FROM {_JOIN}
+WHERE e.user_id = $1 AND e.valid_to IS NULL AND NOT (e.edge_id = ANY($3::uuid[]))
+  AND (e.source_entity_id = ANY($2::uuid[]) OR e.target_entity_id = ANY($2::uuid[]))
+ORDER BY e.embedding <=> $4, e.edge_id LIMIT $5
+"""
+
+# What was believed at recorded time r about valid time v: edges recorded by r, begun by v,
+# and not (yet, as of r) known to have ended by v.
+_AS_OF = f"""
+SELECT {_EDGE}, (e.embedding <=> $4) AS distance FROM {_JOIN}
+WHERE e.user_id = $1 AND e.recorded_at <= $3 AND e.valid_from <= $2
+  AND (e.valid_to IS NULL OR e.closed_at > $3 OR e.valid_to > $2)
+ORDER BY e.embedding <=> $4, e.edge_id LIMIT $5
+"""
+
+_AS_OF_ALL = f"""
+SELECT {_EDGE} FROM {_JOIN}
+WHERE e.user_id = $1 AND e.recorded_at <= $3 AND e.valid_from <= $2
+  AND (e.valid_to IS NULL OR e.closed_at > $3 OR e.valid_to > $2)
+ORDER BY e.relation, e.valid_from, e.edge_id
+"""
+
+_TIMELINE = f"""
+SELECT {_EDGE} FROM {_JOIN}
+WHERE e.user_id = $1 AND e.source_entity_id = $2 AND e.relation = $3
+ORDER BY e.valid_from, e.recorded_at, e.edge_id
+"""
+
+# Entities within ``hops`` of a start entity over current edges, in either direction.
+_NEIGHBOURHOOD = """
+WITH RECURSIVE walk(entity_id, depth, path) AS (
+    SELECT $2::uuid, 0, ARRAY[$2::uuid]
+  UNION ALL
+    SELECT CASE WHEN e.source_entity_id = w.entity_id THEN e.target_entity_id ELSE e.source_entity_id END,
+           w.depth + 1,
+           w.path || CASE WHEN e.source_entity_id = w.entity_id THEN e.target_entity_id ELSE e.source_entity_id END
+    FROM walk w JOIN memory_edges e
+      ON e.user_id = $1 AND e.valid_to IS NULL AND e.target_entity_id IS NOT NULL
+     AND (e.source_entity_id = w.entity_id OR e.target_entity_id = w.entity_id)
+    WHERE w.depth < $3
+      AND NOT (CASE WHEN e.source_entity_id = w.entity_id THEN e.target_entity_id ELSE e.source_entity_id END = ANY(w.path))
+)
+SELECT en.entity_id, en.name, min(w.depth) AS depth FROM walk w JOIN entities en ON en.entity_id = w.entity_id
+WHERE w.depth > 0 GROUP BY en.entity_id, en.name ORDER BY depth, en.name
+"""
+
+
+async def nearest_current(conn, user_id: str, embedding: np.ndarray, k: int, model: str) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_NEAREST_CURRENT, user_id, embedding, k, model)
+
+
+async def one_hop(conn, user_id: str, entity_ids: Sequence[uuid.UUID], exclude: Sequence[uuid.UUID],
+                  embedding: np.ndarray, limit: int) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_ONE_HOP, user_id, list(entity_ids), list(exclude), embedding, limit)
+
+
+async def as_of(conn, user_id: str, valid_time: datetime, recorded_time: datetime,
+                embedding: np.ndarray | None = None, k: int = 100) -> Sequence[asyncpg.Record]:
+    if embedding is None:
+        return await conn.fetch(_AS_OF_ALL, user_id, valid_time, recorded_time)
+    return await conn.fetch(_AS_OF, user_id, valid_time, recorded_time, embedding, k)
+
+
+async def timeline(conn, user_id: str, source_entity_id: uuid.UUID, relation: str) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_TIMELINE, user_id, source_entity_id, relation)
+
+
+async def neighbourhood(conn, user_id: str, entity_id: uuid.UUID, hops: int = 2) -> Sequence[asyncpg.Record]:
+    if not 1 <= hops <= 2:
+        raise ValueError("neighbourhoods are bounded to 1 or 2 hops")
+    return await conn.fetch(_NEIGHBOURHOOD, user_id, entity_id, hops)
+
+
+async def entities(conn, user_id: str) -> Sequence[asyncpg.Record]:
+    return await conn.fetch("SELECT entity_id, name, aliases, is_user FROM entities WHERE user_id = $1 ORDER BY recorded_at, entity_id", user_id)
+
+
+async def user_entity(conn, user_id: str) -> uuid.UUID | None:
+    return await conn.fetchval("SELECT entity_id FROM entities WHERE user_id = $1 AND is_user", user_id)

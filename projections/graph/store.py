@@ -1,0 +1,92 @@
+"""The graph, the asyncpg shell: load targeted rows, fold, upsert, positions — one transaction."""
+from __future__ import annotations
+
+import uuid
+from typing import Sequence
+
+import asyncpg
+import numpy as np
+from pgvector import Vector
+
+from memstream.projections import positions as pos
+from memstream.projections.graph.core import EDGE_COLUMNS, ENTITY_COLUMNS, EdgeRow, EntityRow, Row, fold, targets
+from memstream.schemas import Decision
+
+_ENTITY_CASTS = {"entity_id": "uuid", "user_id": "text", "name": "text", "aliases": "text", "is_user": "boolean",
+                 "recorded_at": "timestamptz", "source_event_id": "uuid"}
+_EDGE_CASTS = {"edge_id": "uuid", "user_id": "text", "source_entity_id": "uuid", "relation": "text",
+               "target_entity_id": "uuid", "target_value": "text", "multi_valued": "boolean",
+               "valid_from": "timestamptz", "valid_to": "timestamptz", "recorded_at": "timestamptz",
+               "closed_at": "timestamptz", "fact_sentence": "text", "confidence": "real", "explicit": "boolean",
+               "source_event_id": "uuid", "extractor": "text", "reason": "text", "close_reason": "text",
+               "embedding": "vector", "embedding_model": "text"}
+
+
+def _upsert_sql(table: str, columns: Sequence[str], casts: dict[str, str], key: str, array_as_text: str | None = None) -> str:
+    select = ", ".join(f"u.{c}::text[]" if c == array_as_text else f"u.{c}" for c in columns)
+    return (f"INSERT INTO {table} ({', '.join(columns)}) SELECT {select} FROM unnest("
+            + ", ".join(f"${i + 1}::{casts[c]}[]" for i, c in enumerate(columns))
+            + f") AS u({', '.join(columns)}) ON CONFLICT ({key}) DO UPDATE SET "
+            + ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c != key))
+
+
+# aliases (text[] per row) travel as their array literal and are cast back.
+_UPSERT_ENTITIES = _upsert_sql("entities", ENTITY_COLUMNS, _ENTITY_CASTS, "entity_id", array_as_text="aliases")
+_UPSERT_EDGES = _upsert_sql("memory_edges", EDGE_COLUMNS, _EDGE_CASTS, "edge_id")
+
+
+def _array_literal(values: Sequence[str]) -> str:
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
+def entity_from(r) -> EntityRow:
+    return EntityRow(**{**dict(r), "aliases": tuple(r["aliases"])})
+
+
+def edge_from(r) -> EdgeRow:
+    values = dict(r)
+    values["embedding"] = np.asarray(values["embedding"].to_numpy(), dtype="<f4").tobytes()
+    return EdgeRow(**values)
+
+
+async def load(conn, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Row]:
+    if not ids:
+        return {}
+    ids = list(set(ids))
+    out: dict[uuid.UUID, Row] = {}
+    for r in await conn.fetch(f"SELECT {', '.join(ENTITY_COLUMNS)} FROM entities WHERE entity_id = ANY($1::uuid[])", ids):
+        out[r["entity_id"]] = entity_from(r)
+    for r in await conn.fetch(f"SELECT {', '.join(EDGE_COLUMNS)} FROM memory_edges WHERE edge_id = ANY($1::uuid[])", ids):
+        out[r["edge_id"]] = edge_from(r)
+    return out
+
+
+async def load_user(conn, user_id: str) -> list[Row]:
+    """All of one user's entities and edges (formation's view of the graph)."""
+    ents = await conn.fetch(f"SELECT {', '.join(ENTITY_COLUMNS)} FROM entities WHERE user_id = $1", user_id)
+    edges = await conn.fetch(f"SELECT {', '.join(EDGE_COLUMNS)} FROM memory_edges WHERE user_id = $1", user_id)
+    return [entity_from(r) for r in ents] + [edge_from(r) for r in edges]
+
+
+async def upsert(conn, rows: Sequence[Row]) -> None:
+    entities = [r for r in rows if isinstance(r, EntityRow)]
+    # Closed edges first: the overlap constraint is deferred, but keep the natural order anyway.
+    edges = sorted((r for r in rows if isinstance(r, EdgeRow)), key=lambda e: e.valid_to is None)
+    if entities:
+        await conn.execute(_UPSERT_ENTITIES, *[
+            [_array_literal(e.aliases) if c == "aliases" else getattr(e, c) for e in entities] for c in ENTITY_COLUMNS])
+    if edges:
+        await conn.execute(_UPSERT_EDGES, *[
+            [Vector(np.frombuffer(e.embedding, dtype="<f4")) if c == "embedding" else getattr(e, c) for e in edges]
+            for c in EDGE_COLUMNS])
+
+
+class GraphStore:
+    name = "graph"
+
+    async def apply_batch(self, conn: asyncpg.Connection, decisions: Sequence[Decision], positions: pos.Positions) -> None:
+        async with conn.transaction():
+            state = await load(conn, [t for d in decisions for t in targets(d)])
+            changed = fold(state, decisions)
+            await upsert(conn, list(changed.values()))
+            await pos.save(conn, self.name, positions)

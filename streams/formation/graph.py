@@ -1,0 +1,176 @@
+"""Relationships: candidates -> entity and edge decisions (deterministic; no LLM after extraction).
+
+Per candidate: gate (explicit, or confidence >= MIN_COMMIT_CONFIDENCE) -> resolve the source and
+target entities by exact, case-insensitive name or alias within the user (the user is one entity,
+"I" / "me" / their name) -> canonical relation -> for a single-valued relation, close the current
+edge of (source, relation) when its target differs and open the new one; for a multi-valued one,
+open unless that exact edge is current; a negated candidate closes its edge.
+
+Intervals of a single-valued (source, relation) stay sequential by construction: a new edge never
+begins before the last one ended, which the database also enforces (exclusion constraint).
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Awaitable, Callable
+
+from memstream.llm.relations import MULTI_VALUED, USER, RelationCandidate, canonical, fact_sentence
+from memstream.projections.graph.core import EdgeRow, EntityRow, Row, fold
+from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated, TurnRecorded
+
+log = logging.getLogger("memstream.formation")
+
+MIN_COMMIT_CONFIDENCE = 0.7
+USER_NAMESPACE = uuid.UUID("6f1c2d0e-0b5e-4a43-9d0c-7b7e2a5f9a11")
+_USER_WORDS = {"i", "me", "myself", "user", "the user"}
+
+
+def user_entity_id(user_id: str) -> uuid.UUID:
+    """The user's own entity: one per user, whichever turn first needs it."""
+    return uuid.uuid5(USER_NAMESPACE, f"user:{user_id}")
+
+
+Loader = Callable[[str], Awaitable[list[Row]]]  # user -> entities and edges (current + closed)
+
+
+class GraphView:
+    """One user's entities and edges as the graph projection will hold them after this batch's
+    decisions: loaded once per user (from Postgres, or nothing for an in-memory backfill), then
+    folded with the projection's own pure core."""
+
+    def __init__(self, loader: Loader | None):
+        self._loader = loader
+        self.rows: dict[uuid.UUID, Row] = {}
+        self._loaded: set[str] = set()
+
+    async def ensure_user(self, user_id: str) -> None:
+        if user_id in self._loaded:
+            return
+        self._loaded.add(user_id)
+        if self._loader is not None:
+            for row in await self._loader(user_id):
+                key = row.entity_id if isinstance(row, EntityRow) else row.edge_id
+                self.rows.setdefault(key, row)
+
+    def apply(self, decision: Decision) -> None:
+        fold(self.rows, [decision])
+
+    def entity_named(self, user_id: str, name: str) -> EntityRow | None:
+        key = name.casefold()
+        found = [r for r in self.rows.values() if isinstance(r, EntityRow) and r.user_id == user_id and key in r.names()]
+        return min(found, key=lambda r: (r.recorded_at, r.entity_id)) if found else None
+
+    def edges(self, user_id: str, source: uuid.UUID, relation: str) -> list[EdgeRow]:
+        return [r for r in self.rows.values() if isinstance(r, EdgeRow) and r.user_id == user_id
+                and r.source_entity_id == source and r.relation == relation]
+
+
+@dataclass(frozen=True)
+class GraphContext:
+    turn: TurnRecorded
+    common: dict  # decision_id-free envelope fields: source_event_id, source, recorded_at, user_id
+    extractor: str
+
+
+class EdgeDecider:
+    """Builds the decisions for one turn's relation candidates; ``embed`` is called once for
+    all new fact sentences of the turn (through formation's cached embedder)."""
+
+    def __init__(self, ctx: GraphContext, view: GraphView):
+        self.ctx, self.view = ctx, view
+        self.decisions: list[Decision] = []
+        self._n = 0
+        self._pending: list[dict] = []  # EdgeOpened fields waiting for their embedding
+
+    def _id(self, kind: str) -> uuid.UUID:
+        self._n += 1
+        return uuid.uuid5(self.ctx.turn.event_id, f"{kind}:{self._n}")
+
+    def _emit(self, decision: Decision) -> None:
+        self.view.apply(decision)
+        self.decisions.append(decision)
+
+    def _base(self, reason: str) -> dict:
+        return {**self.ctx.common, "decision_id": self._id("graph"), "extractor": self.ctx.extractor, "reason": reason}
+
+    def _user(self) -> EntityRow:
+        uid = self.ctx.turn.user_id
+        eid = user_entity_id(uid)
+        if eid not in self.view.rows:
+            self._emit(EntityCreated(**self._base("the user"), entity_id=eid, name="the user", is_user=True))
+        return self.view.rows[eid]  # type: ignore[return-value]
+
+    def _entity(self, name: str) -> EntityRow:
+        if name.casefold() in _USER_WORDS:
+            return self._user()
+        found = self.view.entity_named(self.ctx.turn.user_id, name)
+        if found is not None:
+            return found
+        self._emit(EntityCreated(**self._base(f"first mention of {name!r}"), entity_id=self._id("entity"), name=name))
+        return self.view.entity_named(self.ctx.turn.user_id, name)  # type: ignore[return-value]
+
+    def alias(self, name: str) -> None:
+        """The user said their name: it becomes an alias of the user entity."""
+        user = self._user()
+        if name.casefold() not in user.names():
+            self._emit(AliasAdded(**self._base("the user gave their name"), entity_id=user.entity_id, alias=name))
+
+    def add(self, c: RelationCandidate) -> None:
+        if not (c.explicit or c.confidence >= MIN_COMMIT_CONFIDENCE):
+            log.info("GATE REFUSED edge %s %s %s for user %s: inferred with confidence %.2f < %.2f [event %s]",
+                     c.source, c.relation, c.target, self.ctx.turn.user_id, c.confidence, MIN_COMMIT_CONFIDENCE,
+                     self.ctx.turn.event_id)
+            return
+        relation = canonical(c.relation)
+        if relation == "is_named" and c.source == USER:
+            return self.alias(c.target)
+        source = self._entity(c.source)
+        target = self._entity(c.target) if c.target_is_entity else None
+        target_key = target.entity_id if target else c.target.casefold()
+        when = c.valid_at or self.ctx.turn.occurred_at
+        edges = self.view.edges(self.ctx.turn.user_id, source.entity_id, relation)
+        current = [e for e in edges if e.current]
+        same = [e for e in current if (e.target_entity_id or (e.target_value or "").casefold()) == target_key]
+        if c.negated:
+            for e in same:
+                self._emit(EdgeClosed(**self._base(f"user says {e.fact_sentence!r} is no longer true"),
+                                      edge_id=e.edge_id, valid_to=max(when, e.valid_from)))
+            return
+        if same:
+            return  # already true: nothing changes in the graph
+        multi = relation in MULTI_VALUED
+        if not multi:
+            for e in current:
+                self._emit(EdgeClosed(**self._base(f"{relation} changed to {c.target!r}"), edge_id=e.edge_id,
+                                      valid_to=max(when, e.valid_from)))
+            # Sequential intervals: never begin before the previous edge ended.
+            ended = [e.valid_to for e in self.view.edges(self.ctx.turn.user_id, source.entity_id, relation)
+                     if e.valid_to is not None]
+            when = max([when, *ended])
+        source_name = source.aliases[0] if source.is_user and source.aliases else ("The user" if source.is_user else source.name)
+        target_name = (target.aliases[0] if target.is_user and target.aliases else target.name) if target else c.target
+        fields = dict(
+            **self._base(f"{'explicit' if c.explicit else 'inferred'} statement, confidence {c.confidence:.2f}"),
+            edge_id=self._id("edge"), source_entity_id=source.entity_id, relation=relation,
+            target_entity_id=target.entity_id if target else None, target_value=None if target else c.target,
+            multi_valued=multi, valid_from=when, fact_sentence=fact_sentence(source_name, relation, target_name),
+            confidence=float(c.confidence), explicit=c.explicit)
+        self._pending.append(fields)
+        # Opened now (without its vector) so later candidates of this turn see it.
+        self._emit(EdgeOpened(**fields, embedding=b"", embedding_model=""))
+
+    def finish(self, vectors: dict[str, bytes], model: str) -> list[Decision]:
+        """Fill in the fact-sentence embeddings; returns the turn's decisions in order."""
+        done = []
+        for d in self.decisions:
+            if isinstance(d, EdgeOpened):
+                d = EdgeOpened(**{**{f: getattr(d, f) for f in d.__struct_fields__},
+                                  "embedding": vectors[d.fact_sentence], "embedding_model": model})
+            done.append(d)
+        return done
+
+    def sentences(self) -> list[str]:
+        return [f["fact_sentence"] for f in self._pending]

@@ -1,0 +1,137 @@
+"""The bi-temporal graph on the real stack: supersession, as-of on both axes, the overlap
+constraint, one-hop expansion, replay equality."""
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import asyncpg
+import pytest
+
+from memstream.embedding import default_embedder, minilm
+from memstream.llm import offline, offline_relations
+from memstream.projections.compare import diff_counts
+from memstream.projections.db import create_pool, drop_schema
+from memstream.read_client import MemoryReader
+from memstream.schemas.read_models import AsOf
+from memstream.streams.replay import replay
+
+from .test_formation import append_and_wait, turn
+from .helpers import BASE
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return default_embedder()
+
+
+@pytest.fixture
+async def reader(dsn, settings, embedder):
+    r = MemoryReader(pool=await create_pool(dsn, settings.postgres_schema), redis=None, embedder=embedder,
+                     schema=settings.postgres_schema, edge_candidates=1)
+    yield r
+    await r.close()
+
+
+async def edges(conn, user):
+    return await conn.fetch(
+        "SELECT e.relation, t.name AS target, e.valid_from, e.valid_to, e.recorded_at, e.closed_at FROM memory_edges e "
+        "LEFT JOIN entities t ON t.entity_id = e.target_entity_id WHERE e.user_id = $1 ORDER BY e.valid_from", user)
+
+
+async def test_a_new_employer_closes_the_old_edge_and_both_answer_as_of_their_time(settings, conn, workers, reader):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("hal", "I work at Acme.", 0)])
+    between = datetime.now(timezone.utc)
+    await asyncio.sleep(0.05)
+    await append_and_wait(settings, conn, [turn("hal", "I just joined Globex!", 60 * 24 * 90)])
+    rows = await edges(conn, "hal")
+    assert [(r["target"], r["valid_to"] is None) for r in rows] == [("Acme", False), ("Globex", True)]
+    acme, globex = rows
+    assert acme["valid_from"] == BASE and acme["valid_to"] == globex["valid_from"] == BASE + timedelta(days=90)
+    assert acme["closed_at"] == globex["recorded_at"]
+
+    async def works_at(as_of):
+        ctx = await reader.read("hal", "c1", "where do I work?", as_of=as_of)
+        return [e.target for e in ctx.edges if e.relation == "works_at"]
+
+    assert await works_at(None) == ["Globex"]
+    assert await works_at(AsOf(valid_time=BASE + timedelta(days=30))) == ["Acme"]            # true then
+    assert await works_at(AsOf(valid_time=BASE + timedelta(days=120))) == ["Globex"]         # true later
+    assert await works_at(AsOf(valid_time=BASE - timedelta(days=1))) == []                   # before either
+    # What we believed between the two turns: Acme, open-ended — the switch was not yet recorded.
+    assert await works_at(AsOf(valid_time=BASE + timedelta(days=120), recorded_time=between)) == ["Acme"]
+    timeline = await reader.timeline("hal", (await conn.fetchval("SELECT entity_id FROM entities WHERE user_id='hal' AND is_user")), "employed_by")
+    assert [e.target for e in timeline] == ["Acme", "Globex"]
+
+
+async def test_managed_by_and_has_manager_supersede_rather_than_duplicate(settings, conn, workers):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("ivy", "My manager is David.", 0), turn("ivy", "Sara is my new boss.", 60)])
+    rows = await edges(conn, "ivy")
+    assert [(r["relation"], r["target"], r["valid_to"] is None) for r in rows] == [
+        ("managed_by", "David", False), ("managed_by", "Sara", True)]
+
+
+async def test_the_database_rejects_overlapping_intervals_for_a_single_valued_relation(settings, conn, workers):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("jo", "I work at Acme.", 0)])
+    edge = await conn.fetchrow("SELECT * FROM memory_edges WHERE user_id = 'jo'")
+    copy = dict(edge)
+    copy.update(edge_id=__import__("uuid").uuid4(), target_entity_id=None, target_value="Globex",
+                valid_from=edge["valid_from"] + timedelta(days=10))
+    cols = [c for c in copy if c != "tsv"]
+    with pytest.raises(asyncpg.ExclusionViolationError):
+        async with conn.transaction():
+            await conn.execute(f"INSERT INTO memory_edges ({', '.join(cols)}) VALUES ({', '.join(f'${i + 1}' for i in range(len(cols)))})",
+                               *[copy[c] for c in cols])
+    # Multi-valued relations may overlap: two children at once is fine.
+    await append_and_wait(settings, conn, [turn("jo", "My daughter Lily and my son Leo are home.", 5)])
+    assert await conn.fetchval("SELECT count(*) FROM memory_edges WHERE user_id='jo' AND relation='has_child' AND valid_to IS NULL") == 2
+
+
+async def test_one_hop_expansion_surfaces_a_connected_fact_ranked_below_the_direct_match(settings, conn, workers, reader):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("kim", "My sister Ana works at Google.", 0), turn("kim", "I live in Oslo.", 1)])
+    ctx = await reader.read("kim", "c1", "tell me about my sister")
+    assert ctx.edges[0].fact_sentence == "The user has a sibling named Ana" and ctx.edges[0].hop == 0
+    hop = next(e for e in ctx.edges if e.fact_sentence == "Ana works at Google")
+    assert hop.hop == 1 and hop.score < ctx.edges[0].score
+    assert ctx.edges.index(hop) > 0
+
+
+async def test_replaying_the_graph_equals_the_live_tables_without_any_llm(settings, conn, dsn, workers, monkeypatch):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [
+        turn("lu", "Hi, my name is Lu. I work at Acme and live in Lisbon.", 0),
+        turn("lu", "My manager is David.", 1), turn("lu", "David works at Acme.", 2),
+        turn("lu", "I just joined Globex!", 3), turn("lu", "I report to Priya now.", 4),
+        turn("lu", "My friend Bo and my friend Cy.", 5),
+    ])
+    w.stop()
+
+    def forbidden(*a, **k):
+        raise AssertionError("replay must not call an LLM client or the embedder")
+
+    monkeypatch.setattr(offline_relations.OfflineRelationExtractor, "extract", forbidden)
+    monkeypatch.setattr(offline.OfflineExtractor, "extract", forbidden)
+    monkeypatch.setattr(minilm.MiniLMOnnx, "embed", forbidden)
+    target = settings.postgres_schema + "_graph_rebuilt"
+    try:
+        report = await replay(settings, dsn, target, ["graph"])
+        assert report.rows["graph"] >= 6
+        for table in ("entities", "memory_edges"):
+            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0)
+    finally:
+        await drop_schema(dsn, target)
+    names = await conn.fetchval("SELECT aliases FROM entities WHERE user_id='lu' AND is_user")
+    assert names == ["Lu"]
+    sentences = {r["fact_sentence"] for r in await conn.fetch("SELECT fact_sentence FROM memory_edges WHERE user_id='lu' AND valid_to IS NULL")}
+    assert {"Lu works at Globex", "Lu is managed by Priya", "David works at Acme", "Lu lives in Lisbon"} <= sentences

@@ -1,0 +1,106 @@
+"""The graph's pure core and edge decisions: supersession across phrasings, multi-valued
+relations, negation, sequential intervals, and the user as one entity."""
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from memstream.llm.relations import RelationCandidate, canonical, fact_sentence
+from memstream.projections.graph.core import EdgeRow, EntityRow, MissingGraphTarget, apply
+from memstream.schemas import EdgeClosed, EdgeOpened, EntityCreated, LogPosition, TurnRecorded
+from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView, user_entity_id
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def turn_at(days):
+    return TurnRecorded.new(user_id="u", conversation_id="c", user_message="x", assistant_message="y",
+                            occurred_at=T0 + timedelta(days=days))
+
+
+def decide(view, days, *cands):
+    t = turn_at(days)
+    ctx = GraphContext(turn=t, extractor="x", common=dict(source_event_id=t.event_id, source=LogPosition("e", 0, days),
+                                                           recorded_at=t.occurred_at, user_id="u"))
+    d = EdgeDecider(ctx, view)
+    for c in cands:
+        d.add(c)
+    return d.finish({s: b"\0" * 1536 for s in d.sentences()}, "m")
+
+
+def rel(relation, target, source="I", **kw):
+    return RelationCandidate(source, relation, target, True, kw.pop("confidence", 0.9), kw.pop("explicit", True), **kw)
+
+
+def current(view):
+    return sorted((r.relation, r.target_entity_id and view.rows[r.target_entity_id].name, r.valid_from.date().isoformat())
+                  for r in view.rows.values() if isinstance(r, EdgeRow) and r.current)
+
+
+def test_synonymous_phrasings_map_to_one_canonical_relation():
+    assert {canonical(r) for r in ("managed_by", "has_manager", "Reports To", "boss")} == {"managed_by"}
+    assert {canonical(r) for r in ("works_at", "employed_by", "works-for")} == {"works_at"}
+    assert canonical("plays_chess_with") == "plays_chess_with"
+    assert fact_sentence("Maria", "works_at", "Acme Corp") == "Maria works at Acme Corp"
+
+
+def test_a_new_target_closes_the_current_single_valued_edge_and_opens_the_next():
+    view = GraphView(None)
+    decide(view, 0, rel("works_at", "Acme"))
+    out = decide(view, 30, rel("employed_by", "Globex"))
+    assert [type(d) for d in out] == [EntityCreated, EdgeClosed, EdgeOpened]
+    assert current(view) == [("works_at", "Globex", "2026-01-31")]
+    closed = [r for r in view.rows.values() if isinstance(r, EdgeRow) and not r.current]
+    assert [(view.rows[c.target_entity_id].name, c.valid_to) for c in closed] == [("Acme", T0 + timedelta(days=30))]
+
+
+def test_the_same_edge_said_again_changes_nothing_and_the_user_is_one_entity():
+    view = GraphView(None)
+    decide(view, 0, rel("managed_by", "David"))
+    assert decide(view, 1, rel("has_manager", "david")) == []
+    users = [r for r in view.rows.values() if isinstance(r, EntityRow) and r.is_user]
+    assert [u.entity_id for u in users] == [user_entity_id("u")]
+
+
+def test_multi_valued_relations_keep_concurrent_edges():
+    view = GraphView(None)
+    decide(view, 0, rel("has_child", "Lily"), rel("friend_of", "Ana"))
+    decide(view, 1, rel("has_daughter", "Mia"), rel("friend_of", "Bo"))
+    assert [c[:2] for c in current(view)] == [("friend_of", "Ana"), ("friend_of", "Bo"), ("has_child", "Lily"), ("has_child", "Mia")]
+
+
+def test_a_negation_closes_only_its_edge():
+    view = GraphView(None)
+    decide(view, 0, rel("works_at", "Initech"), rel("lives_in", "Oslo"))
+    out = decide(view, 5, rel("works_at", "Initech", negated=True))
+    assert [type(d) for d in out] == [EdgeClosed]
+    assert [c[0] for c in current(view)] == ["lives_in"]
+
+
+def test_a_backdated_edge_never_starts_before_the_previous_one_ended():
+    view = GraphView(None)
+    decide(view, 0, rel("works_at", "Acme"))
+    decide(view, 10, rel("works_at", "Globex"))
+    decide(view, 20, rel("works_at", "Hooli", valid_at=T0 + timedelta(days=2)))  # "I joined Hooli in January"
+    edges = sorted((r for r in view.rows.values() if isinstance(r, EdgeRow)), key=lambda e: e.valid_from)
+    for a, b in zip(edges, edges[1:]):
+        assert a.valid_to is not None and a.valid_to <= b.valid_from
+
+
+def test_inferred_low_confidence_candidates_do_not_commit():
+    view = GraphView(None)
+    assert decide(view, 0, rel("works_at", "Acme", explicit=False, confidence=0.5)) == []
+
+
+def test_the_users_name_becomes_an_alias_used_in_later_sentences():
+    view = GraphView(None)
+    decide(view, 0, rel("is_named", "Maria"))
+    out = decide(view, 1, rel("works_at", "Acme"))
+    assert [d.fact_sentence for d in out if isinstance(d, EdgeOpened)] == ["Maria works at Acme"]
+
+
+def test_closing_an_unknown_edge_is_refused():
+    t = turn_at(0)
+    with pytest.raises(MissingGraphTarget):
+        apply({}, EdgeClosed(decision_id=uuid.uuid4(), source_event_id=t.event_id, source=LogPosition("e", 0, 0),
+                             recorded_at=T0, user_id="u", extractor="x", reason="r", edge_id=uuid.uuid4(), valid_to=T0))
