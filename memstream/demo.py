@@ -42,6 +42,8 @@ SCRIPT: dict[str, list[tuple[int, list[tuple[str, str]]]]] = {
                "Prenzlauer Berg and Tempelhof have great parks for dogs.")]),
         (75, [("I moved to Berlin last week, our flat is right next to Tempelhof field.",
                "Welcome to Berlin! Rex must love the field."),
+              ("I just joined Zalando as a data engineer, my manager is Jonas.",
+               "Congratulations on the new job!"),
               ("I'm allergic to peanuts, as you know. Any good restaurants nearby?",
                "Try the Vietnamese places on Kottbusser Damm, they can cook without peanuts.")]),
     ],
@@ -70,7 +72,7 @@ SCRIPT: dict[str, list[tuple[int, list[tuple[str, str]]]]] = {
 }
 
 QUESTIONS = {
-    "maria": ["Where do I live now?", "What should I cook for dinner?", "How is Rex doing?"],
+    "maria": ["Where do I live now?", "Who is my manager?", "What should I cook for dinner?", "How is Rex doing?"],
     "tom": ["Any ideas for Lily's next birthday?", "How is the Japanese going?"],
     "aisha": ["Can I run the long route this Sunday?", "Recommend me a book"],
 }
@@ -108,6 +110,12 @@ def _show(ctx, question: str) -> None:
     for i, f in enumerate(ctx.facts[:5], 1):
         seen = f", seen {f.observation_count}x" if f.observation_count > 1 else ""
         click.echo(f"     {i}. [{f.score:.2f}] {f.text}  ({f.category}, confidence {f.confidence:.2f}{seen})")
+    if ctx.edges:
+        click.echo("   relationships:")
+        for e in ctx.edges[:4]:
+            until = f"until {e.valid_to:%Y-%m-%d}" if e.valid_to else "now"
+            via = "  (one hop)" if e.hop else ""
+            click.echo(f"     · [{e.score:.2f}] {e.fact_sentence}  ({e.valid_from:%Y-%m-%d} → {until}){via}")
     click.echo("   ranked episodes:")
     for i, e in enumerate(ctx.episodes, 1):
         click.echo(f"     {i}. [{e.score:.2f} {'+'.join(e.channels):<14}] {e.occurred_at:%Y-%m-%d} "
@@ -123,6 +131,18 @@ async def _show_history(reader, user: str, attribute: str) -> None:
         until = f"until {v.valid_to:%Y-%m-%d}" if v.valid_to else "until now"
         click.echo(f"     v{v.version} {v.text:<22} {v.status:<10} true from {v.valid_from:%Y-%m-%d} {until}; "
                    f"recorded because: {v.reason}" + (f"; ended because: {v.end_reason}" if v.end_reason else ""))
+
+
+async def _show_as_of(reader, user: str) -> None:
+    from memstream.schemas.read_models import AsOf
+
+    click.secho(f"\n── {user}'s employer, as of two dates (bi-temporal graph: closed edges keep their interval)", bold=True)
+    for when in (START + timedelta(days=10), START + timedelta(days=80)):
+        ctx = await reader.read(user, "as-of", "where do I work?", as_of=AsOf(valid_time=when))
+        works = [e for e in ctx.edges if e.relation == "works_at"]
+        click.echo(f"     {when:%Y-%m-%d}: " + (", ".join(f"{e.fact_sentence} ({e.valid_from:%Y-%m-%d} → "
+                   f"{e.valid_to:%Y-%m-%d})" if e.valid_to else f"{e.fact_sentence} (since {e.valid_from:%Y-%m-%d})"
+                   for e in works) or "nothing known"))
 
 
 async def run_demo(base: Settings, users: int = 3) -> None:
@@ -171,6 +191,7 @@ async def run_demo(base: Settings, users: int = 3) -> None:
                         raise click.ClickException(f"the worker did not project {user}'s turns; see {worker.log_path}")
                     _show(ctx, question)
             await _show_history(reader, "maria", "home")
+            await _show_as_of(reader, "maria")
         finally:
             await reader.close()
     click.secho(f"\nDone. The stack is still running (memstream stack status / memstream stack down); "

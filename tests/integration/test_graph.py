@@ -135,3 +135,19 @@ async def test_replaying_the_graph_equals_the_live_tables_without_any_llm(settin
     assert names == ["Lu"]
     sentences = {r["fact_sentence"] for r in await conn.fetch("SELECT fact_sentence FROM memory_edges WHERE user_id='lu' AND valid_to IS NULL")}
     assert {"Lu works at Globex", "Lu is managed by Priya", "David works at Acme", "Lu lives in Lisbon"} <= sentences
+
+
+async def test_neighbourhoods_walk_one_or_two_hops_over_current_edges(settings, conn, workers):
+    from memstream.projections.graph import query as graph_q
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("mo", "My sister Ana works at Google.", 0),
+                                           turn("mo", "Ana lives in Zurich.", 1), turn("mo", "I work at Acme.", 2)])
+    me = await conn.fetchval("SELECT entity_id FROM entities WHERE user_id='mo' AND is_user")
+    one = {r["name"]: r["depth"] for r in await graph_q.neighbourhood(conn, "mo", me, hops=1)}
+    two = {r["name"]: r["depth"] for r in await graph_q.neighbourhood(conn, "mo", me, hops=2)}
+    assert one == {"Ana": 1, "Acme": 1}
+    assert two == {"Ana": 1, "Acme": 1, "Google": 2, "Zurich": 2}
+    with pytest.raises(ValueError):
+        await graph_q.neighbourhood(conn, "mo", me, hops=3)

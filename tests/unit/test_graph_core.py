@@ -104,3 +104,17 @@ def test_closing_an_unknown_edge_is_refused():
     with pytest.raises(MissingGraphTarget):
         apply({}, EdgeClosed(decision_id=uuid.uuid4(), source_event_id=t.event_id, source=LogPosition("e", 0, 0),
                              recorded_at=T0, user_id="u", extractor="x", reason="r", edge_id=uuid.uuid4(), valid_to=T0))
+
+
+@pytest.mark.parametrize("sentence, triple", [
+    ("I live in Lisbon and work as a data engineer at Acme Corp.", ("I", "works_at", "Acme Corp")),
+    ("I report to Priya now.", ("I", "reports_to", "Priya")),
+    ("Jonas is my manager.", ("I", "has_manager", "Jonas")),
+    ("My brother Tom works for Hooli.", ("Tom", "works_at", "Hooli")),
+    ("Hey, I'm Dana.", ("I", "is_named", "Dana")),
+])
+def test_offline_relations_read_triples_from_plain_sentences(sentence, triple):
+    from memstream.llm.offline_relations import extract_relations
+
+    t = TurnRecorded.new(user_id="u", conversation_id="c", user_message=sentence, assistant_message="ok", occurred_at=T0)
+    assert triple in {(c.source, c.relation, c.target) for c in extract_relations(t)}
