@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from datetime import datetime, timezone
@@ -106,6 +107,7 @@ class MemoryReader:
         ctx.episodes = [
             RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
                                                          "user_message", "assistant_message")},
+                          metadata=_json(s.cand.row["metadata"]),
                           score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
                           channels=s.cand.channels)
             for s in ranked[:k]
@@ -220,6 +222,10 @@ class MemoryReader:
         """Every version of the fact's lineage, oldest first: what was believed, when and why."""
         rows = await facts_q.history(self._pool, user_id, fact_id)
         return [FactVersion(**{k: r[k] for k in FactVersion.model_fields}) for r in rows]
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def _edge(r, *, hop: int, score: float, similarity: float | None = None) -> RankedEdge:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -24,6 +25,7 @@ class RankedEpisode(BaseModel):
     occurred_at: datetime
     user_message: str
     assistant_message: str
+    metadata: dict[str, Any] | None = None
     score: float
     relevance: float
     recency: float

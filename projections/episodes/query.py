@@ -6,7 +6,7 @@ from typing import Sequence
 import asyncpg
 import numpy as np
 
-_COLS = "episode_id, conversation_id, occurred_at, user_message, assistant_message"
+_COLS = "episode_id, conversation_id, occurred_at, user_message, assistant_message, metadata"
 
 # relaxed_order iterative scans may return rows slightly out of order: re-sort outside.
 _NEAREST = f"""
