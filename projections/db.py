@@ -20,19 +20,14 @@ async def _init(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
 
 
-async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 8) -> asyncpg.Pool:
+async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 8,
+                      statement_timeout_ms: int | None = None) -> asyncpg.Pool:
     """A pool bound to ``schema``; pgvector types registered; iterative HNSW scans on, so a
     per-user filter after the index scan still returns the k rows asked for (pgvector >= 0.8)."""
-    return await asyncpg.create_pool(
-        dsn,
-        min_size=min_size,
-        max_size=max_size,
-        init=_init,
-        server_settings={
-            "search_path": f"{_quote(schema)}, public",
-            "hnsw.iterative_scan": "relaxed_order",
-        },
-    )
+    settings = {"search_path": f"{_quote(schema)}, public", "hnsw.iterative_scan": "relaxed_order"}
+    if statement_timeout_ms is not None:
+        settings["statement_timeout"] = str(statement_timeout_ms)
+    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init, server_settings=settings)
 
 
 def _migrations() -> list[tuple[int, str, str]]:

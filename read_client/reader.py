@@ -15,10 +15,16 @@ from memstream.embedding import Embedder, default_embedder
 from memstream.projections import db, session_cache
 from memstream.projections.episodes import query as episodes_q
 from memstream.projections.facts import query as facts_q
+from memstream.projections.commands import query as commands_q
 from memstream.projections.graph import query as graph_q
+from memstream.projections.profile import store as profile_store
+from memstream.read_client.budget import Budgets, TokenCounter, pack
+from memstream.read_client.gate import needs_retrieval
+from memstream.read_client.render import edge_line, episode_line, render_context
 from memstream.read_client.fusion import EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse, rerank
 from memstream.schemas import LogPosition
-from memstream.schemas.read_models import AsOf, FactVersion, MemoryContext, RankedEdge, RankedEpisode, RankedFact, Turn
+from memstream.schemas.read_models import (AsOf, FactVersion, MemoryContext, RankedEdge, RankedEpisode, RankedFact,
+                                           Reminder, Turn)
 
 log = logging.getLogger("memstream.read")
 
@@ -44,16 +50,20 @@ class MemoryReader:
 
     def __init__(self, *, pool: asyncpg.Pool, redis: aioredis.Redis | None, embedder: Embedder,
                  schema: str, tier0_turns: int = 20, episode_weights: Weights = EPISODE_WEIGHTS,
-                 fact_weights: Weights = FACT_WEIGHTS, edge_candidates: int = EDGE_CANDIDATES):
-        self._edge_candidates = edge_candidates
+                 fact_weights: Weights = FACT_WEIGHTS, edge_candidates: int = EDGE_CANDIDATES,
+                 budgets: Budgets = Budgets()):
+        self._edge_candidates, self._budgets = edge_candidates, budgets
+        self._tokens = TokenCounter()
         self._pool, self._redis, self._embedder = pool, redis, embedder
         self._schema, self._tier0 = schema, tier0_turns
         self._episode_weights, self._fact_weights = episode_weights, fact_weights
         self._epoch: int | None = None
+        self._profile_epoch: int | None = None
 
     @classmethod
     async def connect(cls, settings, dsn: str, *, embedder: Embedder | None = None) -> MemoryReader:
-        pool = await db.create_pool(dsn, settings.postgres_schema, min_size=2, max_size=8)
+        # A read has a latency budget: a statement stuck behind a lock fails its channel, not the read.
+        pool = await db.create_pool(dsn, settings.postgres_schema, min_size=2, max_size=8, statement_timeout_ms=1000)
         redis = aioredis.from_url(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
         return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.embed_threads),
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns)
@@ -66,7 +76,8 @@ class MemoryReader:
     async def read(self, user_id: str, conversation_id: str, message: str, *,
                    after: LogPosition | None = None, k: int = 5, k_facts: int = 10, k_edges: int = 8,
                    wait_timeout: float = 5.0, now: datetime | None = None,
-                   as_of: AsOf | datetime | None = None) -> MemoryContext:
+                   as_of: AsOf | datetime | None = None, identity_id: str | None = None,
+                   budgets: Budgets | None = None) -> MemoryContext:
         if not user_id or not conversation_id:
             raise ValueError("user_id and conversation_id are required")
         if k < 1:
@@ -91,16 +102,32 @@ class MemoryReader:
             timings["embed"] = (time.perf_counter() - t) * 1000
             return vec
 
-        embedding = asyncio.ensure_future(embedded())
         degraded: list[str] = []
-        recent, vector, keyword, fact_vec, fact_kw, edges = await asyncio.gather(
+        always = [
             self._channel("recent_turns", degraded, timings, self._recent_turns, user_id, conversation_id),
-            self._channel("episodes_vector", degraded, timings, self._nearest, episodes_q, user_id, embedding),
-            self._channel("episodes_keyword", degraded, timings, self._keyword, episodes_q, user_id, message),
-            self._channel("facts_vector", degraded, timings, self._nearest, facts_q, user_id, embedding),
-            self._channel("facts_keyword", degraded, timings, self._keyword, facts_q, user_id, message),
-            self._channel("edges", degraded, timings, self._edges, user_id, embedding, as_of, k_edges),
-        )
+            self._channel("profile", degraded, timings, self._profile, user_id),
+            self._channel("person_identity", degraded, timings, self._q, commands_q.person_identity, user_id),
+            self._channel("due_reminders", degraded, timings, self._q, commands_q.due_reminders, user_id, now),
+        ]
+        if identity_id is not None:
+            always.append(self._channel("expert_identity", degraded, timings, self._q, commands_q.expert_identity, identity_id))
+        ctx.gated = not needs_retrieval(message)
+        tier2 = []
+        if not ctx.gated:
+            embedding = asyncio.ensure_future(embedded())
+            tier2 = [
+                self._channel("episodes_vector", degraded, timings, self._nearest, episodes_q, user_id, embedding),
+                self._channel("episodes_keyword", degraded, timings, self._keyword, episodes_q, user_id, message),
+                self._channel("facts_vector", degraded, timings, self._nearest, facts_q, user_id, embedding),
+                self._channel("facts_keyword", degraded, timings, self._keyword, facts_q, user_id, message),
+                self._channel("edges", degraded, timings, self._edges, user_id, embedding, as_of, k_edges),
+            ]
+        results = await asyncio.gather(*always, *tier2)
+        recent, profile, person, reminders = results[:4]
+        expert = results[4] if identity_id is not None else None
+        vector, keyword, fact_vec, fact_kw, edges = results[len(always):] if tier2 else [None] * 5
+        ctx.profile, ctx.person_identity, ctx.expert_identity = profile or {}, person, expert
+        ctx.due_reminders = [Reminder(**r) for r in reminders or []]
         ctx.recent_turns = recent or []
         ranked = rerank(fuse({"vector": vector or [], "keyword": keyword or []}, "episode_id"),
                         now, self._episode_weights, n_channels=2)
@@ -123,12 +150,20 @@ class MemoryReader:
             for s in facts[:k_facts]
         ]
         ctx.edges = edges or []
+        b = budgets or self._budgets
+        ctx.facts, facts_used = pack(ctx.facts, lambda f: f.text, b.facts, self._tokens)
+        ctx.episodes, episodes_used = pack(ctx.episodes, episode_line, b.episodes, self._tokens)
+        ctx.edges, edges_used = pack(ctx.edges, edge_line, b.edges, self._tokens)
+        ctx.tokens = {"facts": facts_used, "episodes": episodes_used, "edges": edges_used}
         ctx.degraded = degraded
         timings["total"] = (time.perf_counter() - t0) * 1000
         ctx.timings_ms = {name: round(ms, 3) for name, ms in timings.items()}
-        log.debug("read %s/%s: %d recent turns, %d facts, %d episodes, %d edges, degraded=%s, %.1f ms", user_id,
-                  conversation_id, len(ctx.recent_turns), len(ctx.facts), len(ctx.episodes), len(ctx.edges), degraded,
-                  timings["total"])
+        log.debug("read %s/%s: gated=%s profile=%d recent=%d facts=%d episodes=%d edges=%d reminders=%d "
+                  "identity=%s/%s degraded=%s %.1f ms", user_id, conversation_id, ctx.gated, len(ctx.profile),
+                  len(ctx.recent_turns), len(ctx.facts), len(ctx.episodes), len(ctx.edges), len(ctx.due_reminders),
+                  ctx.person_identity is not None, ctx.expert_identity is not None, degraded, timings["total"])
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("memory prompt for %s/%s:\n%s", user_id, conversation_id, render_context(ctx))
         return ctx
 
     async def _channel(self, name: str, degraded: list[str], timings: dict[str, float],
@@ -172,6 +207,19 @@ class MemoryReader:
                 log.exception("tier 0 cache unavailable; reading recent turns from Postgres")
         rows = await episodes_q.recent(self._pool, user_id, conversation_id, self._tier0)
         return [Turn(**{k: r[k] for k in Turn.model_fields}) for r in rows]
+
+    async def _q(self, fn, *args):
+        async with self._pool.acquire() as conn:
+            return await fn(conn, *args)
+
+    async def _profile(self, user_id: str) -> dict:
+        if self._profile_epoch is None:
+            self._profile_epoch = await self._pool.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'profile'")
+        try:
+            return await profile_store.read(self._redis, self._pool, self._schema, self._profile_epoch, user_id)
+        except Exception:
+            log.exception("tier 1 cache unavailable; reading the profile from Postgres")
+            return await profile_store.read(None, self._pool, self._schema, self._profile_epoch, user_id)
 
     async def _nearest(self, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
         vec = await embedding

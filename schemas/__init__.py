@@ -11,6 +11,12 @@ from memstream.schemas.events import (
     EntityCreated,
     EpisodeRecorded,
     Event,
+    ExpertIdentityDeleted,
+    ExpertIdentityUpserted,
+    PersonIdentitySet,
+    ReminderResolved,
+    ReminderScheduled,
+    SYSTEM_USER,
     GraphDecision,
     FactAdded,
     FactChangeDeferred,
@@ -25,6 +31,8 @@ from memstream.schemas.events import (
 from memstream.schemas.codec import decode_decision, decode_event, encode
 
 __all__ = [
+    "ExpertIdentityDeleted", "ExpertIdentityUpserted", "PersonIdentitySet", "ReminderResolved",
+    "ReminderScheduled", "SYSTEM_USER",
     "AliasAdded", "EdgeClosed", "EdgeOpened", "EntityCreated", "GraphDecision",
     "Decision", "EpisodeRecorded", "FactAdded", "FactChangeDeferred", "FactDecision", "FactDeleted",
     "FactReinforced", "FactUpdated", "Event", "InvalidEvent", "LogPosition", "TurnRecorded",

@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from datetime import datetime
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 
@@ -108,6 +108,74 @@ class TurnRecorded(Event, tag="TurnRecorded", kw_only=True, frozen=True):
             assistant_message=assistant_message,
             metadata=metadata,
         )
+
+
+SYSTEM_USER = "__memstream__"  # the log key of host-wide commands (expert identities)
+ReminderStatus = Literal["done", "dismissed"]
+
+
+class ReminderScheduled(Event, tag="ReminderScheduled", kw_only=True, frozen=True):
+    """Prospective memory: remind the user of ``text`` from ``due_at`` on, until resolved."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    reminder_id: uuid.UUID
+    text: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+    due_at: datetime
+
+    def __post_init__(self) -> None:
+        _check_envelope(self)
+        if self.due_at.tzinfo is None:
+            raise InvalidEvent("due_at must carry a timezone offset", "$.due_at")
+
+    @classmethod
+    def new(cls, *, user_id: str, text: str, due_at: datetime, conversation_id: str | None = None,
+            occurred_at: datetime | None = None) -> ReminderScheduled:
+        from datetime import timezone
+
+        event_id = new_event_id()
+        return cls(event_id=event_id, user_id=user_id, conversation_id=conversation_id,
+                   occurred_at=occurred_at or datetime.now(timezone.utc),
+                   reminder_id=uuid.uuid5(event_id, "reminder"), text=text, due_at=due_at)
+
+
+class ReminderResolved(Event, tag="ReminderResolved", kw_only=True, frozen=True):
+    """The reminder was done or dismissed: it stops being returned."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    reminder_id: uuid.UUID
+    status: ReminderStatus
+
+
+IdentityAttributes = dict[str, MetadataValue]
+
+
+class PersonIdentitySet(Event, tag="PersonIdentitySet", kw_only=True, frozen=True):
+    """The host's durable record of who the user is (display name, tone, language...); replaces
+    the previous one. Not derived from conversation: the host writes it on purpose."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    attributes: IdentityAttributes
+
+
+class ExpertIdentityUpserted(Event, tag="ExpertIdentityUpserted", kw_only=True, frozen=True):
+    """A host-authored persona, selected explicitly per read (``identity_id``). Logged under
+    ``user_id = SYSTEM_USER``: expert identities are host-wide, not a user's memory."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    identity_id: Id
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    instructions: Annotated[str, msgspec.Meta(max_length=20_000)]
+    attributes: IdentityAttributes | None = None
+
+
+class ExpertIdentityDeleted(Event, tag="ExpertIdentityDeleted", kw_only=True, frozen=True):
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    identity_id: Id
 
 
 class Decision(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
@@ -269,7 +337,9 @@ class EdgeClosed(GraphDecision, tag="EdgeClosed", kw_only=True, frozen=True):
     valid_to: datetime
 
 
-EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded,)
+EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded, ReminderScheduled, ReminderResolved, PersonIdentitySet,
+                                         ExpertIdentityUpserted, ExpertIdentityDeleted)
+COMMAND_TYPES = EVENT_TYPES[1:]
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
                                                FactReinforced, FactChangeDeferred, EntityCreated, AliasAdded,
                                                EdgeOpened, EdgeClosed)

@@ -71,6 +71,14 @@ class RankedEdge(BaseModel):
     similarity: float
 
 
+class Reminder(BaseModel):
+    """A pending reminder whose time has come (prospective memory)."""
+
+    reminder_id: uuid.UUID
+    text: str
+    due_at: datetime
+
+
 class AsOf(BaseModel):
     """A bi-temporal point: ``valid_time`` — what was true then; ``recorded_time`` — as we
     believed it then. ``recorded_time`` defaults to now (what we know today about the past);
@@ -110,6 +118,11 @@ class MemoryContext(BaseModel):
     user_id: str
     conversation_id: str
     message: str
+    gated: bool = Field(False, description="the retrieval gate skipped the embedding and Tier 2 channels")
+    profile: dict[str, Any] = Field(default_factory=dict, description="Tier 1: always injected")
+    person_identity: dict[str, Any] | None = None
+    expert_identity: dict[str, Any] | None = None
+    due_reminders: list[Reminder] = Field(default_factory=list)
     recent_turns: list[Turn] = Field(default_factory=list)
     facts: list[RankedFact] = Field(default_factory=list)
     edges: list[RankedEdge] = Field(default_factory=list)
@@ -118,3 +131,4 @@ class MemoryContext(BaseModel):
     caught_up: bool = True
     as_of: AsOf | None = None
     timings_ms: dict[str, float] = Field(default_factory=dict)
+    tokens: dict[str, int] = Field(default_factory=dict, description="tokens used per budgeted section")

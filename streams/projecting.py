@@ -17,7 +17,11 @@ from memstream.projections.facts.core import MissingTarget
 from memstream.projections.facts.store import FactStore
 from memstream.projections.graph.core import MissingGraphTarget
 from memstream.projections.graph.store import GraphStore
-from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, decode_decision
+from memstream.projections.commands.core import UnknownReminder
+from memstream.projections.commands.store import CommandStore
+from memstream.projections.profile import store as profile_store
+from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, decode_decision, decode_event
+from memstream.schemas.events import COMMAND_TYPES
 from memstream.streams.formation.step import next_offsets
 from memstream.streams.records import Record
 
@@ -101,31 +105,39 @@ class EpisodesProjection:
 
 
 class _DecisionProjection:
-    """Applies one family of decisions with its store; undecodable records were dead-lettered by
-    the episodes step. A decision naming a row the store lacks is dead-lettered, the rest applied."""
+    """Applies one family of records with its store; undecodable records are dead-lettered by the
+    step that owns their topic (episodes for decisions, formation for events). A record naming a
+    row the store lacks is dead-lettered, the rest applied."""
 
     name: str
     kinds: tuple[type, ...]
     missing: type[Exception]
 
-    def __init__(self, *, pool: asyncpg.Pool, dead_letters):
-        self._pool, self._dead = pool, dead_letters
+    decode = staticmethod(decode_decision)
+
+    def __init__(self, *, pool: asyncpg.Pool, dead_letters, redis=None, schema: str | None = None):
+        self._pool, self._dead, self._redis, self._schema = pool, dead_letters, redis, schema
         self._store = self.store()
 
     async def process(self, records: list[Record]) -> None:
         decisions = []
         for r in records:
             try:
-                d = decode_decision(r.value or b"")
+                d = self.decode(r.value or b"")
             except InvalidEvent:
                 continue
             if isinstance(d, self.kinds):
                 decisions.append((r, d))
         async with self._pool.acquire() as conn:
             try:
-                await self._store.apply_batch(conn, [d for _, d in decisions], next_offsets(records))
+                result = await self._store.apply_batch(conn, [d for _, d in decisions], next_offsets(records))
             except self.missing:
+                result = None
                 await self._apply_one_by_one(conn, records, decisions)
+            await self.after_commit(conn, result)
+
+    async def after_commit(self, conn, result) -> None:
+        """Derived caches, after the transaction (best effort: the read path falls back)."""
 
     async def _apply_one_by_one(self, conn, records, decisions) -> None:
         refused = []
@@ -139,9 +151,27 @@ class _DecisionProjection:
 
 
 class FactsProjection(_DecisionProjection):
-    """decisions -> memory_facts (every version, with history)."""
+    """decisions -> memory_facts (every version, with history) and Tier 1 profiles."""
 
     name, kinds, missing, store = "facts", (FactDecision,), MissingTarget, FactStore
+    _epoch: int | None = None
+
+    async def after_commit(self, conn, profiles) -> None:
+        if self._redis is None or not profiles:
+            return
+        try:
+            if self._epoch is None:
+                self._epoch = await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'profile'")
+            await profile_store.cache(self._redis, self._schema, self._epoch, profiles)
+        except Exception:
+            log.exception("tier 1 cache update failed for %d profiles", len(profiles))
+
+
+class CommandsProjection(_DecisionProjection):
+    """events -> reminders and identities (the commands hosts put on the log; turns are skipped)."""
+
+    name, kinds, missing, store = "commands", COMMAND_TYPES, UnknownReminder, CommandStore
+    decode = staticmethod(decode_event)
 
 
 class GraphProjection(_DecisionProjection):

@@ -18,7 +18,7 @@ from memstream.config import Settings
 from memstream.projections import db
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.records import Record
-from memstream.streams.projecting import EpisodesProjection, FactsProjection, GraphProjection
+from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
 
 log = logging.getLogger("memstream.replay")
 
@@ -43,8 +43,8 @@ class SkippedLetters:
         self.count += len(letters)
 
 
-PROJECTIONS = ("episodes", "facts", "graph")
-_TABLES = {"episodes": "episodes", "facts": "memory_facts", "graph": "memory_edges"}
+PROJECTIONS = ("episodes", "facts", "graph", "commands")
+_TABLES = {"episodes": "episodes", "facts": "memory_facts", "graph": "memory_edges", "commands": "reminders"}
 
 
 @dataclass
@@ -64,6 +64,11 @@ class ReplayReport:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "records_per_s": round(self.records_per_s, 1)}
+
+    def merge(self, other: ReplayReport) -> ReplayReport:
+        return ReplayReport(self.projections + other.projections, self.schema, f"{self.topic}+{other.topic}",
+                            self.records + other.records, {**self.rows, **other.rows}, self.skipped + other.skipped,
+                            self.seconds + other.seconds, {**self.high_water, **{f"{other.topic}/{p}": o for p, o in other.high_water.items()}})
 
     def render(self) -> str:
         return (f"replayed {'+'.join(self.projections)} from {self.topic} into schema {self.schema}: "
@@ -90,7 +95,15 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
             raise ReplayError(f"schema {into} already holds {'/'.join(projections)} positions; drop it first")
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest",
                                       max_poll_records=batch_size) as consumer:
-            return await _replay(settings, consumer, pool, into, projections, topic or settings.decisions_topic)
+            # Commands come from the events topic; every other projection from decisions.
+            report = None
+            groups = [(topic or settings.decisions_topic, [p for p in projections if p != "commands"]),
+                      (settings.events_topic, [p for p in projections if p == "commands"])]
+            for source, names in groups:
+                if names:
+                    part = await _replay(settings, consumer, pool, into, names, source)
+                    report = part if report is None else report.merge(part)
+            return report
     finally:
         await pool.close()
 
@@ -108,6 +121,7 @@ async def _replay(settings: Settings, consumer, pool, into: str, projections: li
                                                dead_letters=sink, tier0_turns=settings.tier0_turns),
         "facts": lambda: FactsProjection(pool=pool, dead_letters=sink),
         "graph": lambda: GraphProjection(pool=pool, dead_letters=sink),
+        "commands": lambda: CommandsProjection(pool=pool, dead_letters=sink),
     }
     steps = [available[name]() for name in projections]
     remaining = {p for p, off in high.items() if off > 0}

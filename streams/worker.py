@@ -39,7 +39,8 @@ from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
 from memstream.streams.formation.step import Formation, ProjectionBarrier
 from memstream.streams.kafka_util import groupless_consumer
-from memstream.streams.projecting import EpisodesProjection, FactsProjection, GraphProjection, transient
+from memstream.streams.projecting import (CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection,
+                                         transient)
 from memstream.streams.step import Step
 
 log = logging.getLogger("memstream.worker")
@@ -93,8 +94,10 @@ class Runtime:
                 steps.append(EpisodesProjection(pool=self.pool, redis=self.redis, schema=s.postgres_schema,
                                                 events_topic=s.events_topic, dead_letters=dead,
                                                 tier0_turns=s.tier0_turns))
-                steps.append(FactsProjection(pool=self.pool, dead_letters=dead))
+                steps.append(FactsProjection(pool=self.pool, dead_letters=dead, redis=self.redis,
+                                             schema=s.postgres_schema))
                 steps.append(GraphProjection(pool=self.pool, dead_letters=dead))
+                steps.append(CommandsProjection(pool=self.pool, dead_letters=dead))
             for step in steps:
                 self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek))
             log.info("%s ready: schema=%s", self.role, s.postgres_schema)
@@ -205,15 +208,14 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
             for name in names:
                 await runtime.run_batch(name, batch)
 
-    # Declare only this role's topic: Faust subscribes to every topic an app declares.
+    # Declare only this role's topics: Faust subscribes to every topic an app declares. The
+    # projections role reads commands (reminders, identities) straight from the events topic.
     if role == "formation":
-        topic, step_names = app.topic(settings.events_topic, **raw), ("formation",)
+        routes = {settings.events_topic: ("formation",)}
     else:
-        topic, step_names = app.topic(settings.decisions_topic, **raw), ("episodes", "facts", "graph")
-
-    @app.agent(topic, name=role)
-    async def agent(stream):
-        await consume(step_names, stream)
+        routes = {settings.decisions_topic: ("episodes", "facts", "graph"), settings.events_topic: ("commands",)}
+    for name, step_names in routes.items():
+        _agent(app, app.topic(name, **raw), step_names, consume)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender, revoked, **kwargs):
@@ -221,16 +223,22 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     @app.on_rebalance_complete.connect
     async def on_rebalance_complete(sender, **kwargs):
-        task = asyncio.ensure_future(runtime.align({topic.get_topic_name(): step_names}))
+        task = asyncio.ensure_future(runtime.align(routes))
         task.add_done_callback(_fatal_on_failure)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender, assigned, **kwargs):
         runtime.forget(assigned)
-        mine = sorted(f"{tp.topic}/{tp.partition}" for tp in assigned if tp.topic == topic.get_topic_name())
+        mine = sorted(f"{tp.topic}/{tp.partition}" for tp in assigned if tp.topic in routes)
         log.info("%s assigned partitions: %s", role, " ".join(mine) or "(none)")
 
     return app
+
+
+def _agent(app: faust.App, topic, step_names: tuple[str, ...], consume) -> None:
+    @app.agent(topic, name="-".join(step_names))
+    async def agent(stream):
+        await consume(step_names, stream)
 
 
 def _fatal_on_failure(task: asyncio.Future) -> None:

@@ -11,6 +11,7 @@ from pgvector import Vector
 
 from memstream.projections import positions as pos
 from memstream.projections.facts.core import COLUMNS, FactRow, fold, targets
+from memstream.projections.profile import store as profile_store
 from memstream.schemas import Decision
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE fact_id = ANY($1::uuid[])"
@@ -64,9 +65,13 @@ async def upsert(conn, rows: Sequence[FactRow]) -> None:
 class FactStore:
     name = "facts"
 
-    async def apply_batch(self, conn: asyncpg.Connection, decisions: Sequence[Decision], positions: pos.Positions) -> None:
+    async def apply_batch(self, conn: asyncpg.Connection, decisions: Sequence[Decision], positions: pos.Positions) -> dict:
+        """Also rebuilds the Tier 1 profile of every user whose facts changed, in the same
+        transaction; returns those profiles (for the Redis cache)."""
         async with conn.transaction():
             state = await load(conn, [t for d in decisions for t in targets(d)])
             changed = fold(state, decisions)
             await upsert(conn, list(changed.values()))
+            profiles = await profile_store.refresh(conn, {r.user_id for r in changed.values()})
             await pos.save(conn, self.name, positions)
+        return profiles

@@ -1,0 +1,77 @@
+"""Commands, the pure core: reminders and identities as the host put them on the log."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Mapping
+
+from memstream.schemas import (Event, ExpertIdentityDeleted, ExpertIdentityUpserted, PersonIdentitySet,
+                               ReminderResolved, ReminderScheduled)
+
+
+class UnknownReminder(LookupError):
+    """A ReminderResolved names a reminder never scheduled: the host's bug, dead-lettered."""
+
+
+@dataclass(frozen=True)
+class ReminderRow:
+    reminder_id: uuid.UUID
+    user_id: str
+    text: str
+    due_at: datetime
+    status: str
+    scheduled_at: datetime
+    resolved_at: datetime | None
+    source_event_id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class PersonIdentityRow:
+    user_id: str
+    attributes: Mapping[str, Any]
+    updated_at: datetime
+    source_event_id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class ExpertIdentityRow:
+    identity_id: str
+    name: str
+    instructions: str
+    attributes: Mapping[str, Any] | None
+    updated_at: datetime
+    source_event_id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class ExpertIdentityGone:
+    identity_id: str
+
+
+Row = ReminderRow | PersonIdentityRow | ExpertIdentityRow | ExpertIdentityGone
+
+
+def reminder_targets(e: Event) -> list[uuid.UUID]:
+    return [e.reminder_id] if isinstance(e, (ReminderScheduled, ReminderResolved)) else []
+
+
+def apply(reminders: Mapping[uuid.UUID, ReminderRow], e: Event) -> list[Row]:
+    if isinstance(e, ReminderScheduled):
+        if e.reminder_id in reminders:
+            return []
+        return [ReminderRow(e.reminder_id, e.user_id, e.text, e.due_at, "pending", e.occurred_at, None, e.event_id)]
+    if isinstance(e, ReminderResolved):
+        r = reminders.get(e.reminder_id)
+        if r is None or r.user_id != e.user_id:
+            raise UnknownReminder(f"reminder {e.reminder_id} was never scheduled for user {e.user_id!r}")
+        if r.status != "pending":
+            return []
+        return [replace(r, status=e.status, resolved_at=e.occurred_at)]
+    if isinstance(e, PersonIdentitySet):
+        return [PersonIdentityRow(e.user_id, dict(e.attributes), e.occurred_at, e.event_id)]
+    if isinstance(e, ExpertIdentityUpserted):
+        return [ExpertIdentityRow(e.identity_id, e.name, e.instructions, e.attributes, e.occurred_at, e.event_id)]
+    if isinstance(e, ExpertIdentityDeleted):
+        return [ExpertIdentityGone(e.identity_id)]
+    return []

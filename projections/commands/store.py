@@ -1,0 +1,57 @@
+"""Commands, the asyncpg shell."""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import asyncpg
+
+from memstream.projections import positions as pos
+from memstream.projections.commands.core import (ExpertIdentityGone, ExpertIdentityRow, PersonIdentityRow,
+                                                 ReminderRow, Row, apply, reminder_targets)
+from memstream.schemas import Event
+
+
+async def _load_reminders(conn, ids) -> dict:
+    if not ids:
+        return {}
+    rows = await conn.fetch("SELECT * FROM reminders WHERE reminder_id = ANY($1::uuid[])", list(set(ids)))
+    return {r["reminder_id"]: ReminderRow(**dict(r)) for r in rows}
+
+
+async def _write(conn, row: Row) -> None:
+    if isinstance(row, ReminderRow):
+        await conn.execute(
+            """INSERT INTO reminders VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+               ON CONFLICT (reminder_id) DO UPDATE SET status = EXCLUDED.status, resolved_at = EXCLUDED.resolved_at""",
+            row.reminder_id, row.user_id, row.text, row.due_at, row.status, row.scheduled_at, row.resolved_at,
+            row.source_event_id)
+    elif isinstance(row, PersonIdentityRow):
+        await conn.execute(
+            """INSERT INTO person_identities VALUES ($1, $2::jsonb, $3, $4) ON CONFLICT (user_id) DO UPDATE
+               SET attributes = EXCLUDED.attributes, updated_at = EXCLUDED.updated_at, source_event_id = EXCLUDED.source_event_id""",
+            row.user_id, json.dumps(row.attributes, sort_keys=True), row.updated_at, row.source_event_id)
+    elif isinstance(row, ExpertIdentityRow):
+        await conn.execute(
+            """INSERT INTO expert_identities VALUES ($1, $2, $3, $4::jsonb, $5, $6) ON CONFLICT (identity_id) DO UPDATE
+               SET name = EXCLUDED.name, instructions = EXCLUDED.instructions, attributes = EXCLUDED.attributes,
+                   updated_at = EXCLUDED.updated_at, source_event_id = EXCLUDED.source_event_id""",
+            row.identity_id, row.name, row.instructions,
+            None if row.attributes is None else json.dumps(row.attributes, sort_keys=True), row.updated_at,
+            row.source_event_id)
+    elif isinstance(row, ExpertIdentityGone):
+        await conn.execute("DELETE FROM expert_identities WHERE identity_id = $1", row.identity_id)
+
+
+class CommandStore:
+    name = "commands"
+
+    async def apply_batch(self, conn: asyncpg.Connection, events: Sequence[Event], positions: pos.Positions) -> None:
+        async with conn.transaction():
+            state = await _load_reminders(conn, [t for e in events for t in reminder_targets(e)])
+            for e in events:
+                for row in apply(state, e):
+                    if isinstance(row, ReminderRow):
+                        state[row.reminder_id] = row
+                    await _write(conn, row)
+            await pos.save(conn, self.name, positions)

@@ -1,0 +1,181 @@
+"""The complete read path on the real stack: gate, profile, identities, due reminders, budgets,
+and degradation when Redis is gone or Postgres statements fail mid-read."""
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from memstream.embedding import default_embedder
+from memstream.projections.compare import diff_counts
+from memstream.projections.db import create_pool, drop_schema
+from memstream.read_client import Budgets, MemoryReader, render_prompt
+from memstream.schemas import (SYSTEM_USER, ExpertIdentityDeleted, ExpertIdentityUpserted, PersonIdentitySet,
+                               ReminderResolved, ReminderScheduled)
+from memstream.schemas.events import new_event_id
+from memstream.streams.producer import TurnLog
+from memstream.streams.replay import replay
+
+from .conftest import wait_until
+from .test_formation import append_and_wait, turn
+
+pytestmark = pytest.mark.asyncio
+NOW = datetime.now(timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return default_embedder()
+
+
+class CountingEmbedder:
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+        self.model_id, self.dim = inner.model_id, inner.dim
+
+    def embed(self, texts):
+        self.calls += 1
+        return self.inner.embed(texts)
+
+
+async def make_reader(dsn, settings, embedder, *, redis_port=None, **kw):
+    url = settings.redis_url if redis_port is None else f"redis://127.0.0.1:{redis_port}/0"
+    return MemoryReader(pool=await create_pool(dsn, settings.postgres_schema, statement_timeout_ms=kw.pop("timeout", None)),
+                        redis=aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5),
+                        embedder=embedder, schema=settings.postgres_schema, **kw)
+
+
+async def commands(settings, events):
+    async with TurnLog(settings) as log:
+        return await log.append_many(events)
+
+
+async def wait_commands(conn, settings, positions):
+    last = {}
+    for p in positions:
+        last[p.partition] = max(last.get(p.partition, -1), p.offset)
+
+    async def done():
+        rows = {r["partition"]: r["next_offset"] for r in await conn.fetch(
+            "SELECT partition, next_offset FROM projection_positions WHERE projection = 'commands'")}
+        return all(rows.get(p, 0) > o for p, o in last.items())
+
+    await wait_until(done, what="commands projected")
+
+
+async def test_due_reminders_are_returned_whatever_the_message_until_resolved(settings, conn, dsn, workers, embedder):
+    w = workers()
+    await w.wait_assigned()
+    due = ReminderScheduled.new(user_id="nia", text="Call the dentist", due_at=NOW - timedelta(hours=1))
+    later = ReminderScheduled.new(user_id="nia", text="Renew passport", due_at=NOW + timedelta(days=30))
+    await wait_commands(conn, settings, await commands(settings, [due, later]))
+    counting = CountingEmbedder(embedder)
+    reader = await make_reader(dsn, settings, counting)
+    try:
+        ctx = await reader.read("nia", "c1", "thanks!")
+        assert ctx.gated and counting.calls == 0 and ctx.facts == ctx.episodes == ctx.edges == []
+        assert [r.text for r in ctx.due_reminders] == ["Call the dentist"]
+        assert [r.text for r in (await reader.read("nia", "c1", "ok", now=NOW + timedelta(days=31))).due_reminders] == [
+            "Call the dentist", "Renew passport"]
+        resolved = ReminderResolved(event_id=new_event_id(), user_id="nia", occurred_at=NOW, reminder_id=due.reminder_id,
+                                    status="done")
+        await wait_commands(conn, settings, await commands(settings, [resolved]))
+        assert (await reader.read("nia", "c1", "what's new?")).due_reminders == []
+        assert not (await reader.read("nia", "c1", "what's new?")).gated and counting.calls >= 1
+    finally:
+        await reader.close()
+
+
+async def test_person_and_expert_identities_are_combined_on_the_context(settings, conn, dsn, workers, embedder):
+    w = workers()
+    await w.wait_assigned()
+    ev = dict(event_id=None, occurred_at=NOW)
+    events = [
+        PersonIdentitySet(**{**ev, "event_id": new_event_id()}, user_id="oz", attributes={"tone": "informal", "language": "pt"}),
+        ExpertIdentityUpserted(**{**ev, "event_id": new_event_id()}, user_id=SYSTEM_USER, identity_id="email-writer",
+                               name="Expert email writer", instructions="Write short, warm emails."),
+        ExpertIdentityUpserted(**{**ev, "event_id": new_event_id()}, user_id=SYSTEM_USER, identity_id="temp",
+                               name="Temp", instructions="x"),
+        ExpertIdentityDeleted(**{**ev, "event_id": new_event_id()}, user_id=SYSTEM_USER, identity_id="temp"),
+        PersonIdentitySet(**{**ev, "event_id": new_event_id()}, user_id="oz", attributes={"tone": "formal", "language": "pt"}),
+    ]
+    await wait_commands(conn, settings, await commands(settings, events))
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        ctx = await reader.read("oz", "c1", "draft a note to my landlord", identity_id="email-writer")
+        assert ctx.person_identity == {"tone": "formal", "language": "pt"}
+        assert ctx.expert_identity["name"] == "Expert email writer"
+        prompt = render_prompt(ctx, "draft a note to my landlord")
+        assert "Persona: Expert email writer" in prompt and "tone: formal" in prompt
+        assert (await reader.read("oz", "c1", "hi", identity_id="temp")).expert_identity is None
+        assert (await reader.read("oz", "c1", "hi")).expert_identity is None
+    finally:
+        await reader.close()
+    target = settings.postgres_schema + "_cmd"
+    try:
+        await replay(settings, dsn, target, ["commands"])
+        for table in ("reminders", "person_identities", "expert_identities"):
+            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0)
+    finally:
+        await drop_schema(dsn, target)
+
+
+async def test_the_profile_is_always_injected_from_redis_or_postgres(settings, conn, dsn, workers, embedder):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("pat", "Hi, my name is Pat. I live in Oslo and I'm allergic to shellfish.", 0),
+                                           turn("pat", "I moved to Bergen last month.", 60)])
+    await wait_until(lambda: _profile_home(conn, "pat", "Bergen"), what="profile rebuilt")
+    for port in (None, 1):  # the real Redis, then an unreachable one
+        reader = await make_reader(dsn, settings, embedder, redis_port=port)
+        try:
+            ctx = await reader.read("pat", "c1", "ok")
+            assert ctx.gated and ctx.profile == {"name": "Pat", "home": "Bergen", "allergies": ["shellfish"]}
+            assert ctx.degraded == []
+        finally:
+            await reader.close()
+
+
+async def test_budgets_bound_each_section_in_real_tokens(settings, conn, dsn, workers, embedder):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("quin", f"I really enjoy {h} on weekends.", i)
+                                           for i, h in enumerate(["hiking", "chess", "jazz", "sailing", "baking"])])
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        roomy = await reader.read("quin", "c1", "what do I enjoy doing?")
+        tight = await reader.read("quin", "c1", "what do I enjoy doing?", budgets=Budgets(facts=8, episodes=20, edges=0))
+    finally:
+        await reader.close()
+    assert len(roomy.facts) == 5 and len(tight.facts) < len(roomy.facts)
+    assert tight.tokens["facts"] <= 8 and tight.tokens["episodes"] <= 20 and tight.edges == []
+    assert [f.fact_id for f in tight.facts] == [f.fact_id for f in roomy.facts][:len(tight.facts)]
+
+
+async def test_a_postgres_statement_failing_mid_read_empties_only_its_sections(settings, conn, dsn, workers, embedder, caplog):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("ray", "I live in Lisbon and I love surfing.", 0)])
+    reader = await make_reader(dsn, settings, embedder, redis_port=1, timeout=300)
+    locker = await asyncpg.connect(dsn, server_settings={"search_path": f"{settings.postgres_schema},public"})
+    try:
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("LOCK TABLE episodes IN ACCESS EXCLUSIVE MODE")  # every episodes statement now waits
+        ctx = await reader.read("ray", "c1", "where do I live?")
+        await tx.rollback()
+    finally:
+        await locker.close()
+        await reader.close()
+    assert set(ctx.degraded) == {"episodes_vector", "episodes_keyword", "recent_turns"}
+    assert ctx.episodes == [] and ctx.recent_turns == []
+    assert any(f.text == "Lives in Lisbon" for f in ctx.facts) and ctx.profile["home"] == "Lisbon"
+    assert any("canceling statement due to statement timeout" in (r.exc_text or "") for r in caplog.records)
+
+
+async def _profile_home(conn, user, home):
+    value = await conn.fetchval("SELECT profile->>'home' FROM profiles WHERE user_id = $1", user)
+    return value == home

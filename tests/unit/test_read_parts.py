@@ -1,0 +1,78 @@
+"""Pure parts of the read path: the gate, token budgets, Tier 1 profile, commands, rendering."""
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from memstream.projections.commands.core import ReminderRow, UnknownReminder, apply
+from memstream.projections.profile.core import build_profile
+from memstream.read_client.budget import TokenCounter, pack
+from memstream.read_client.gate import needs_retrieval
+from memstream.read_client.render import render_prompt
+from memstream.schemas import ExpertIdentityDeleted, ReminderResolved, ReminderScheduled
+from memstream.schemas.events import new_event_id
+from memstream.schemas.read_models import MemoryContext, Reminder
+
+T = datetime(2026, 4, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("message", ["ok", "Thanks!", "thank you so much", "lol", "👍", "", "got it, thanks",
+                                     "ok cool", "Good morning!"])
+def test_trivial_messages_skip_retrieval(message):
+    assert needs_retrieval(message) is False
+
+
+@pytest.mark.parametrize("message", ["ok?", "where do I live", "thanks, what was my dog's name?", "Remind me about Lily",
+                                     "I need a restaurant for tonight"])
+def test_anything_with_content_or_a_question_retrieves(message):
+    assert needs_retrieval(message) is True
+
+
+def test_budgets_count_real_tokens_and_keep_rank_order():
+    counter = TokenCounter()
+    assert counter.count("I live in Lisbon") == 4
+    items = ["short one", "a much much longer item that will not fit in the small budget at all", "tiny"]
+    kept, used = pack(items, lambda s: s, 5, counter)
+    assert kept == ["short one", "tiny"] and used == counter.count("short one") + counter.count("tiny") <= 5
+
+
+def fact(attribute, value, category="x", seen=1, days=0, text=None):
+    return {"attribute": attribute, "value": value, "category": category, "observation_count": seen,
+            "recorded_at": T + timedelta(days=days), "text": text or f"{attribute} {value}"}
+
+
+def test_the_profile_is_small_deterministic_and_prefers_repeated_facts():
+    facts = [fact("name", "Maria"), fact("home", "Berlin"), fact("allergy", "peanuts", seen=3),
+             fact("allergy", "pollen"), fact("likes", "hiking", seen=2), fact("likes", "jazz", days=1),
+             fact("favourite_book", "Dune"), fact("daughter", "Lily"), fact("trip", "Kyoto", "plan", text="Plans a trip to Kyoto")]
+    p = build_profile(facts)
+    assert p == {"name": "Maria", "home": "Berlin", "allergies": ["peanuts", "pollen"], "likes": ["hiking", "jazz"],
+                 "favourites": {"book": "Dune"}, "family": {"daughter": ["Lily"]}, "plans": ["Plans a trip to Kyoto"]}
+    assert build_profile(reversed(facts)) == p
+    assert len(build_profile([fact("likes", f"thing {i}") for i in range(20)])["likes"]) == 5
+
+
+def test_reminders_resolve_once_and_unknown_ones_are_refused():
+    s = ReminderScheduled.new(user_id="u", text="call the dentist", due_at=T, occurred_at=T - timedelta(days=1))
+    (row,) = apply({}, s)
+    assert row.status == "pending" and row.due_at == T
+    done = ReminderResolved(event_id=new_event_id(), user_id="u", occurred_at=T, reminder_id=s.reminder_id, status="done")
+    (closed,) = apply({s.reminder_id: row}, done)
+    assert closed.status == "done" and apply({s.reminder_id: closed}, done) == []
+    with pytest.raises(UnknownReminder):
+        apply({}, ReminderResolved(event_id=new_event_id(), user_id="u", occurred_at=T, reminder_id=uuid.uuid4(), status="dismissed"))
+    with pytest.raises(UnknownReminder):  # another user's reminder
+        apply({s.reminder_id: row}, ReminderResolved(event_id=new_event_id(), user_id="v", occurred_at=T,
+                                                     reminder_id=s.reminder_id, status="done"))
+    assert apply({}, ExpertIdentityDeleted(event_id=new_event_id(), user_id="__memstream__", occurred_at=T, identity_id="x"))
+
+
+def test_render_prompt_is_compact_and_keeps_the_message_last():
+    ctx = MemoryContext(user_id="u", conversation_id="c", message="hi", profile={"name": "Maria", "likes": ["jazz"]},
+                        expert_identity={"name": "Email writer", "instructions": "Be concise."},
+                        due_reminders=[Reminder(reminder_id=uuid.uuid4(), text="call mom", due_at=T)])
+    text = render_prompt(ctx, "What now?")
+    assert text.startswith("<memory>\nPersona: Email writer\nBe concise.")
+    assert "Profile: name: Maria; likes: jazz" in text and "- call mom (due 2026-04-01 00:00)" in text
+    assert text.endswith("User: What now?")
+    assert render_prompt(MemoryContext(user_id="u", conversation_id="c", message="x"), "x") == "User: x"
