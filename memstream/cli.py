@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import sys
+from pathlib import Path
 
 import click
 
@@ -224,6 +225,37 @@ def bench_formation(ctx: click.Context, turns: int, users: int, as_json: bool) -
 
 def _render_report(report: dict) -> str:
     return "\n".join(f"{k:<34} {v}" for k, v in report.items())
+
+
+@main.group("eval")
+def eval_group() -> None:
+    """Accuracy harnesses."""
+
+
+@eval_group.command("locomo")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--conv", help="only this sample_id")
+@click.option("--k", default=5, show_default=True, help="how many episodes read returns (Hit@k, Recall@k)")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def eval_locomo(ctx: click.Context, path: Path, conv: str | None, k: int, as_json: bool) -> None:
+    """Ingest a LoCoMo-format file through the pipeline, ask every question through read, and
+    score Hit@k, Recall@k and MRR of the evidence utterances, per category and overall."""
+    from memstream.bench.locomo import run_locomo_eval
+
+    try:
+        report = asyncio.run(run_locomo_eval(_settings(ctx), path, conv=conv, k=k))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    o = report["overall"]
+    click.echo(f"{report['questions']} questions ({o['questions']} with evidence), k={k}: "
+               f"Hit@{k} {o['hit_at_k']:.3f}  Recall@{k} {o['recall_at_k']:.3f}  MRR {o['mrr']:.3f}")
+    for cat, m in sorted(report["per_category"].items()):
+        click.echo(f"  category {cat}: n={m['questions']:<3} Hit {m['hit_at_k']:.3f}  Recall {m['recall_at_k']:.3f}  MRR {m['mrr']:.3f}")
+    click.echo(f"read p50 {report['read_ms_p50']} ms, p95 {report['read_ms_p95']} ms; ingest {report['ingest_seconds']} s")
 
 
 @main.command("jsonschema")
