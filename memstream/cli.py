@@ -210,6 +210,21 @@ def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_jso
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
 
 
+@bench.command("read")
+@click.option("--rows", default=1_000_000, show_default=True, help="corpus size across all users")
+@click.option("--readers", default=32, show_default=True, help="concurrent readers in the concurrency phase")
+@click.option("--reads", default=300, show_default=True, help="reads per single-reader phase")
+@click.option("--keep", is_flag=True, help="keep the benchmark schema afterwards")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def bench_read(ctx: click.Context, rows: int, readers: int, reads: int, keep: bool, as_json: bool) -> None:
+    """Read latency (one and many readers, gated path, growth per user) and filtered-ANN full-k."""
+    from memstream.bench.read import run_read_bench
+
+    report = asyncio.run(run_read_bench(_settings(ctx), rows=rows, readers=readers, reads=reads, keep=keep))
+    click.echo(json.dumps(report, indent=2, default=str) if as_json else _render_report(report))
+
+
 @bench.command("formation")
 @click.option("--turns", default=3000, show_default=True)
 @click.option("--users", default=50, show_default=True)

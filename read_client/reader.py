@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import time
@@ -59,6 +60,9 @@ class MemoryReader:
         self._episode_weights, self._fact_weights = episode_weights, fact_weights
         self._epoch: int | None = None
         self._profile_epoch: int | None = None
+        # One embedding at a time: onnxruntime already uses every core it is given, and
+        # concurrent runs would oversubscribe them and starve the event loop.
+        self._embed_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-embed")
 
     @classmethod
     async def connect(cls, settings, dsn: str, *, embedder: Embedder | None = None) -> MemoryReader:
@@ -69,6 +73,7 @@ class MemoryReader:
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns)
 
     async def close(self) -> None:
+        self._embed_pool.shutdown(wait=False)
         await self._pool.close()
         if self._redis is not None:
             await self._redis.aclose()
@@ -98,7 +103,7 @@ class MemoryReader:
 
         async def embedded():
             t = time.perf_counter()
-            vec = (await asyncio.to_thread(self._embedder.embed, [message]))[0]
+            vec = (await asyncio.get_running_loop().run_in_executor(self._embed_pool, self._embedder.embed, [message]))[0]
             timings["embed"] = (time.perf_counter() - t) * 1000
             return vec
 

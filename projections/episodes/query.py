@@ -17,13 +17,21 @@ WITH c AS MATERIALIZED (
 SELECT * FROM c ORDER BY distance, episode_id
 """
 
-# Any of the message's words (OR), ranked by cover density; '::tsquery' keeps the lexemes as
-# to_tsvector produced them instead of stemming them twice.
+# Keyword channel: every word of the message (AND) — selective, so ranked in full — plus, for
+# recall, the newest rows matching any word (OR), capped so a heavy user with thousands of
+# loose matches costs a bounded scan. The user lexeme keeps the GIN scan to this user's rows.
+# '::tsquery' keeps lexemes as to_tsvector produced them instead of stemming them twice.
+KEYWORD_OR_CAP = 200
 _KEYWORD = f"""
-WITH q AS (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS q
-           FROM unnest(to_tsvector('english', $2)))
-SELECT {_COLS}, ts_rank_cd(tsv, q.q) AS rank FROM episodes, q
-WHERE user_id = $1 AND q.q IS NOT NULL AND tsv @@ q.q
+WITH lx AS (SELECT array_agg(DISTINCT quote_literal(lexeme)) AS l FROM unnest(to_tsvector('english', $2))),
+     qs AS (SELECT array_to_string(l, ' & ')::tsquery && quote_literal('u' || md5($1))::tsquery AS qa,
+                   array_to_string(l, ' | ')::tsquery AS qo
+            FROM lx WHERE l IS NOT NULL),
+     hits AS ((SELECT e.episode_id FROM episodes e, qs WHERE e.tsv @@ qs.qa LIMIT {KEYWORD_OR_CAP})
+              UNION
+              (SELECT e.episode_id FROM episodes e, qs WHERE e.user_id = $1 AND e.tsv @@ qs.qo
+               ORDER BY e.occurred_at DESC LIMIT {KEYWORD_OR_CAP}))
+SELECT {_COLS}, ts_rank_cd(tsv, qs.qo) AS rank FROM episodes JOIN hits USING (episode_id), qs
 ORDER BY rank DESC, occurred_at DESC, episode_id LIMIT $3
 """
 

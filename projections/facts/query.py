@@ -19,11 +19,18 @@ WITH c AS MATERIALIZED (
 SELECT * FROM c ORDER BY distance, fact_id
 """
 
+# As for episodes: all words (AND, selective, via the per-user GIN) plus the newest current
+# facts matching any word (OR), capped.
 _KEYWORD = f"""
-WITH q AS (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS q
-           FROM unnest(to_tsvector('english', $2)))
-SELECT {_COLS}, ts_rank_cd(tsv, q.q) AS rank FROM memory_facts, q
-WHERE user_id = $1 AND status = 'current' AND q.q IS NOT NULL AND tsv @@ q.q
+WITH lx AS (SELECT array_agg(DISTINCT quote_literal(lexeme)) AS l FROM unnest(to_tsvector('english', $2))),
+     qs AS (SELECT array_to_string(l, ' & ')::tsquery && quote_literal('u' || md5($1))::tsquery AS qa,
+                   array_to_string(l, ' | ')::tsquery AS qo
+            FROM lx WHERE l IS NOT NULL),
+     hits AS ((SELECT f.fact_id FROM memory_facts f, qs WHERE f.tsv @@ qs.qa AND f.status = 'current' LIMIT 200)
+              UNION
+              (SELECT f.fact_id FROM memory_facts f, qs WHERE f.user_id = $1 AND f.status = 'current' AND f.tsv @@ qs.qo
+               ORDER BY f.recorded_at DESC LIMIT 200))
+SELECT {_COLS}, ts_rank_cd(tsv, qs.qo) AS rank FROM memory_facts JOIN hits USING (fact_id), qs
 ORDER BY rank DESC, recorded_at DESC, fact_id LIMIT $3
 """
 

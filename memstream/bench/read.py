@@ -1,0 +1,292 @@
+"""``memstream bench read``: read-path latency on a large corpus, and whether filtered ANN
+returns the full k.
+
+The corpus is written straight into the projection tables with COPY: pushing a million turns
+through formation (~100 turns/s on this machine) would take hours and measure the write path,
+not the read path. Rows are shaped like the pipeline's: fact and episode texts from templates,
+vectors that are noisy copies of real MiniLM embeddings of those texts (so neighbourhoods and
+query embeddings behave like real ones), entities and bi-temporal edges, a Tier 1 profile.
+The reads are the real thing: ``MemoryReader.read`` with a real query embedding every time.
+
+Users: one heavy user (10k facts, 10k episodes, 2k edges), three growth users (1k, 10k and 100k
+facts and episodes each), and filler users up to the requested total.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any, Sequence
+
+import numpy as np
+from pgvector import Vector
+
+from memstream.config import Settings
+
+log = logging.getLogger("memstream.bench")
+
+T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+MODEL = None  # filled from the embedder
+PLACES = ["Lisbon", "Berlin", "Porto", "Oslo", "Kyoto", "Lima", "Austin", "Dublin", "Vienna", "Nairobi"]
+ORGS = ["Acme Corp", "Globex", "Initech", "Hooli", "Umbrella", "Stark Industries", "Wayne Enterprises"]
+THINGS = ["hiking", "jazz", "chess", "sailing", "baking", "cycling", "board games", "sushi", "opera", "gardening"]
+PEOPLE = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jo", "Kim", "Lu", "Mo", "Nia"]
+FACT_TEMPLATES = [
+    ("location", "home", "Lives in {p}"), ("work", "employer", "Works at {o}"), ("preference", "likes", "Likes {t}"),
+    ("preference", "dislikes", "Dislikes {t}"), ("constraint", "allergy", "Allergic to {t}"),
+    ("relationship", "friend", "Friend is {n}"), ("plan", "trip", "Plans a trip to {p}"),
+    ("preference", "favourite_food", "Favourite food is {t}"), ("relationship", "pet", "Has a dog named {n}"),
+]
+EPISODE_TEMPLATES = [
+    "We talked about my trip to {p} and what to pack for {t}.", "My friend {n} started a new job at {o}.",
+    "I spent the weekend {t} near {p} with {n}.", "Can you help me plan a dinner with {n}? They love {t}.",
+    "Work at {o} was stressful today, I need a break with some {t}.", "I'm thinking of moving to {p} next year.",
+    "{n} recommended a great place for {t} in {p}.", "Remind me what I told you about {o} and the interview.",
+]
+QUESTIONS = [
+    "Where do I live now?", "What did I say about my trip to Kyoto?", "Who is my friend that works at Globex?",
+    "What food do I like?", "Am I allergic to anything?", "Any ideas for the weekend?",
+    "What did Ana recommend last time?", "Where do I work these days?", "What are my plans for next year?",
+    "Tell me about my dog", "What did we discuss about the interview?", "Which city was I thinking of moving to?",
+]
+TRIVIAL = ["thanks!", "ok", "cool", "got it, thanks", "lol"]
+K = 20
+
+
+def _fill(r: random.Random, template: str) -> str:
+    return template.format(p=r.choice(PLACES), o=r.choice(ORGS), t=r.choice(THINGS), n=r.choice(PEOPLE))
+
+
+class Corpus:
+    """Template texts with real embeddings; rows copy a text's vector with a little noise."""
+
+    def __init__(self, embedder, seed: int = 7, variants: int = 300):
+        r = random.Random(seed)
+        self.fact_texts = sorted({(c, a, _fill(r, t)) for _ in range(variants) for c, a, t in [r.choice(FACT_TEMPLATES)]})
+        self.episode_texts = sorted({_fill(r, r.choice(EPISODE_TEMPLATES)) for _ in range(variants)})
+        vecs = embedder.embed([t for _, _, t in self.fact_texts] + self.episode_texts)
+        self.fact_vecs, self.episode_vecs = vecs[:len(self.fact_texts)], vecs[len(self.fact_texts):]
+        self.rng = np.random.default_rng(seed)
+
+    def noisy(self, base: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        v = base[idx] + self.rng.normal(0, 0.02, size=(len(idx), base.shape[1])).astype(np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _users(total: int, heavy: tuple[int, int, int], growth: Sequence[int]) -> list[tuple[str, int, int, int]]:
+    """(user_id, facts, episodes, edges) up to ``total`` rows."""
+    users = [("heavy", *heavy)] + [(f"grow-{n // 1000}k", n, n, 0) for n in growth]
+    used = sum(f + e + g for _, f, e, g in users)
+    i = 0
+    while used < total:
+        n = min(150, max(1, (total - used) // 2))
+        users.append((f"user-{i:05d}", n, n, 0))
+        used += 2 * n
+        i += 1
+    return users
+
+
+async def _copy_user(conn, corpus: Corpus, model: str, user: str, n_facts: int, n_eps: int, n_edges: int, seed: int) -> None:
+    r = np.random.default_rng(seed)
+    if n_facts:
+        idx = r.integers(0, len(corpus.fact_texts), n_facts)
+        vecs = corpus.noisy(corpus.fact_vecs, idx)
+        rows = []
+        for j, (i, v) in enumerate(zip(idx, vecs)):
+            cat, attr, text = corpus.fact_texts[i]
+            fid = uuid.uuid5(uuid.NAMESPACE_OID, f"{user}/f/{j}")
+            at = T0 + timedelta(minutes=j)
+            rows.append((fid, fid, 1, user, text, cat, attr, text.split()[-1], 0.9, True, "current", at, None, at,
+                         None, None, None, 1, at, [fid], "{}", fid, "bench", "bench", "bench", Vector(v), model))
+        await conn.copy_records_to_table("memory_facts", records=rows, columns=[
+            "fact_id", "lineage_id", "version", "user_id", "text", "category", "attribute", "value", "confidence",
+            "explicit", "status", "valid_from", "valid_to", "recorded_at", "superseded_at", "superseded_by",
+            "end_reason", "observation_count", "last_observed_at", "observed_by", "deferred", "source_event_id",
+            "extractor", "resolver", "reason", "embedding", "embedding_model"])
+    if n_eps:
+        idx = r.integers(0, len(corpus.episode_texts), n_eps)
+        vecs = corpus.noisy(corpus.episode_vecs, idx)
+        rows = []
+        for j, (i, v) in enumerate(zip(idx, vecs)):
+            eid = uuid.uuid5(uuid.NAMESPACE_OID, f"{user}/e/{j}")
+            at = T0 + timedelta(minutes=j)
+            rows.append((eid, eid, user, f"c{j // 20}", at, at, 0, j, corpus.episode_texts[i], "Noted!", None,
+                         Vector(v), model))
+        await conn.copy_records_to_table("episodes", records=rows, columns=[
+            "episode_id", "source_event_id", "user_id", "conversation_id", "occurred_at", "recorded_at",
+            "source_partition", "source_offset", "user_message", "assistant_message", "metadata", "embedding",
+            "embedding_model"])
+    if n_edges:
+        names = [f"{p} {k}" for k in range(n_edges // 4 + 1) for p in PEOPLE][:n_edges // 4 + 1]
+        ents = [(uuid.uuid5(uuid.NAMESPACE_OID, f"{user}/n/{k}"), user, name, [], k == 0, T0, uuid.uuid4())
+                for k, name in enumerate(["the user", *names])]
+        await conn.copy_records_to_table("entities", records=ents, columns=[
+            "entity_id", "user_id", "name", "aliases", "is_user", "recorded_at", "source_event_id"])
+        relations = ["works_at", "lives_in", "managed_by", "friend_of"]
+        texts = [f"{{s}} {rel.replace('_', ' ')} {{t}}" for rel in relations]
+        base = np.asarray(corpus.fact_vecs[r.integers(0, len(corpus.fact_texts), len(relations))])
+        rows = []
+        for j in range(n_edges):
+            src, tgt = ents[1 + j // 4], ents[1 + (j * 7) % (len(ents) - 1)]
+            rel = relations[j % 4]
+            v = corpus.noisy(base, np.asarray([j % 4]))[0]
+            at = T0 + timedelta(days=j % 300)
+            rows.append((uuid.uuid5(uuid.NAMESPACE_OID, f"{user}/g/{j}"), user, src[0], rel, tgt[0], None, rel == "friend_of",
+                         at, None, at, None, texts[j % 4].format(s=src[2], t=tgt[2]), 0.9, True, uuid.uuid4(), "bench",
+                         "bench", None, Vector(v), model))
+        await conn.copy_records_to_table("memory_edges", records=rows, columns=[
+            "edge_id", "user_id", "source_entity_id", "relation", "target_entity_id", "target_value", "multi_valued",
+            "valid_from", "valid_to", "recorded_at", "closed_at", "fact_sentence", "confidence", "explicit",
+            "source_event_id", "extractor", "reason", "close_reason", "embedding", "embedding_model"])
+
+
+def _pcts(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values)
+    return {"p50": round(float(np.percentile(a, 50)), 2), "p95": round(float(np.percentile(a, 95)), 2),
+            "p99": round(float(np.percentile(a, 99)), 2), "n": len(values)}
+
+
+async def _timed_reads(reader, user: str, messages: Sequence[str], n: int) -> tuple[list[float], list[dict]]:
+    totals, channels = [], []
+    for i in range(n):
+        t = time.perf_counter()
+        ctx = await reader.read(user, "bench", messages[i % len(messages)])
+        totals.append((time.perf_counter() - t) * 1000)
+        channels.append(ctx.timings_ms)
+        if ctx.degraded:
+            raise RuntimeError(f"degraded read during the benchmark: {ctx.degraded}")
+    return totals, channels
+
+
+async def _full_k(pool, embedder, users: Sequence[str]) -> dict[str, dict]:
+    """Filtered ANN (iterative scan) vs exact search for each user: rows returned and recall@K;
+    and what the same index returns with iterative scans off (post-filtering, as Mem0 ships)."""
+    from memstream.projections.episodes import query as episodes_q
+    from memstream.projections.facts import query as facts_q
+
+    out = {}
+    qvecs = embedder.embed(QUESTIONS)
+    for user in users:
+        stats = {"asked": K, "returned_min": K, "recall_mean": 0.0, "post_filter_returned_mean": 0.0}
+        recalls, post = [], []
+        async with pool.acquire() as conn:
+            rows_total = await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = $1", user)
+            for v in qvecs:
+                for q, table in ((episodes_q, "episodes"), (facts_q, "memory_facts")):
+                    ann = await q.nearest(conn, user, v, K, embedder.model_id)
+                    key = "episode_id" if table == "episodes" else "fact_id"
+                    async with conn.transaction():
+                        await conn.execute("SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off")
+                        exact = await conn.fetch(f"SELECT {key} FROM {table} WHERE user_id = $1 "
+                                                 f"{'AND status = $3' if table == 'memory_facts' else 'AND $3::text IS NULL'} "
+                                                 f"ORDER BY embedding <=> $2 LIMIT {K}", user, v,
+                                                 "current" if table == "memory_facts" else None)
+                    async with conn.transaction():
+                        await conn.execute("SET LOCAL hnsw.iterative_scan = off; SET LOCAL enable_seqscan = off; "
+                                           "SET LOCAL enable_bitmapscan = off")
+                        plain = await q.nearest(conn, user, v, K, embedder.model_id)
+                    stats["returned_min"] = min(stats["returned_min"], len(ann))
+                    truth = {r[key] for r in exact}
+                    recalls.append(len(truth & {r[key] for r in ann}) / max(1, len(truth)))
+                    post.append(len(plain))
+            plan = await conn.fetch("EXPLAIN " + episodes_q._NEAREST.replace("$1", f"'{user}'").replace("$3", str(K))
+                                    .replace("$4", f"'{embedder.model_id}'").replace("$2", f"'{Vector(qvecs[0]).to_text()}'"))
+        stats.update(rows=rows_total, recall_mean=round(float(np.mean(recalls)), 4),
+                     post_filter_returned_mean=round(float(np.mean(post)), 2),
+                     plan="hnsw" if any("embedding_hnsw" in r[0] for r in plan) else "btree/seq + sort")
+        out[user] = stats
+    return out
+
+
+async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int = 32, reads: int = 300,
+                         keep: bool = False) -> dict:
+    from memstream.cli import resolve_dsn
+    from memstream.embedding import default_embedder
+    from memstream.projections.db import create_pool, drop_schema, migrate
+    from memstream.read_client import MemoryReader
+    from memstream.stack.launcher import stack_from_settings
+    import redis.asyncio as aioredis
+
+    tag = uuid.uuid4().hex[:8]
+    settings = base.model_copy(update={"postgres_schema": f"benchr_{tag}"})
+    stack_from_settings(settings).up()
+    dsn = resolve_dsn(settings)
+    await migrate(dsn, settings.postgres_schema)
+    embedder = default_embedder(settings.read_embed_threads)
+    pool = await create_pool(dsn, settings.postgres_schema, min_size=4, max_size=24)
+    report: dict[str, Any] = {"rows_requested": rows, "schema": settings.postgres_schema}
+    try:
+        growth = [g for g in (1_000, 10_000, 100_000) if 2 * g < rows // 2]
+        users = _users(rows, (10_000, 10_000, 2_000), growth)
+        corpus = Corpus(embedder)
+        t = time.perf_counter()
+        async with pool.acquire() as conn:
+            for name in ("episodes_embedding_hnsw", "memory_facts_embedding_hnsw", "memory_edges_embedding_hnsw"):
+                await conn.execute(f"DROP INDEX IF EXISTS {name}")
+            for i, (user, f, e, g) in enumerate(users):
+                await _copy_user(conn, corpus, embedder.model_id, user, f, e, g, seed=i)
+                if i % 200 == 0:
+                    log.info("loaded %d/%d users", i + 1, len(users))
+            await conn.execute("INSERT INTO profiles VALUES ('heavy', '{\"name\": \"Hal\", \"home\": \"Oslo\"}', 2)")
+        load_s = time.perf_counter() - t
+        t = time.perf_counter()
+        async with pool.acquire() as conn:
+            await conn.execute("SET maintenance_work_mem = '3GB'; SET max_parallel_maintenance_workers = 1")
+            await conn.execute("CREATE INDEX episodes_embedding_hnsw ON episodes USING hnsw (embedding vector_cosine_ops)")
+            await conn.execute("CREATE INDEX memory_facts_embedding_hnsw ON memory_facts USING hnsw (embedding vector_cosine_ops)")
+            await conn.execute("CREATE INDEX memory_edges_embedding_hnsw ON memory_edges USING hnsw (embedding vector_cosine_ops)")
+            await conn.execute("ANALYZE")
+            counts = {tb: await conn.fetchval(f"SELECT count(*) FROM {tb}") for tb in ("episodes", "memory_facts", "memory_edges")}
+        index_s = time.perf_counter() - t
+        report.update(rows=sum(counts.values()), tables=counts, users=len(users), load_s=round(load_s, 1),
+                      index_build_s=round(index_s, 1))
+        log.info("corpus: %s rows in %.0fs, indexes in %.0fs", counts, load_s, index_s)
+
+        redis = aioredis.from_url(settings.redis_url)
+        reader = MemoryReader(pool=pool, redis=redis, embedder=embedder, schema=settings.postgres_schema)
+        await _timed_reads(reader, "heavy", QUESTIONS, 30)  # warm caches, JIT-free but plans and buffers
+
+        totals, channels = await _timed_reads(reader, "heavy", QUESTIONS, reads)
+        report["heavy_user_one_reader_ms"] = _pcts(totals)
+        report["heavy_user_channels_p50_ms"] = {c: round(float(np.median([ch.get(c, 0) for ch in channels])), 2)
+                                                for c in channels[0]}
+        gated, _ = await _timed_reads(reader, "heavy", TRIVIAL, reads)
+        report["heavy_user_gated_ms"] = _pcts(gated)
+
+        fillers = [u for u, *_ in users if u.startswith("user-")] or ["heavy"]
+
+        async def one_reader(i: int) -> list[float]:
+            out = []
+            for j in range(max(1, reads // 4)):
+                user = "heavy" if j % 2 == 0 else fillers[(i * 31 + j) % len(fillers)]
+                t = time.perf_counter()
+                await reader.read(user, "bench", QUESTIONS[(i + j) % len(QUESTIONS)])
+                out.append((time.perf_counter() - t) * 1000)
+            return out
+
+        t = time.perf_counter()
+        lat = [x for xs in await asyncio.gather(*(one_reader(i) for i in range(readers))) for x in xs]
+        wall = time.perf_counter() - t
+        report[f"concurrent_{readers}_readers_ms"] = _pcts(lat)
+        report[f"concurrent_{readers}_readers_reads_per_s"] = round(len(lat) / wall, 1)
+
+        growth_report = {}
+        for g in growth:
+            user = f"grow-{g // 1000}k"
+            totals, channels = await _timed_reads(reader, user, QUESTIONS, max(60, reads // 3))
+            growth_report[f"{g} facts + {g} episodes"] = {
+                **_pcts(totals),
+                "episodes_vector_p50_ms": round(float(np.median([c["episodes_vector"] for c in channels])), 2),
+                "facts_vector_p50_ms": round(float(np.median([c["facts_vector"] for c in channels])), 2)}
+        report["growth_one_user"] = growth_report
+        report["filtered_ann_full_k"] = await _full_k(pool, embedder, ["heavy", *[f"grow-{g // 1000}k" for g in growth],
+                                                                       fillers[0]])
+        await redis.aclose()
+    finally:
+        await pool.close()
+        if not keep:
+            await drop_schema(dsn, settings.postgres_schema)
+    return report
