@@ -21,6 +21,7 @@ from memstream.projections.graph import query as graph_q
 from memstream.projections.profile import store as profile_store
 from memstream.read_client.budget import Budgets, TokenCounter, pack
 from memstream.read_client.gate import needs_retrieval
+from memstream.read_client.terms import keyword_terms
 from memstream.read_client.render import edge_line, episode_line, render_context
 from memstream.read_client.fusion import EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse, rerank
 from memstream.schemas import LogPosition
@@ -52,8 +53,10 @@ class MemoryReader:
     def __init__(self, *, pool: asyncpg.Pool, redis: aioredis.Redis | None, embedder: Embedder,
                  schema: str, tier0_turns: int = 20, episode_weights: Weights = EPISODE_WEIGHTS,
                  fact_weights: Weights = FACT_WEIGHTS, edge_candidates: int = EDGE_CANDIDATES,
-                 budgets: Budgets = Budgets()):
-        self._edge_candidates, self._budgets = edge_candidates, budgets
+                 budgets: Budgets = Budgets(), keyword_mode: str = "words"):
+        if keyword_mode not in ("words", "names"):
+            raise ValueError("keyword_mode is 'words' or 'names'")
+        self._edge_candidates, self._budgets, self._keyword_mode = edge_candidates, budgets, keyword_mode
         self._tokens = TokenCounter()
         self._pool, self._redis, self._embedder = pool, redis, embedder
         self._schema, self._tier0 = schema, tier0_turns
@@ -232,8 +235,13 @@ class MemoryReader:
             return await q.nearest(conn, user_id, vec, ANN_CANDIDATES, self._embedder.model_id)
 
     async def _keyword(self, q, user_id: str, message: str) -> list[asyncpg.Record]:
+        text = message
+        if self._keyword_mode == "names":
+            text = " ".join(keyword_terms(message))
+            if not text:
+                return []  # nothing an embedding would blur: the vector channels cover it
         async with self._pool.acquire() as conn:
-            return await q.keyword(conn, user_id, message, ANN_CANDIDATES)
+            return await q.keyword(conn, user_id, text, ANN_CANDIDATES, names_only=self._keyword_mode == "names")
 
     async def _edges(self, user_id: str, embedding: asyncio.Future, as_of: AsOf | None, k: int) -> list[RankedEdge]:
         """Current edges by fact-sentence similarity plus a bounded one-hop expansion around the

@@ -253,6 +253,10 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         report["heavy_user_one_reader_ms"] = _pcts(totals)
         report["heavy_user_channels_p50_ms"] = {c: round(float(np.median([ch.get(c, 0) for ch in channels])), 2)
                                                 for c in channels[0]}
+        names = MemoryReader(pool=pool, redis=redis, embedder=embedder, schema=settings.postgres_schema,
+                             keyword_mode="names")
+        totals, channels = await _timed_reads(names, "heavy", QUESTIONS, reads)
+        report["heavy_user_one_reader_names_keyword_mode_ms"] = _pcts(totals)
         gated, _ = await _timed_reads(reader, "heavy", TRIVIAL, reads)
         report["heavy_user_gated_ms"] = _pcts(gated)
 

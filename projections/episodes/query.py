@@ -35,6 +35,15 @@ SELECT {_COLS}, ts_rank_cd(tsv, qs.qo) AS rank FROM episodes JOIN hits USING (ep
 ORDER BY rank DESC, occurred_at DESC, episode_id LIMIT $3
 """
 
+# Names mode: only the given terms (names, IDs, numbers), fully served by the per-user GIN.
+_KEYWORD_TERMS = f"""
+WITH q AS (SELECT (SELECT string_agg(quote_literal(lexeme), ' | ') FROM unnest(to_tsvector('english', $2)))::tsquery AS terms,
+                  quote_literal('u' || md5($1))::tsquery AS owner)
+SELECT {_COLS}, ts_rank_cd(tsv, q.terms) AS rank FROM episodes e, q
+WHERE q.terms IS NOT NULL AND e.tsv @@ (q.terms && q.owner)
+ORDER BY rank DESC, occurred_at DESC, episode_id LIMIT $3
+"""
+
 _RECENT = f"""
 SELECT {_COLS} FROM (
     SELECT {_COLS} FROM episodes WHERE user_id = $1 AND conversation_id = $2
@@ -47,8 +56,11 @@ async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str)
     return await conn.fetch(_NEAREST, user_id, embedding, k, model)
 
 
-async def keyword(conn, user_id: str, text: str, k: int) -> Sequence[asyncpg.Record]:
-    return await conn.fetch(_KEYWORD, user_id, text, k)
+async def keyword(conn, user_id: str, text: str, k: int, *, names_only: bool = False) -> Sequence[asyncpg.Record]:
+    """Keyword channel. Default: the message's words (all of them, then the newest rows matching
+    any). ``names_only``: ``text`` holds only names/IDs/numbers (``read_client.terms``) — much
+    cheaper for heavy users, at some cost in recall."""
+    return await conn.fetch(_KEYWORD_TERMS if names_only else _KEYWORD, user_id, text, k)
 
 
 async def recent(conn, user_id: str, conversation_id: str, n: int) -> Sequence[asyncpg.Record]:

@@ -76,3 +76,16 @@ def test_render_prompt_is_compact_and_keeps_the_message_last():
     assert "Profile: name: Maria; likes: jazz" in text and "- call mom (due 2026-04-01 00:00)" in text
     assert text.endswith("User: What now?")
     assert render_prompt(MemoryContext(user_id="u", conversation_id="c", message="x"), "x") == "User: x"
+
+
+@pytest.mark.parametrize("message, terms", [
+    ("What did I say about my trip to Kyoto?", ["Kyoto"]),
+    ("Where do I work these days?", []),
+    ("Is invoice INV-2291 paid?", ["INV-2291"]),
+    ("Did Ana like Project Hail Mary?", ["Ana", "Project", "Hail", "Mary"]),
+    ("remind me about the iPhone repair on 12/3", ["iPhone", "12/3"]),
+])
+def test_names_mode_searches_only_names_ids_and_numbers(message, terms):
+    from memstream.read_client.terms import keyword_terms
+
+    assert keyword_terms(message) == terms

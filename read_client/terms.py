@@ -1,0 +1,28 @@
+"""What the keyword channel searches for: the names, IDs and numbers in a message — the things
+embeddings blur ("Kyoto", "Project Hail Mary", "INV-2291") — not its common words, which the
+vector channels already cover and which would make a full-text scan touch most of a heavy
+user's rows."""
+from __future__ import annotations
+
+import re
+
+_TOKEN = re.compile(r"[A-Za-z][\w'-]*|\d[\w./-]*")
+# Words that open a sentence or a request with a capital letter without being a name.
+_OPENERS = frozenset("""
+what where when who whom whose how why which do did does is are was were will would can could should shall
+may might must have has had tell remind show give list find please any anything some the a an my our your
+i i'm i've i'd i'll hi hello hey thanks thank ok okay so and but or if then also just yes no let let's
+""".split())
+
+
+def keyword_terms(message: str) -> list[str]:
+    """Capitalised words that are not sentence openers, words with inner capitals or digits,
+    and numbers; in order, without repeats."""
+    out: list[str] = []
+    for m in _TOKEN.finditer(message):
+        tok = m.group(0)
+        name = tok[0].isupper() and tok.lower() not in _OPENERS
+        coded = any(c.isdigit() for c in tok) or (len(tok) > 1 and any(c.isupper() for c in tok[1:]))
+        if (name or coded) and tok not in out:
+            out.append(tok)
+    return out
