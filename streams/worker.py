@@ -21,7 +21,6 @@ import logging
 import os
 from typing import Sequence
 
-import asyncpg
 import faust
 import redis.asyncio as aioredis
 from aiokafka.errors import KafkaError

@@ -1,0 +1,17 @@
+"""Benchmarks and harnesses that print numbers (``memstream bench ...``, ``memstream eval ...``)."""
+from __future__ import annotations
+
+import uuid
+
+from memstream.config import Settings
+
+
+def isolated(base: Settings, prefix: str) -> tuple[Settings, str]:
+    """``base`` with topics, consumer group and schema of its own, so a run never mixes with
+    another's data. Returns the settings and the run's tag."""
+    tag = uuid.uuid4().hex[:8]
+    return base.model_copy(update={
+        "events_topic": f"{prefix}.{tag}.events", "decisions_topic": f"{prefix}.{tag}.decisions",
+        "dead_letter_topic": f"{prefix}.{tag}.dead-letter", "group_id": f"{prefix}-{tag}",
+        "postgres_schema": f"{prefix}_{tag}",
+    }), tag

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import uuid
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from memstream.bench import isolated
 from memstream.config import Settings
 from memstream.schemas import TurnRecorded
 
@@ -51,12 +51,7 @@ async def run_formation_bench(base: Settings, *, turns: int, users: int) -> dict
     from memstream.streams.producer import TurnLog
     from memstream.streams.topics import ensure_topics
 
-    tag = uuid.uuid4().hex[:8]
-    settings = base.model_copy(update={
-        "events_topic": f"benchf.{tag}.events", "decisions_topic": f"benchf.{tag}.decisions",
-        "dead_letter_topic": f"benchf.{tag}.dead-letter", "group_id": f"benchf-{tag}",
-        "postgres_schema": f"benchf_{tag}",
-    })
+    settings, tag = isolated(base, "benchf")
     stack_from_settings(settings).up()
     dsn = resolve_dsn(settings)
     await ensure_topics(settings)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
 
+from memstream.bench import isolated
 from memstream.config import Settings
 from memstream.schemas import TurnRecorded
 
@@ -91,12 +91,7 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
     from memstream.streams.producer import TurnLog
     from memstream.streams.topics import ensure_topics
 
-    tag = uuid.uuid4().hex[:8]
-    settings = base.model_copy(update={
-        "events_topic": f"bench.{tag}.events", "decisions_topic": f"bench.{tag}.decisions",
-        "dead_letter_topic": f"bench.{tag}.dead-letter", "group_id": f"bench-{tag}",
-        "postgres_schema": f"bench_{tag}",
-    })
+    settings, tag = isolated(base, "bench")
     stack_from_settings(settings).up()
     dsn = resolve_dsn(settings)
     await ensure_topics(settings)

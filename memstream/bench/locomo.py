@@ -19,7 +19,6 @@ import json
 import logging
 import re
 import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -28,6 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from memstream.bench import isolated
 from memstream.config import Settings
 
 log = logging.getLogger("memstream.eval")
@@ -314,8 +314,7 @@ async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None
     if k < 1:
         raise ValueError("k must be >= 1")
     samples = select_samples(load_locomo(path), conv)
-    tag = uuid.uuid4().hex[:8]
-    settings = _eval_settings(base, tag)
+    settings, tag = isolated(base, "locomo")
     stack_from_settings(settings).up()
     dsn = resolve_dsn(settings)
     worker = reader = None
@@ -343,14 +342,6 @@ async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None
               "degraded_reads": degraded}
     log.info("locomo eval overall: %s", report["overall"])
     return report
-
-
-def _eval_settings(base: Settings, tag: str) -> Settings:
-    return base.model_copy(update={
-        "events_topic": f"locomo.{tag}.events", "decisions_topic": f"locomo.{tag}.decisions",
-        "dead_letter_topic": f"locomo.{tag}.dead-letter", "group_id": f"locomo-{tag}",
-        "postgres_schema": f"locomo_{tag}",
-    })
 
 
 async def _ingest(settings: Settings, samples: Sequence[Sample], tag: str) -> dict:

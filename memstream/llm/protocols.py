@@ -7,7 +7,7 @@ concurrently and should raise (not return garbage) when the model's output is ma
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from typing import Protocol, Sequence

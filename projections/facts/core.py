@@ -12,7 +12,7 @@ decisions of the turns before it exactly as the projection will.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Iterable, Mapping
 

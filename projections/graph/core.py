@@ -8,7 +8,7 @@ twice, and closing a closed edge changes nothing. System time is the decision's
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Iterable, Union
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Awaitable, Callable
 
 from memstream.llm.relations import MULTI_VALUED, USER, RelationCandidate, canonical, fact_sentence

@@ -2,7 +2,6 @@
 and degradation when Redis is gone or Postgres statements fail mid-read."""
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timedelta, timezone
 
 import asyncpg

@@ -1,5 +1,4 @@
 """The position gate keeps each partition contiguous with what the store has applied."""
-import pytest
 
 from memstream.streams import gate as gate_mod
 from memstream.streams.gate import PositionGate, align

@@ -4,7 +4,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from memstream.projections.commands.core import ReminderRow, UnknownReminder, apply
+from memstream.projections.commands.core import UnknownReminder, apply
 from memstream.projections.profile.core import build_profile
 from memstream.read_client.budget import TokenCounter, pack
 from memstream.read_client.gate import needs_retrieval
