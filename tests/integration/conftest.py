@@ -20,6 +20,7 @@ from pgvector.asyncpg import register_vector
 from memstream.config import Settings
 from memstream.projections.db import drop_schema, migrate
 from memstream.stack.launcher import Stack
+from memstream.stack.worker_process import worker_env
 from memstream.streams.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,11 +67,7 @@ async def conn(dsn: str, settings: Settings):
 
 class Worker:
     def __init__(self, settings: Settings, log_path: Path, group_id: str | None = None):
-        env = {**os.environ, "MEMSTREAM_HOME": str(HOME)}
-        for name in ("kafka_bootstrap", "events_topic", "decisions_topic", "dead_letter_topic",
-                     "postgres_schema", "redis_url", "partitions"):
-            env[f"MEMSTREAM_{name.upper()}"] = str(getattr(settings, name))
-        env["MEMSTREAM_GROUP_ID"] = group_id or settings.group_id
+        env = worker_env(settings.model_copy(update={"home": HOME, "group_id": group_id or settings.group_id}))
         self.log_path = log_path
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "memstream.cli", "worker"], env=env, cwd=ROOT,
