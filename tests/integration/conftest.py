@@ -77,14 +77,17 @@ class Worker:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def assigned(self) -> list[str]:
+    def assigned_by_role(self) -> dict[str, set[str]]:
         """The partitions of the latest assignment each role of this worker logged."""
-        latest: dict[str, list[str]] = {}
+        latest: dict[str, set[str]] = {}
         for line in self.log().splitlines():
             if "assigned partitions:" in line:
                 head, parts = line.split("assigned partitions:")
-                latest[head.split()[-1]] = [p for p in parts.split() if p != "(none)"]
-        return [p for parts in latest.values() for p in parts]
+                latest[head.split()[-1]] = {p for p in parts.split() if p != "(none)"}
+        return latest
+
+    def assigned(self) -> list[str]:
+        return sorted({p for parts in self.assigned_by_role().values() for p in parts})
 
     async def wait_assigned(self, timeout: float = 60) -> list[str]:
         deadline = time.monotonic() + timeout

@@ -104,9 +104,17 @@ async def test_two_workers_in_one_group_split_the_partitions_and_project_everyth
     await a.wait_assigned()
     await b.wait_assigned()
 
+    n = settings.partitions
+    expected = {
+        "formation": {f"{settings.events_topic}/{p}" for p in range(n)},
+        # projections: decisions, plus commands read straight from the events topic
+        "projections": {f"{t}/{p}" for t in (settings.decisions_topic, settings.events_topic) for p in range(n)},
+    }
+
     async def split():
-        pa, pb = set(a.assigned()), set(b.assigned())
-        return pa and pb and not (pa & pb) and len(pa | pb) == 2 * settings.partitions
+        ra, rb = a.assigned_by_role(), b.assigned_by_role()
+        return all(ra.get(role) and rb.get(role) and not (ra[role] & rb[role]) and ra[role] | rb[role] == parts
+                   for role, parts in expected.items())
 
     await wait_until(split, timeout=60, what="a disjoint split of all partitions")
     async with TurnLog(settings) as log:
