@@ -6,6 +6,8 @@ from typing import Sequence
 import asyncpg
 import numpy as np
 
+from memstream.projections import fulltext
+
 _COLS = "episode_id, conversation_id, occurred_at, user_message, assistant_message, metadata"
 
 # relaxed_order iterative scans may return rows slightly out of order: re-sort outside.
@@ -17,32 +19,7 @@ WITH c AS MATERIALIZED (
 SELECT * FROM c ORDER BY distance, episode_id
 """
 
-# Keyword channel: every word of the message (AND) — selective, so ranked in full — plus, for
-# recall, the newest rows matching any word (OR), capped so a heavy user with thousands of
-# loose matches costs a bounded scan. The user lexeme keeps the GIN scan to this user's rows.
-# '::tsquery' keeps lexemes as to_tsvector produced them instead of stemming them twice.
-KEYWORD_OR_CAP = 200
-_KEYWORD = f"""
-WITH lx AS (SELECT array_agg(DISTINCT quote_literal(lexeme)) AS l FROM unnest(to_tsvector('english', $2))),
-     qs AS (SELECT array_to_string(l, ' & ')::tsquery && quote_literal('u' || md5($1))::tsquery AS qa,
-                   array_to_string(l, ' | ')::tsquery AS qo
-            FROM lx WHERE l IS NOT NULL),
-     hits AS ((SELECT e.episode_id FROM episodes e, qs WHERE e.tsv @@ qs.qa LIMIT {KEYWORD_OR_CAP})
-              UNION
-              (SELECT e.episode_id FROM episodes e, qs WHERE e.user_id = $1 AND e.tsv @@ qs.qo
-               ORDER BY e.occurred_at DESC LIMIT {KEYWORD_OR_CAP}))
-SELECT {_COLS}, ts_rank_cd(tsv, qs.qo) AS rank FROM episodes JOIN hits USING (episode_id), qs
-ORDER BY rank DESC, occurred_at DESC, episode_id LIMIT $3
-"""
-
-# Names mode: only the given terms (names, IDs, numbers), fully served by the per-user GIN.
-_KEYWORD_TERMS = f"""
-WITH q AS (SELECT (SELECT string_agg(quote_literal(lexeme), ' | ') FROM unnest(to_tsvector('english', $2)))::tsquery AS terms,
-                  quote_literal('u' || md5($1))::tsquery AS owner)
-SELECT {_COLS}, ts_rank_cd(tsv, q.terms) AS rank FROM episodes e, q
-WHERE q.terms IS NOT NULL AND e.tsv @@ (q.terms && q.owner)
-ORDER BY rank DESC, occurred_at DESC, episode_id LIMIT $3
-"""
+_KEYWORD = fulltext.keyword_sql(table="episodes", key="episode_id", time_col="occurred_at", cols=_COLS)
 
 _RECENT = f"""
 SELECT {_COLS} FROM (
@@ -57,10 +34,7 @@ async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str)
 
 
 async def keyword(conn, user_id: str, text: str, k: int, *, names_only: bool = False) -> Sequence[asyncpg.Record]:
-    """Keyword channel. Default: the message's words (all of them, then the newest rows matching
-    any). ``names_only``: ``text`` holds only names/IDs/numbers (``read_client.terms``) — much
-    cheaper for heavy users, at some cost in recall."""
-    return await conn.fetch(_KEYWORD_TERMS if names_only else _KEYWORD, user_id, text, k)
+    return await fulltext.search(conn, _KEYWORD, user_id, text, k, names_only)
 
 
 async def recent(conn, user_id: str, conversation_id: str, n: int) -> Sequence[asyncpg.Record]:

@@ -7,6 +7,8 @@ from typing import Sequence
 import asyncpg
 import numpy as np
 
+from memstream.projections import fulltext
+
 _COLS = ("fact_id, lineage_id, version, text, category, attribute, value, confidence, explicit, status, "
          "valid_from, valid_to, recorded_at, superseded_at, observation_count, last_observed_at")
 
@@ -19,29 +21,7 @@ WITH c AS MATERIALIZED (
 SELECT * FROM c ORDER BY distance, fact_id
 """
 
-# As for episodes: all words (AND, selective, via the per-user GIN) plus the newest current
-# facts matching any word (OR), capped.
-_KEYWORD = f"""
-WITH lx AS (SELECT array_agg(DISTINCT quote_literal(lexeme)) AS l FROM unnest(to_tsvector('english', $2))),
-     qs AS (SELECT array_to_string(l, ' & ')::tsquery && quote_literal('u' || md5($1))::tsquery AS qa,
-                   array_to_string(l, ' | ')::tsquery AS qo
-            FROM lx WHERE l IS NOT NULL),
-     hits AS ((SELECT f.fact_id FROM memory_facts f, qs WHERE f.tsv @@ qs.qa AND f.status = 'current' LIMIT 200)
-              UNION
-              (SELECT f.fact_id FROM memory_facts f, qs WHERE f.user_id = $1 AND f.status = 'current' AND f.tsv @@ qs.qo
-               ORDER BY f.recorded_at DESC LIMIT 200))
-SELECT {_COLS}, ts_rank_cd(tsv, qs.qo) AS rank FROM memory_facts JOIN hits USING (fact_id), qs
-ORDER BY rank DESC, recorded_at DESC, fact_id LIMIT $3
-"""
-
-# Names mode: only the given terms (names, IDs, numbers), fully served by the per-user GIN.
-_KEYWORD_TERMS = f"""
-WITH q AS (SELECT (SELECT string_agg(quote_literal(lexeme), ' | ') FROM unnest(to_tsvector('english', $2)))::tsquery AS terms,
-                  quote_literal('u' || md5($1))::tsquery AS owner)
-SELECT {_COLS}, ts_rank_cd(tsv, q.terms) AS rank FROM memory_facts f, q
-WHERE q.terms IS NOT NULL AND f.tsv @@ (q.terms && q.owner) AND f.status = 'current'
-ORDER BY rank DESC, recorded_at DESC, fact_id LIMIT $3
-"""
+_KEYWORD = fulltext.keyword_sql(table="memory_facts", key="fact_id", time_col="recorded_at", cols=_COLS, where="t.status = 'current'")
 
 _BY_ATTRIBUTE = f"""
 SELECT {_COLS}, embedding FROM memory_facts
@@ -63,10 +43,7 @@ async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str)
 
 
 async def keyword(conn, user_id: str, text: str, k: int, *, names_only: bool = False) -> Sequence[asyncpg.Record]:
-    """Keyword channel. Default: the message's words (all of them, then the newest rows matching
-    any). ``names_only``: ``text`` holds only names/IDs/numbers (``read_client.terms``) — much
-    cheaper for heavy users, at some cost in recall."""
-    return await conn.fetch(_KEYWORD_TERMS if names_only else _KEYWORD, user_id, text, k)
+    return await fulltext.search(conn, _KEYWORD, user_id, text, k, names_only)
 
 
 async def current_by_attribute(conn, user_id: str, attributes: Sequence[str]) -> Sequence[asyncpg.Record]:
