@@ -137,3 +137,22 @@ async def wait_until(predicate, timeout: float = 60, what: str = "condition", in
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture
+def forbid_llm_and_embedder(monkeypatch):
+    """Call this once the live pipeline is done: from then on any extractor, resolver or
+    embedder call in this process fails the test (replays must only apply recorded decisions)."""
+    from memstream.embedding import minilm
+    from memstream.llm import offline, offline_relations
+
+    def arm() -> None:
+        def forbidden(*a, **k):
+            raise AssertionError("replay must not call an LLM client or the embedder")
+
+        for cls, method in ((offline.OfflineExtractor, "extract"), (offline.StrictOfflineExtractor, "extract"),
+                            (offline.OfflineResolver, "resolve"),
+                            (offline_relations.OfflineRelationExtractor, "extract"), (minilm.MiniLMOnnx, "embed")):
+            monkeypatch.setattr(cls, method, forbidden)
+
+    return arm

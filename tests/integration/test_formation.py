@@ -6,8 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from memstream.embedding import default_embedder, minilm
-from memstream.llm import offline
+from memstream.embedding import default_embedder
 from memstream.projections.compare import diff_counts
 from memstream.projections.db import create_pool, drop_schema
 from memstream.read_client import MemoryReader
@@ -134,7 +133,7 @@ async def test_a_burst_of_contradicting_turns_ends_with_the_last_one_and_a_full_
     assert lineages == 1
 
 
-async def test_replaying_facts_equals_the_live_table_without_calling_any_llm_or_embedder(settings, conn, dsn, workers, monkeypatch):
+async def test_replaying_facts_equals_the_live_table_without_calling_any_llm_or_embedder(settings, conn, dsn, workers, forbid_llm_and_embedder):
     w = workers()
     await w.wait_assigned()
     await append_and_wait(settings, conn, [
@@ -145,12 +144,7 @@ async def test_replaying_facts_equals_the_live_table_without_calling_any_llm_or_
     ])
     w.stop()
 
-    def forbidden(*a, **k):
-        raise AssertionError("replay must not call an LLM client or the embedder")
-
-    monkeypatch.setattr(offline.OfflineExtractor, "extract", forbidden)
-    monkeypatch.setattr(offline.OfflineResolver, "resolve", forbidden)
-    monkeypatch.setattr(minilm.MiniLMOnnx, "embed", forbidden)
+    forbid_llm_and_embedder()
     target = settings.postgres_schema + "_facts_rebuilt"
     try:
         report = await replay(settings, dsn, target, ["episodes", "facts"])

@@ -8,8 +8,7 @@ from datetime import datetime, timedelta, timezone
 import asyncpg
 import pytest
 
-from memstream.embedding import default_embedder, minilm
-from memstream.llm import offline, offline_relations
+from memstream.embedding import default_embedder
 from memstream.projections.compare import diff_counts
 from memstream.projections.db import create_pool, drop_schema
 from memstream.read_client import MemoryReader
@@ -106,7 +105,7 @@ async def test_one_hop_expansion_surfaces_a_connected_fact_ranked_below_the_dire
     assert ctx.edges.index(hop) > 0
 
 
-async def test_replaying_the_graph_equals_the_live_tables_without_any_llm(settings, conn, dsn, workers, monkeypatch):
+async def test_replaying_the_graph_equals_the_live_tables_without_any_llm(settings, conn, dsn, workers, forbid_llm_and_embedder):
     w = workers()
     await w.wait_assigned()
     await append_and_wait(settings, conn, [
@@ -117,12 +116,7 @@ async def test_replaying_the_graph_equals_the_live_tables_without_any_llm(settin
     ])
     w.stop()
 
-    def forbidden(*a, **k):
-        raise AssertionError("replay must not call an LLM client or the embedder")
-
-    monkeypatch.setattr(offline_relations.OfflineRelationExtractor, "extract", forbidden)
-    monkeypatch.setattr(offline.OfflineExtractor, "extract", forbidden)
-    monkeypatch.setattr(minilm.MiniLMOnnx, "embed", forbidden)
+    forbid_llm_and_embedder()
     target = settings.postgres_schema + "_graph_rebuilt"
     try:
         report = await replay(settings, dsn, target, ["graph"])

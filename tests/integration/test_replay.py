@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-from memstream.embedding import minilm
 from memstream.projections.compare import diff_counts
 from memstream.projections.db import drop_schema
 from memstream.streams.producer import TurnLog
@@ -15,7 +14,7 @@ from .helpers import turns
 pytestmark = pytest.mark.asyncio
 
 
-async def test_replay_into_a_fresh_schema_equals_the_live_projection_and_never_embeds(settings, dsn, conn, workers, monkeypatch):
+async def test_replay_into_a_fresh_schema_equals_the_live_projection_and_never_embeds(settings, dsn, conn, workers, forbid_llm_and_embedder):
     w = workers()
     await w.wait_assigned()
     async with TurnLog(settings) as log:
@@ -23,10 +22,7 @@ async def test_replay_into_a_fresh_schema_equals_the_live_projection_and_never_e
     await wait_until(lambda: _count(conn, 120), what="120 episodes")
     w.stop()  # a quiet live store to compare against
 
-    def no_embedding(*a, **k):
-        raise AssertionError("replay must not compute embeddings: they are recorded decisions")
-
-    monkeypatch.setattr(minilm.MiniLMOnnx, "embed", no_embedding)
+    forbid_llm_and_embedder()
     target = settings.postgres_schema + "_rebuilt"
     try:
         report = await replay_episodes(settings, dsn, target)
