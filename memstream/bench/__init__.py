@@ -15,3 +15,19 @@ def isolated(base: Settings, prefix: str) -> tuple[Settings, str]:
         "dead_letter_topic": f"{prefix}.{tag}.dead-letter", "group_id": f"{prefix}-{tag}",
         "postgres_schema": f"{prefix}_{tag}",
     }), tag
+
+
+async def prepared(base: Settings, prefix: str) -> tuple[Settings, str, str]:
+    """``isolated`` settings with the local stack up, topics created and the schema migrated.
+    Returns the settings, the run's tag and the Postgres DSN."""
+    from memstream.cli import resolve_dsn
+    from memstream.projections.db import migrate
+    from memstream.stack.launcher import stack_from_settings
+    from memstream.streams.topics import ensure_topics
+
+    settings, tag = isolated(base, prefix)
+    stack_from_settings(settings).up()
+    dsn = resolve_dsn(settings)
+    await ensure_topics(settings)
+    await migrate(dsn, settings.postgres_schema)
+    return settings, tag, dsn

@@ -14,7 +14,7 @@ from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from memstream.bench import isolated
+from memstream.bench import prepared
 from memstream.config import Settings
 from memstream.schemas import TurnRecorded
 
@@ -44,18 +44,11 @@ def fact_turns(n: int, users: int, tag: str, seed: int = 7) -> list[TurnRecorded
 
 
 async def run_formation_bench(base: Settings, *, turns: int, users: int) -> dict:
-    from memstream.cli import resolve_dsn
-    from memstream.projections.db import create_pool, drop_schema, migrate
-    from memstream.stack.launcher import stack_from_settings
+    from memstream.projections.db import create_pool, drop_schema
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.producer import TurnLog
-    from memstream.streams.topics import ensure_topics
 
-    settings, tag = isolated(base, "benchf")
-    stack_from_settings(settings).up()
-    dsn = resolve_dsn(settings)
-    await ensure_topics(settings)
-    await migrate(dsn, settings.postgres_schema)
+    settings, tag, dsn = await prepared(base, "benchf")
     pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
     batch = fact_turns(turns, users, tag)
     async with TurnLog(settings) as log:

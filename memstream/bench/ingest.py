@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memstream.bench import isolated
+from memstream.bench import prepared
 from memstream.config import Settings
 from memstream.schemas import TurnRecorded
 
@@ -84,18 +84,11 @@ class Visibility:
 
 async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: float = 25.0,
                            latency_share: float = 0.2) -> dict:
-    from memstream.cli import resolve_dsn
-    from memstream.projections.db import create_pool, drop_schema, migrate
-    from memstream.stack.launcher import stack_from_settings
+    from memstream.projections.db import create_pool, drop_schema
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.producer import TurnLog
-    from memstream.streams.topics import ensure_topics
 
-    settings, tag = isolated(base, "bench")
-    stack_from_settings(settings).up()
-    dsn = resolve_dsn(settings)
-    await ensure_topics(settings)
-    await migrate(dsn, settings.postgres_schema)
+    settings, tag, dsn = await prepared(base, "bench")
     pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
     all_turns = _turns(turns + 1, users, tag)
     warm, paced, burst = all_turns[0], all_turns[1:1 + int(turns * latency_share)], all_turns[1 + int(turns * latency_share):]
