@@ -2,6 +2,9 @@
 and degradation when Redis is gone or Postgres statements fail mid-read."""
 from __future__ import annotations
 
+import logging
+import socket
+import time
 from datetime import datetime, timedelta, timezone
 
 import asyncpg
@@ -11,10 +14,13 @@ import redis.asyncio as aioredis
 from memstream.embedding import default_embedder
 from memstream.projections.compare import diff_counts
 from memstream.projections.db import create_pool, drop_schema
+from memstream.projections.profile.store import profile_key
+from memstream.projections.session_cache import tier0_key
 from memstream.read_client import Budgets, MemoryReader, render_prompt
 from memstream.schemas import (SYSTEM_USER, ExpertIdentityDeleted, ExpertIdentityUpserted, PersonIdentitySet,
                                ReminderResolved, ReminderScheduled)
 from memstream.schemas.events import new_event_id
+from memstream.stack.launcher import Redis as RedisServer
 from memstream.streams.producer import TurnLog
 from memstream.streams.replay import replay
 
@@ -136,6 +142,72 @@ async def test_the_profile_is_always_injected_from_redis_or_postgres(settings, c
             assert ctx.degraded == []
         finally:
             await reader.close()
+
+
+@pytest.fixture
+def own_redis(settings, tmp_path):
+    """A redis-server of this test's own (free port, data under tmp_path), so it can be stopped
+    mid-test without touching the shared stack; the workers started afterwards write to it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = RedisServer(tmp_path, port)
+    try:
+        server.up()
+        settings.redis_url = server.address  # the workers fixture reads settings when a worker starts
+        yield server
+    finally:
+        server.down()  # SIGTERM, then waits for the pid to go: no redis-server outlives the test
+
+
+async def test_stopping_redis_mid_session_falls_back_to_postgres_with_the_same_context(
+        settings, conn, dsn, own_redis, workers, embedder, caplog):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("pat", "Hi, my name is Pat. I live in Oslo and I'm allergic to shellfish.", 0),
+                                           turn("pat", "I moved to Bergen last month.", 60)])
+    schema = settings.postgres_schema
+    epochs = {r["projection"]: r["epoch"] for r in await conn.fetch("SELECT projection, epoch FROM projection_epochs")}
+    t0, t1 = tier0_key(schema, epochs["episodes"], "pat", "c1"), profile_key(schema, epochs["profile"], "pat")
+    probe = aioredis.from_url(own_redis.address)
+    shared = aioredis.from_url(RedisServer(settings.home).address)
+    try:
+        async def cached():  # both tiers in OUR Redis, profile at its final state
+            return await probe.zcard(t0) == 2 and b'"Bergen"' in (await probe.get(t1) or b"")
+
+        await wait_until(cached, what="tier 0 and tier 1 cached in the test's Redis")
+        assert not await shared.exists(t0, t1)  # the workers really wrote to the test's Redis
+        reader = await make_reader(dsn, settings, embedder)
+        try:
+            up = await reader.read("pat", "c1", "ok")
+            assert up.profile == {"name": "Pat", "home": "Bergen", "allergies": ["shellfish"]} and up.degraded == []
+            assert [t.user_message for t in up.recent_turns] == ["Hi, my name is Pat. I live in Oslo and I'm allergic to shellfish.",
+                                                                 "I moved to Bergen last month."]
+
+            own_redis.down()
+            assert not own_redis.status().answers
+            caplog.clear()
+            started = time.monotonic()
+            down = await reader.read("pat", "c1", "ok")  # same reader: its pooled connection is now dead
+            assert time.monotonic() - started < 3
+            assert down.profile == up.profile and down.recent_turns == up.recent_turns
+            assert down.degraded == []  # the reader falls back inside both channels; nothing is lost
+            fallbacks = {r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR}
+            assert {"tier 0 cache unavailable; reading recent turns from Postgres",
+                    "tier 1 cache unavailable; reading the profile from Postgres"} <= fallbacks  # not a stale cache hit
+
+            own_redis.up()  # same port, empty: the caches start cold
+            caplog.clear()
+            again = await reader.read("pat", "c1", "ok")
+            assert again.profile == up.profile and again.recent_turns == up.recent_turns and again.degraded == []
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+            async with aioredis.from_url(own_redis.address) as fresh:  # probe's pooled connection died with the server
+                assert await fresh.get(t1) is not None  # the reader reconnected: a profile miss is written back
+        finally:
+            await reader.close()
+    finally:
+        await probe.aclose()
+        await shared.aclose()
 
 
 async def test_budgets_bound_each_section_in_real_tokens(settings, conn, dsn, workers, embedder):
