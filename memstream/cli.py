@@ -215,13 +215,16 @@ def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_jso
 @click.option("--readers", default=32, show_default=True, help="concurrent readers in the concurrency phase")
 @click.option("--reads", default=300, show_default=True, help="reads per single-reader phase")
 @click.option("--keep", is_flag=True, help="keep the benchmark schema afterwards")
+@click.option("--reuse", metavar="SCHEMA", help="measure a corpus kept by an earlier --keep run (same --rows)")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def bench_read(ctx: click.Context, rows: int, readers: int, reads: int, keep: bool, as_json: bool) -> None:
+def bench_read(ctx: click.Context, rows: int, readers: int, reads: int, keep: bool, reuse: str | None,
+               as_json: bool) -> None:
     """Read latency (one and many readers, gated path, growth per user) and filtered-ANN full-k."""
     from memstream.bench.read import run_read_bench
 
-    report = asyncio.run(run_read_bench(_settings(ctx), rows=rows, readers=readers, reads=reads, keep=keep))
+    report = asyncio.run(run_read_bench(_settings(ctx), rows=rows, readers=readers, reads=reads, keep=keep,
+                                          reuse=reuse))
     click.echo(json.dumps(report, indent=2, default=str) if as_json else _render_report(report))
 
 

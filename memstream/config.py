@@ -40,7 +40,7 @@ class Settings(BaseModel):
     batch_size: int = Field(256, ge=1)
     batch_seconds: float = Field(0.01, gt=0)  # linger per hop: at low load latency ~ 2 x this
     embed_threads: int = Field(1, ge=1)  # worker: leave a core for Kafka, Postgres and the other role
-    read_embed_threads: int = Field(2, ge=1)  # read client: the query embedding is on the latency path
+    read_embed_threads: int = Field(1, ge=1)  # read client: one core embeds while Postgres uses the other
     # The worker stops (rather than keep dead-lettering) past this many dead letters per batch
     # window of 1000 records: a flood of bad records usually means a bad deploy, not bad data.
     max_dead_letters_per_1000: int = Field(100, ge=0)

@@ -111,33 +111,38 @@ class MemoryReader:
             return vec
 
         degraded: list[str] = []
-        always = [
-            self._channel("recent_turns", degraded, timings, self._recent_turns, user_id, conversation_id),
-            self._channel("profile", degraded, timings, self._profile, user_id),
-            self._channel("person_identity", degraded, timings, self._q, commands_q.person_identity, user_id),
-            self._channel("due_reminders", degraded, timings, self._q, commands_q.due_reminders, user_id, now),
-        ]
-        if identity_id is not None:
-            always.append(self._channel("expert_identity", degraded, timings, self._q, commands_q.expert_identity, identity_id))
         ctx.gated = not needs_retrieval(message)
-        tier2 = []
+        embedding = None if ctx.gated else asyncio.ensure_future(embedded())
+        # Two connections, each running its channels one after another: on a small machine more
+        # concurrent statements only queue for the same cores (measured: 3-5x slower each). The
+        # second lane starts with a keyword search, which needs no embedding, while it is computed.
+        text_lane = [("person_identity", commands_q.person_identity, user_id),
+                     ("due_reminders", commands_q.due_reminders, user_id, now)]
+        if identity_id is not None:
+            text_lane.append(("expert_identity", commands_q.expert_identity, identity_id))
+        vector_lane = []
         if not ctx.gated:
-            embedding = asyncio.ensure_future(embedded())
-            tier2 = [
-                self._channel("episodes_vector", degraded, timings, self._nearest, episodes_q, user_id, embedding),
-                self._channel("episodes_keyword", degraded, timings, self._keyword, episodes_q, user_id, message),
-                self._channel("facts_vector", degraded, timings, self._nearest, facts_q, user_id, embedding),
-                self._channel("facts_keyword", degraded, timings, self._keyword, facts_q, user_id, message),
-                self._channel("edges", degraded, timings, self._edges, user_id, embedding, as_of, k_edges),
-            ]
-        results = await asyncio.gather(*always, *tier2)
-        recent, profile, person, reminders = results[:4]
-        expert = results[4] if identity_id is not None else None
-        vector, keyword, fact_vec, fact_kw, edges = results[len(always):] if tier2 else [None] * 5
-        ctx.profile, ctx.person_identity, ctx.expert_identity = profile or {}, person, expert
-        ctx.due_reminders = [Reminder(**r) for r in reminders or []]
-        ctx.recent_turns = recent or []
-        ranked = rerank(fuse({"vector": vector or [], "keyword": keyword or []}, "episode_id"),
+            text_lane.append(("episodes_keyword", self._keyword, episodes_q, user_id, message))
+            vector_lane = [("facts_keyword", self._keyword, facts_q, user_id, message),
+                           ("facts_vector", self._nearest, facts_q, user_id, embedding),
+                           ("episodes_vector", self._nearest, episodes_q, user_id, embedding),
+                           ("edges", self._edges, user_id, embedding, as_of, k_edges)]
+        got: dict[str, Any] = {}
+        await asyncio.gather(
+            self._lane(text_lane, got, degraded, timings), self._lane(vector_lane, got, degraded, timings),
+            self._into(got, "recent_turns", self._channel("recent_turns", degraded, timings, self._recent_turns,
+                                                          user_id, conversation_id)),
+            self._into(got, "profile", self._channel("profile", degraded, timings, self._profile, user_id)))
+        if embedding is not None and not embedding.done():
+            embedding.cancel()  # the vector lane failed before it needed the embedding
+        elif embedding is not None and not embedding.cancelled():
+            embedding.exception()  # already logged by the channels that awaited it
+        ctx.profile, ctx.person_identity = got.get("profile") or {}, got.get("person_identity")
+        ctx.expert_identity = got.get("expert_identity")
+        ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
+        ctx.recent_turns = got.get("recent_turns") or []
+        ranked = rerank(fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
+                             "episode_id"),
                         now, self._episode_weights, n_channels=2)
         ctx.episodes = [
             RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
@@ -147,7 +152,8 @@ class MemoryReader:
                           channels=s.cand.channels)
             for s in ranked[:k]
         ]
-        facts = rerank(fuse({"vector": fact_vec or [], "keyword": fact_kw or []}, "fact_id"), now,
+        facts = rerank(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
+                            "fact_id"), now,
                        self._fact_weights, n_channels=2, time_key="last_observed_at",
                        importance=fact_importance, type_weight=fact_type)
         ctx.facts = [
@@ -157,7 +163,7 @@ class MemoryReader:
                        importance=round(s.importance, 6), type_weight=s.type, channels=s.cand.channels)
             for s in facts[:k_facts]
         ]
-        ctx.edges = edges or []
+        ctx.edges = got.get("edges") or []
         b = budgets or self._budgets
         ctx.facts, facts_used = pack(ctx.facts, lambda f: f.text, b.facts, self._tokens)
         ctx.episodes, episodes_used = pack(ctx.episodes, episode_line, b.episodes, self._tokens)
@@ -185,6 +191,22 @@ class MemoryReader:
             return None
         finally:
             timings[name] = (time.perf_counter() - t) * 1000
+
+    async def _lane(self, steps: list[tuple], got: dict[str, Any], degraded: list[str], timings: dict[str, float]) -> None:
+        """Runs ``(name, fn, *args)`` channels in order on one pooled connection; ``fn(conn, *args)``."""
+        if not steps:
+            return
+        try:
+            async with self._pool.acquire() as conn:
+                for name, fn, *args in steps:
+                    got[name] = await self._channel(name, degraded, timings, fn, conn, *args)
+        except Exception:
+            log.exception("no Postgres connection for channels %s; their sections are empty", [n for n, *_ in steps])
+            degraded.extend(n for n, *_ in steps if n not in got)
+
+    @staticmethod
+    async def _into(got: dict[str, Any], name: str, value: Awaitable[Any]) -> None:
+        got[name] = await value
 
     async def _wait_for(self, after: LogPosition, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -216,10 +238,6 @@ class MemoryReader:
         rows = await episodes_q.recent(self._pool, user_id, conversation_id, self._tier0)
         return [Turn(**{k: r[k] for k in Turn.model_fields}) for r in rows]
 
-    async def _q(self, fn, *args):
-        async with self._pool.acquire() as conn:
-            return await fn(conn, *args)
-
     async def _profile(self, user_id: str) -> dict:
         if self._profile_epoch is None:
             self._profile_epoch = await self._pool.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'profile'")
@@ -229,31 +247,28 @@ class MemoryReader:
             log.exception("tier 1 cache unavailable; reading the profile from Postgres")
             return await profile_store.read(None, self._pool, self._schema, self._profile_epoch, user_id)
 
-    async def _nearest(self, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
+    async def _nearest(self, conn, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
         vec = await embedding
-        async with self._pool.acquire() as conn:
-            return await q.nearest(conn, user_id, vec, ANN_CANDIDATES, self._embedder.model_id)
+        return await q.nearest(conn, user_id, vec, ANN_CANDIDATES, self._embedder.model_id)
 
-    async def _keyword(self, q, user_id: str, message: str) -> list[asyncpg.Record]:
+    async def _keyword(self, conn, q, user_id: str, message: str) -> list[asyncpg.Record]:
         text = message
         if self._keyword_mode == "names":
             text = " ".join(keyword_terms(message))
             if not text:
                 return []  # nothing an embedding would blur: the vector channels cover it
-        async with self._pool.acquire() as conn:
-            return await q.keyword(conn, user_id, text, ANN_CANDIDATES, names_only=self._keyword_mode == "names")
+        return await q.keyword(conn, user_id, text, ANN_CANDIDATES)
 
-    async def _edges(self, user_id: str, embedding: asyncio.Future, as_of: AsOf | None, k: int) -> list[RankedEdge]:
+    async def _edges(self, conn, user_id: str, embedding: asyncio.Future, as_of: AsOf | None, k: int) -> list[RankedEdge]:
         """Current edges by fact-sentence similarity plus a bounded one-hop expansion around the
         matched entities, reranked together; or, with ``as_of``, the graph as it was."""
         vec = await embedding
-        async with self._pool.acquire() as conn:
-            if as_of is not None:
-                rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time, vec, k)
-                return [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in rows]
-            direct = await graph_q.nearest_current(conn, user_id, vec, self._edge_candidates, self._embedder.model_id)
-            entities = {r["source_entity_id"] for r in direct} | {r["target_entity_id"] for r in direct if r["target_entity_id"]}
-            hops = await graph_q.one_hop(conn, user_id, list(entities), [r["edge_id"] for r in direct], vec, HOP_LIMIT) if direct else []
+        if as_of is not None:
+            rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time, vec, k)
+            return [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in rows]
+        direct = await graph_q.nearest_current(conn, user_id, vec, self._edge_candidates, self._embedder.model_id)
+        entities = {r["source_entity_id"] for r in direct} | {r["target_entity_id"] for r in direct if r["target_entity_id"]}
+        hops = await graph_q.one_hop(conn, user_id, list(entities), [r["edge_id"] for r in direct], vec, HOP_LIMIT) if direct else []
         ranked = [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in direct]
         best_via = {}
         for r in direct:

@@ -196,13 +196,39 @@ async def _full_k(pool, embedder, users: Sequence[str]) -> dict[str, dict]:
                                     .replace("$4", f"'{embedder.model_id}'").replace("$2", f"'{Vector(qvecs[0]).to_text()}'"))
         stats.update(rows=rows_total, recall_mean=round(float(np.mean(recalls)), 4),
                      post_filter_returned_mean=round(float(np.mean(post)), 2),
-                     plan="hnsw" if any("embedding_hnsw" in r[0] for r in plan) else "btree/seq + sort")
+                     plan="hnsw" if any("Order By: (embedding <=>" in r[0] for r in plan) else "btree/seq + sort")
         out[user] = stats
     return out
 
 
+async def _load_corpus(pool, embedder, users) -> dict:
+    """COPY every user's rows with the HNSW indexes dropped, then build them once."""
+    corpus = Corpus(embedder)
+    t = time.perf_counter()
+    async with pool.acquire() as conn:
+        for name in ("episodes_embedding_hnsw", "memory_facts_embedding_hnsw", "memory_edges_embedding_hnsw"):
+            await conn.execute(f"DROP INDEX IF EXISTS {name}")
+        for i, (user, f, e, g) in enumerate(users):
+            await _copy_user(conn, corpus, embedder.model_id, user, f, e, g, seed=i)
+            if i % 200 == 0:
+                log.info("loaded %d/%d users", i + 1, len(users))
+        await conn.execute("INSERT INTO profiles VALUES ('heavy', '{\"name\": \"Hal\", \"home\": \"Oslo\"}', 2)")
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    async with pool.acquire() as conn:
+        await conn.execute("SET maintenance_work_mem = '3GB'; SET max_parallel_maintenance_workers = 1")
+        await conn.execute("CREATE INDEX episodes_embedding_hnsw ON episodes USING hnsw (embedding vector_cosine_ops)")
+        await conn.execute("CREATE INDEX memory_facts_embedding_hnsw ON memory_facts USING hnsw (embedding vector_cosine_ops)")
+        await conn.execute("CREATE INDEX memory_edges_embedding_hnsw ON memory_edges USING hnsw (embedding vector_cosine_ops)")
+        await conn.execute("ANALYZE")
+    index_s = time.perf_counter() - t
+    log.info("corpus loaded in %.0fs, indexes in %.0fs", load_s, index_s)
+    return {"load_s": round(load_s, 1), "index_build_s": round(index_s, 1)}
+
+
 async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int = 32, reads: int = 300,
-                         keep: bool = False) -> dict:
+                         keep: bool = False, reuse: str | None = None) -> dict:
+    """``reuse``: measure a corpus kept by an earlier ``keep=True`` run (same ``rows``) instead of loading one."""
     from memstream.cli import resolve_dsn
     from memstream.embedding import default_embedder
     from memstream.projections.db import create_pool, drop_schema, migrate
@@ -210,8 +236,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
     from memstream.stack.launcher import stack_from_settings
     import redis.asyncio as aioredis
 
-    tag = uuid.uuid4().hex[:8]
-    settings = base.model_copy(update={"postgres_schema": f"benchr_{tag}"})
+    settings = base.model_copy(update={"postgres_schema": reuse or f"benchr_{uuid.uuid4().hex[:8]}"})
     stack_from_settings(settings).up()
     dsn = resolve_dsn(settings)
     await migrate(dsn, settings.postgres_schema)
@@ -221,29 +246,11 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
     try:
         growth = [g for g in (1_000, 10_000, 100_000) if 2 * g < rows // 2]
         users = _users(rows, (10_000, 10_000, 2_000), growth)
-        corpus = Corpus(embedder)
-        t = time.perf_counter()
+        if reuse is None:
+            report.update(await _load_corpus(pool, embedder, users))
         async with pool.acquire() as conn:
-            for name in ("episodes_embedding_hnsw", "memory_facts_embedding_hnsw", "memory_edges_embedding_hnsw"):
-                await conn.execute(f"DROP INDEX IF EXISTS {name}")
-            for i, (user, f, e, g) in enumerate(users):
-                await _copy_user(conn, corpus, embedder.model_id, user, f, e, g, seed=i)
-                if i % 200 == 0:
-                    log.info("loaded %d/%d users", i + 1, len(users))
-            await conn.execute("INSERT INTO profiles VALUES ('heavy', '{\"name\": \"Hal\", \"home\": \"Oslo\"}', 2)")
-        load_s = time.perf_counter() - t
-        t = time.perf_counter()
-        async with pool.acquire() as conn:
-            await conn.execute("SET maintenance_work_mem = '3GB'; SET max_parallel_maintenance_workers = 1")
-            await conn.execute("CREATE INDEX episodes_embedding_hnsw ON episodes USING hnsw (embedding vector_cosine_ops)")
-            await conn.execute("CREATE INDEX memory_facts_embedding_hnsw ON memory_facts USING hnsw (embedding vector_cosine_ops)")
-            await conn.execute("CREATE INDEX memory_edges_embedding_hnsw ON memory_edges USING hnsw (embedding vector_cosine_ops)")
-            await conn.execute("ANALYZE")
             counts = {tb: await conn.fetchval(f"SELECT count(*) FROM {tb}") for tb in ("episodes", "memory_facts", "memory_edges")}
-        index_s = time.perf_counter() - t
-        report.update(rows=sum(counts.values()), tables=counts, users=len(users), load_s=round(load_s, 1),
-                      index_build_s=round(index_s, 1))
-        log.info("corpus: %s rows in %.0fs, indexes in %.0fs", counts, load_s, index_s)
+        report.update(rows=sum(counts.values()), tables=counts, users=len(users))
 
         redis = aioredis.from_url(settings.redis_url)
         reader = MemoryReader(pool=pool, redis=redis, embedder=embedder, schema=settings.postgres_schema)
@@ -291,6 +298,6 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         await redis.aclose()
     finally:
         await pool.close()
-        if not keep:
+        if not keep and reuse is None:
             await drop_schema(dsn, settings.postgres_schema)
     return report

@@ -33,8 +33,8 @@ async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str)
     return await conn.fetch(_NEAREST, user_id, embedding, k, model)
 
 
-async def keyword(conn, user_id: str, text: str, k: int, *, names_only: bool = False) -> Sequence[asyncpg.Record]:
-    return await fulltext.search(conn, _KEYWORD, user_id, text, k, names_only)
+async def keyword(conn, user_id: str, text: str, k: int) -> Sequence[asyncpg.Record]:
+    return await fulltext.search(conn, _KEYWORD, user_id, text, k)
 
 
 async def recent(conn, user_id: str, conversation_id: str, n: int) -> Sequence[asyncpg.Record]:

@@ -18,7 +18,7 @@ INSERT INTO episodes (episode_id, source_event_id, user_id, conversation_id, occ
 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[],
     $6::timestamptz[], $7::int[], $8::bigint[], $9::text[], $10::text[], $11::jsonb[],
     $12::vector[], $13::text[])
-ON CONFLICT (episode_id) DO NOTHING
+ON CONFLICT (user_id, episode_id) DO NOTHING
 """
 
 

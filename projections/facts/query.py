@@ -42,8 +42,8 @@ async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str)
     return await conn.fetch(_NEAREST, user_id, embedding, k, model)
 
 
-async def keyword(conn, user_id: str, text: str, k: int, *, names_only: bool = False) -> Sequence[asyncpg.Record]:
-    return await fulltext.search(conn, _KEYWORD, user_id, text, k, names_only)
+async def keyword(conn, user_id: str, text: str, k: int) -> Sequence[asyncpg.Record]:
+    return await fulltext.search(conn, _KEYWORD, user_id, text, k)
 
 
 async def current_by_attribute(conn, user_id: str, attributes: Sequence[str]) -> Sequence[asyncpg.Record]:

@@ -27,8 +27,8 @@ _UPSERT = (
     f"INSERT INTO memory_facts ({', '.join(COLUMNS)}) "
     f"SELECT {', '.join('u.' + c if c != 'observed_by' else 'u.observed_by::uuid[]' for c in COLUMNS)} FROM unnest("
     + ", ".join(f"${i + 1}::{_CASTS[c]}[]" for i, c in enumerate(COLUMNS))
-    + f") AS u({', '.join(COLUMNS)}) ON CONFLICT (fact_id) DO UPDATE SET "
-    + ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS if c != "fact_id")
+    + f") AS u({', '.join(COLUMNS)}) ON CONFLICT (user_id, fact_id) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS if c not in ("user_id", "fact_id"))
 )
 
 
