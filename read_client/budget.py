@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Sequence, TypeVar
 
 from tokenizers import Tokenizer
@@ -25,8 +26,10 @@ class TokenCounter:
         self._tok = Tokenizer.from_file(str(path or minilm._TOKENIZER))
         self._tok.no_truncation()
         self._tok.no_padding()
+        # A user's facts and episodes come back read after read: count each text once.
+        self.count = lru_cache(maxsize=8192)(self._count)
 
-    def count(self, text: str) -> int:
+    def _count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
 

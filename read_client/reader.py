@@ -115,16 +115,16 @@ class MemoryReader:
         embedding = None if ctx.gated else asyncio.ensure_future(embedded())
         # Two connections, each running its channels one after another: on a small machine more
         # concurrent statements only queue for the same cores (measured: 3-5x slower each). The
-        # second lane starts with a keyword search, which needs no embedding, while it is computed.
+        # text lane needs no embedding and runs while it is computed; the vector lane waits for it.
         text_lane = [("person_identity", commands_q.person_identity, user_id),
                      ("due_reminders", commands_q.due_reminders, user_id, now)]
         if identity_id is not None:
             text_lane.append(("expert_identity", commands_q.expert_identity, identity_id))
         vector_lane = []
         if not ctx.gated:
-            text_lane.append(("episodes_keyword", self._keyword, episodes_q, user_id, message))
-            vector_lane = [("facts_keyword", self._keyword, facts_q, user_id, message),
-                           ("facts_vector", self._nearest, facts_q, user_id, embedding),
+            text_lane += [("facts_keyword", self._keyword, facts_q, user_id, message),
+                          ("episodes_keyword", self._keyword, episodes_q, user_id, message)]
+            vector_lane = [("facts_vector", self._nearest, facts_q, user_id, embedding),
                            ("episodes_vector", self._nearest, episodes_q, user_id, embedding),
                            ("edges", self._edges, user_id, embedding, as_of, k_edges)]
         got: dict[str, Any] = {}

@@ -9,7 +9,8 @@ query embeddings behave like real ones), entities and bi-temporal edges, a Tier 
 The reads are the real thing: ``MemoryReader.read`` with a real query embedding every time.
 
 Users: one heavy user (10k facts, 10k episodes, 2k edges), three growth users (1k, 10k and 100k
-facts and episodes each), and filler users up to the requested total.
+facts and episodes each), and filler users (150 facts, 150 episodes, 30 edges) up to the
+requested total.
 """
 from __future__ import annotations
 
@@ -83,8 +84,9 @@ def _users(total: int, heavy: tuple[int, int, int], growth: Sequence[int]) -> li
     i = 0
     while used < total:
         n = min(150, max(1, (total - used) // 2))
-        users.append((f"user-{i:05d}", n, n, 0))
-        used += 2 * n
+        g = n // 5  # every user has a graph, so the planner sees edges spread over users
+        users.append((f"user-{i:05d}", n, n, g))
+        used += 2 * n + g
         i += 1
     return users
 
@@ -215,11 +217,12 @@ async def _load_corpus(pool, embedder, users) -> dict:
         await conn.execute("INSERT INTO profiles VALUES ('heavy', '{\"name\": \"Hal\", \"home\": \"Oslo\"}', 2)")
     load_s = time.perf_counter() - t
     t = time.perf_counter()
-    async with pool.acquire() as conn:
-        await conn.execute("SET maintenance_work_mem = '3GB'; SET max_parallel_maintenance_workers = 1")
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL maintenance_work_mem = '3GB'; SET LOCAL max_parallel_maintenance_workers = 1")
         await conn.execute("CREATE INDEX episodes_embedding_hnsw ON episodes USING hnsw (embedding vector_cosine_ops)")
         await conn.execute("CREATE INDEX memory_facts_embedding_hnsw ON memory_facts USING hnsw (embedding vector_cosine_ops)")
         await conn.execute("CREATE INDEX memory_edges_embedding_hnsw ON memory_edges USING hnsw (embedding vector_cosine_ops)")
+    async with pool.acquire() as conn:
         await conn.execute("ANALYZE")
     index_s = time.perf_counter() - t
     log.info("corpus loaded in %.0fs, indexes in %.0fs", load_s, index_s)
