@@ -5,8 +5,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MEMSTREAM := $(VENV)/bin/memstream
 STAMP := $(VENV)/.installed
+# Peers' search code lives in its own venv: mem0 and graphiti never enter memstream's dependencies.
+PEERS_VENV ?= .venv-peers
+PEERS_PY := $(PEERS_VENV)/bin/python
+PEERS_STAMP := $(PEERS_VENV)/.installed
+# mem0's pgvector store wants psycopg 3 and its pool (the pins of mem0ai[vector-stores]).
+PEERS_PKGS := "mem0ai==2.2.1" "psycopg[binary]>=3.2.8" "psycopg-pool>=3.2.6,<4" "graphiti-core[kuzu]==0.31.2"
+PEERS_ARGS ?=
 
-.PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow bench clean
+.PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow bench bench-peers clean
 
 # apt packages the local stack needs (Kafka runs on the JDK and is resolved by Maven).
 system-deps:
@@ -27,6 +34,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: system-deps $(STAMP)
+
+$(PEERS_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_PY) -m pip install -q --upgrade pip
+	$(PEERS_PY) -m pip install -q $(PEERS_PKGS) -e .
+	touch $(PEERS_STAMP)
 
 stack-up: install
 	$(MEMSTREAM) stack up
@@ -56,5 +69,12 @@ test-slow: stack-up
 bench: stack-up
 	$(MEMSTREAM) bench ingest --turns 10000 --users 100
 
+# Mem0's and Graphiti's search code on this machine, our embedder, then memstream's read path on a
+# corpus of the same size, in one session (bench/peers/README.md).
+bench-peers: stack-up $(PEERS_STAMP)
+	$(PEERS_PY) bench/peers/mem0_search.py --json $(PEERS_ARGS)
+	$(PEERS_PY) bench/peers/graphiti_search.py --json $(PEERS_ARGS)
+	$(MEMSTREAM) bench read --rows 50000 --reads 240 --readers 8 --json
+
 clean: stack-down
-	rm -rf .memstream $(VENV) *.egg-info
+	rm -rf .memstream $(VENV) $(PEERS_VENV) *.egg-info
