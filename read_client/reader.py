@@ -47,7 +47,7 @@ class MemoryReader:
     * ``after=LogPosition`` (as returned by ``TurnLog.append``) makes the read wait, up to
       ``wait_timeout`` seconds, until the episodes projection has applied that position, so a
       host reads its own writes. On timeout the read proceeds with ``caught_up=False``.
-    * One query embedding per read, shared by every vector channel; channels run concurrently.
+    * One query embedding per read, shared by every vector channel.
     """
 
     def __init__(self, *, pool: asyncpg.Pool, redis: aioredis.Redis | None, embedder: Embedder,
@@ -113,23 +113,24 @@ class MemoryReader:
         degraded: list[str] = []
         ctx.gated = not needs_retrieval(message)
         embedding = None if ctx.gated else asyncio.ensure_future(embedded())
-        # Two connections, each running its channels one after another: on a small machine more
-        # concurrent statements only queue for the same cores (measured: 3-5x slower each). The
-        # text lane needs no embedding and runs while it is computed; the vector lane waits for it.
+        # The text lane runs its channels one after another on one connection while the query is
+        # embedded (on two cores, more concurrent statements only queued for the same cores: each
+        # ran 3-5x slower); once the embedding is there, the vector channels run side by side.
         text_lane = [("person_identity", commands_q.person_identity, user_id),
                      ("due_reminders", commands_q.due_reminders, user_id, now)]
         if identity_id is not None:
             text_lane.append(("expert_identity", commands_q.expert_identity, identity_id))
-        vector_lane = []
+        vector_lanes = []
         if not ctx.gated:
             text_lane += [("facts_keyword", self._keyword, facts_q, user_id, message),
                           ("episodes_keyword", self._keyword, episodes_q, user_id, message)]
-            vector_lane = [("facts_vector", self._nearest, facts_q, user_id, embedding),
-                           ("episodes_vector", self._nearest, episodes_q, user_id, embedding),
-                           ("edges", self._edges, user_id, embedding, as_of, k_edges)]
+            vector_lanes = [[("facts_vector", self._nearest, facts_q, user_id, embedding)],
+                            [("episodes_vector", self._nearest, episodes_q, user_id, embedding)],
+                            [("edges", self._edges, user_id, embedding, as_of, k_edges)]]
         got: dict[str, Any] = {}
         await asyncio.gather(
-            self._lane(text_lane, got, degraded, timings), self._lane(vector_lane, got, degraded, timings),
+            self._lane(text_lane, got, degraded, timings),
+            *(self._lane(lane, got, degraded, timings, after=embedding) for lane in vector_lanes),
             self._into(got, "recent_turns", self._channel("recent_turns", degraded, timings, self._recent_turns,
                                                           user_id, conversation_id)),
             self._into(got, "profile", self._channel("profile", degraded, timings, self._profile, user_id)))
@@ -192,10 +193,12 @@ class MemoryReader:
         finally:
             timings[name] = (time.perf_counter() - t) * 1000
 
-    async def _lane(self, steps: list[tuple], got: dict[str, Any], degraded: list[str], timings: dict[str, float]) -> None:
-        """Runs ``(name, fn, *args)`` channels in order on one pooled connection; ``fn(conn, *args)``."""
-        if not steps:
-            return
+    async def _lane(self, steps: list[tuple], got: dict[str, Any], degraded: list[str], timings: dict[str, float],
+                    after: asyncio.Future | None = None) -> None:
+        """Runs ``(name, fn, *args)`` channels in order on one pooled connection; ``fn(conn, *args)``.
+        With ``after``, takes the connection only once that future is done (whatever its outcome)."""
+        if after is not None:
+            await asyncio.wait([after])
         try:
             async with self._pool.acquire() as conn:
                 for name, fn, *args in steps:

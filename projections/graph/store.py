@@ -22,17 +22,18 @@ _EDGE_CASTS = {"edge_id": "uuid", "user_id": "text", "source_entity_id": "uuid",
                "embedding": "vector", "embedding_model": "text"}
 
 
-def _upsert_sql(table: str, columns: Sequence[str], casts: dict[str, str], key: str, array_as_text: str | None = None) -> str:
+def _upsert_sql(table: str, columns: Sequence[str], casts: dict[str, str], key: Sequence[str],
+                array_as_text: str | None = None) -> str:
     select = ", ".join(f"u.{c}::text[]" if c == array_as_text else f"u.{c}" for c in columns)
     return (f"INSERT INTO {table} ({', '.join(columns)}) SELECT {select} FROM unnest("
             + ", ".join(f"${i + 1}::{casts[c]}[]" for i, c in enumerate(columns))
-            + f") AS u({', '.join(columns)}) ON CONFLICT ({key}) DO UPDATE SET "
-            + ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c != key))
+            + f") AS u({', '.join(columns)}) ON CONFLICT ({', '.join(key)}) DO UPDATE SET "
+            + ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in key))
 
 
 # aliases (text[] per row) travel as their array literal and are cast back.
-_UPSERT_ENTITIES = _upsert_sql("entities", ENTITY_COLUMNS, _ENTITY_CASTS, "entity_id", array_as_text="aliases")
-_UPSERT_EDGES = _upsert_sql("memory_edges", EDGE_COLUMNS, _EDGE_CASTS, "edge_id")
+_UPSERT_ENTITIES = _upsert_sql("entities", ENTITY_COLUMNS, _ENTITY_CASTS, ["entity_id"], array_as_text="aliases")
+_UPSERT_EDGES = _upsert_sql("memory_edges", EDGE_COLUMNS, _EDGE_CASTS, ["user_id", "edge_id"])  # partitioned by user
 
 
 def _array_literal(values: Sequence[str]) -> str:
