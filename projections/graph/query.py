@@ -19,7 +19,7 @@ WITH c AS MATERIALIZED (
     SELECT edge_id, embedding <=> $2 AS distance FROM memory_edges
     WHERE user_id = $1 AND valid_to IS NULL AND embedding_model = $4
     ORDER BY embedding <=> $2 LIMIT $3)
-SELECT {_EDGE}, c.distance FROM c JOIN {_JOIN} ON e.edge_id = c.edge_id ORDER BY c.distance, e.edge_id
+SELECT {_EDGE}, c.distance FROM c JOIN {_JOIN} ON e.user_id = $1 AND e.edge_id = c.edge_id ORDER BY c.distance, e.edge_id
 """
 
 # Other current edges touching the given entities: bounded, never the edges already found.
