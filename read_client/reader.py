@@ -143,8 +143,8 @@ class MemoryReader:
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
         ctx.recent_turns = got.get("recent_turns") or []
         ranked = rerank(fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
-                             "episode_id"),
-                        now, self._episode_weights, n_channels=2)
+                             "episode_id", keyword_share=self._episode_weights.keyword_share),
+                        now, self._episode_weights)
         ctx.episodes = [
             RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
                                                          "user_message", "assistant_message")},
@@ -154,8 +154,8 @@ class MemoryReader:
             for s in ranked[:k]
         ]
         facts = rerank(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
-                            "fact_id"), now,
-                       self._fact_weights, n_channels=2, time_key="last_observed_at",
+                            "fact_id", keyword_share=self._fact_weights.keyword_share), now,
+                       self._fact_weights, time_key="last_observed_at",
                        importance=fact_importance, type_weight=fact_type)
         ctx.facts = [
             RankedFact(**{c: s.cand.row[c] for c in ("fact_id", "text", "category", "attribute", "value", "confidence",

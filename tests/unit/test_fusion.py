@@ -1,24 +1,34 @@
 from datetime import datetime, timedelta, timezone
 
-from memstream.read_client.fusion import RRF_K, Weights, fuse, recency_decay, rerank
+from memstream.read_client.fusion import KEYWORD_SHARE, Weights, fuse, recency_decay, rerank
 
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 
 
-def row(key, days_ago=0):
-    return {"episode_id": key, "occurred_at": NOW - timedelta(days=days_ago)}
+def row(key, days_ago=0, distance=0.2, rank=1.0):
+    return {"episode_id": key, "occurred_at": NOW - timedelta(days=days_ago), "distance": distance, "rank": rank}
 
 
 def test_an_item_found_by_both_channels_outranks_one_found_by_either():
-    cands = fuse({"vector": [row("a"), row("b")], "keyword": [row("b"), row("c")]}, "episode_id")
-    ranked = [s.cand.key for s in rerank(cands, NOW, Weights(), n_channels=2)]
+    cands = fuse({"vector": [row("a", distance=0.1), row("b", distance=0.3)],
+                  "keyword": [row("b", rank=2.0), row("c", rank=2.0)]}, "episode_id")
+    ranked = [s.cand.key for s in rerank(cands, NOW, Weights())]
     assert ranked[0] == "b"
     assert {c.key: c.channels for c in cands}["b"] == ["vector", "keyword"]
 
 
-def test_rrf_scores_follow_the_reciprocal_rank_formula():
-    cands = {c.key: c.rrf for c in fuse({"v": [row("a"), row("b")]}, "episode_id")}
-    assert cands == {"a": 1 / (RRF_K + 1), "b": 1 / (RRF_K + 2)}
+def test_fused_relevance_is_the_convex_combination_of_scaled_channel_scores():
+    cands = {c.key: c.fused for c in fuse({"vector": [row("a", distance=0.2), row("b", distance=0.4), row("c", distance=0.6)],
+                                           "keyword": [row("b", rank=4.0), row("d", rank=1.0)]}, "episode_id")}
+    v = 1 - KEYWORD_SHARE
+    assert cands["a"] == v * 1.0 and cands["c"] == 0.0  # vector similarity min-max scaled within the read
+    assert abs(cands["b"] - (v * 0.5 + KEYWORD_SHARE * 1.0)) < 1e-12  # keyword BM25 over its best row
+    assert abs(cands["d"] - KEYWORD_SHARE * 0.25) < 1e-12
+    assert all(0.0 <= x <= 1.0 for x in cands.values())
+
+
+def test_a_single_row_or_equal_similarities_count_as_the_best_match():
+    assert [c.fused for c in fuse({"vector": [row("a")]}, "episode_id")] == [1 - KEYWORD_SHARE]
 
 
 def test_recency_halves_every_half_life_and_never_exceeds_one():
@@ -28,22 +38,22 @@ def test_recency_halves_every_half_life_and_never_exceeds_one():
 
 
 def test_equal_relevance_prefers_the_newer_episode_and_ties_break_on_id():
-    cands = fuse({"v": [row("old", 90)], "k": [row("new", 1)]}, "episode_id")
-    assert [s.cand.key for s in rerank(cands, NOW, Weights(), 2)] == ["new", "old"]
-    same = fuse({"v": [row("b", 5)], "k": [row("a", 5)]}, "episode_id")
-    assert [s.cand.key for s in rerank(same, NOW, Weights(), 2)] == ["a", "b"]
+    cands = fuse({"vector": [row("old", 90)]}, "episode_id") + fuse({"vector": [row("new", 1)]}, "episode_id")
+    assert [s.cand.key for s in rerank(cands, NOW, Weights())] == ["new", "old"]
+    same = fuse({"vector": [row("b", 5), row("a", 5)]}, "episode_id")
+    assert [s.cand.key for s in rerank(same, NOW, Weights())] == ["a", "b"]
 
 
 def fact(key, category="preference", confidence=0.8, seen=1, days_ago=0):
     return {"fact_id": key, "category": category, "confidence": confidence, "observation_count": seen,
-            "last_observed_at": NOW - timedelta(days=days_ago)}
+            "last_observed_at": NOW - timedelta(days=days_ago), "distance": 0.3}
 
 
 def test_fact_score_adds_importance_and_type_to_relevance_and_recency():
     from memstream.read_client.fusion import FACT_WEIGHTS, fact_importance, fact_type
 
     cands = fuse({"vector": [fact("pref"), fact("allergy", category="constraint", confidence=0.95, seen=4)]}, "fact_id")
-    scored = {s.cand.key: s for s in rerank(cands, NOW, FACT_WEIGHTS, 2, time_key="last_observed_at",
+    scored = {s.cand.key: s for s in rerank(cands, NOW, FACT_WEIGHTS, time_key="last_observed_at",
                                             importance=fact_importance, type_weight=fact_type)}
     a, p = scored["allergy"], scored["pref"]
     assert a.type == 1.0 and p.type == 0.7 and a.importance > p.importance
