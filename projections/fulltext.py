@@ -33,7 +33,8 @@ WITH lx AS (SELECT array_agg(DISTINCT lexeme) AS l FROM unnest(to_tsvector('engl
                    && quote_literal('u' || md5($1))::tsquery AS qa,
                    (SELECT string_agg(quote_literal(w), ' | ') FROM unnest(l) w)::tsquery AS qo
             FROM lx WHERE l IS NOT NULL),
-     newest AS MATERIALIZED (SELECT t.{key}, t.tsv FROM {table} t WHERE t.user_id = $1{extra}
+     newest AS MATERIALIZED (SELECT t.{key}, t.tsv FROM {table} t
+                             WHERE t.user_id = $1{extra} AND EXISTS (SELECT FROM qs)  -- no words: no scan
                              ORDER BY t.{time_col} DESC LIMIT {RECENT}),
      stats AS (SELECT count(*) AS n, greatest(avg(length(tsv)), 1) AS avgdl FROM newest),
      idf AS (SELECT words.q, ln(1 + (stats.n - count(nw.{key}) + 0.5) / (count(nw.{key}) + 0.5)) AS idf
