@@ -5,7 +5,7 @@ user; every part also says ``user_id = $1`` so the planner prunes to the user's 
 Candidates: rows containing every word of the text (AND, over all the user's rows, through the
 GIN: selective) plus, for recall, rows containing any word among the user's newest ``RECENT``
 rows. Both parts are bounded whatever the user's size — ranking every loose match of a
-100k-row user cost 50 ms (measured) — and only the candidates are ranked. Older rows matching
+100k-row user cost 50 ms (measured) — and only the candidates are ranked, by BM25. Older rows matching
 only some of the words are left to the vector channels. '::tsquery' keeps lexemes as
 to_tsvector produced them instead of stemming them twice. Parameters: $1 user_id, $2 text, $3 k.
 """
@@ -17,10 +17,6 @@ import asyncpg
 
 CAP = 200  # AND matches taken, and OR matches taken among the newest rows
 RECENT = 1000
-# BM25 with term frequency 1 and no length normalisation (b = 0): the sum of the idf of the query
-# words a row contains, document frequencies taken over the user's newest rows. On LoCoMo conv-30,
-# b = 0.75 / 0.3 scored Hit@5 0.571 / 0.581 against 0.619 for b = 0 (BENCHMARKS.md).
-_BM25 = "sum(idf.idf)"
 
 
 def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "") -> str:
@@ -36,15 +32,17 @@ WITH lx AS (SELECT array_agg(DISTINCT lexeme) AS l FROM unnest(to_tsvector('engl
      newest AS MATERIALIZED (SELECT t.{key}, t.tsv FROM {table} t
                              WHERE t.user_id = $1{extra} AND EXISTS (SELECT FROM qs)  -- no words: no scan
                              ORDER BY t.{time_col} DESC LIMIT {RECENT}),
-     stats AS (SELECT count(*) AS n, greatest(avg(length(tsv)), 1) AS avgdl FROM newest),
-     idf AS (SELECT words.q, ln(1 + (stats.n - count(nw.{key}) + 0.5) / (count(nw.{key}) + 0.5)) AS idf
-             FROM words CROSS JOIN stats LEFT JOIN newest nw ON nw.tsv @@ words.q GROUP BY words.q, stats.n),
-     scored AS ((SELECT nw.{key}, {_BM25.format(doc="nw")} AS rank FROM newest nw CROSS JOIN stats
-                 JOIN idf ON nw.tsv @@ idf.q GROUP BY nw.{key}, nw.tsv, stats.avgdl)
+     -- Rank: BM25 with term frequency 1 and no length normalisation (b = 0), i.e. the sum of the
+     -- idf of the query words a row contains, document frequencies over the user's newest rows.
+     -- On LoCoMo conv-30, b = 0.75 / 0.3 scored Hit@5 0.571 / 0.581 against 0.619 (BENCHMARKS.md).
+     idf AS (SELECT words.q, ln(1 + (n.n - count(nw.{key}) + 0.5) / (count(nw.{key}) + 0.5)) AS idf
+             FROM words CROSS JOIN (SELECT count(*) AS n FROM newest) n
+             LEFT JOIN newest nw ON nw.tsv @@ words.q GROUP BY words.q, n.n),
+     scored AS ((SELECT nw.{key}, sum(idf.idf) AS rank FROM newest nw JOIN idf ON nw.tsv @@ idf.q GROUP BY nw.{key})
                 UNION
-                (SELECT a.{key}, {_BM25.format(doc="a")} FROM stats CROSS JOIN idf JOIN
+                (SELECT a.{key}, sum(idf.idf) FROM idf JOIN
                     (SELECT t.{key}, t.tsv FROM {table} t, qs WHERE t.user_id = $1 AND t.tsv @@ qs.qa{extra} LIMIT {CAP}) a
-                    ON a.tsv @@ idf.q GROUP BY a.{key}, a.tsv, stats.avgdl)),
+                    ON a.tsv @@ idf.q GROUP BY a.{key})),
      top AS (SELECT {key}, max(rank) AS rank FROM scored GROUP BY {key} ORDER BY rank DESC LIMIT {CAP})
 SELECT {cols}, top.rank FROM {table} JOIN top USING ({key})
 WHERE user_id = $1

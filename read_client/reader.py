@@ -134,10 +134,8 @@ class MemoryReader:
             self._into(got, "recent_turns", self._channel("recent_turns", degraded, timings, self._recent_turns,
                                                           user_id, conversation_id)),
             self._into(got, "profile", self._channel("profile", degraded, timings, self._profile, user_id)))
-        if embedding is not None and not embedding.done():
-            embedding.cancel()  # the vector lane failed before it needed the embedding
-        elif embedding is not None and not embedding.cancelled():
-            embedding.exception()  # already logged by the channels that awaited it
+        if embedding is not None:
+            embedding.exception()  # retrieved: a failed embedding is logged by the channels that needed it
         ctx.profile, ctx.person_identity = got.get("profile") or {}, got.get("person_identity")
         ctx.expert_identity = got.get("expert_identity")
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
