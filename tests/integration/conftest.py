@@ -94,9 +94,12 @@ class Worker:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            got = self.assigned()
-            if any(".events/" in p for p in got) and any(".decisions/" in p for p in got):
-                return got
+            # Both roles: the projections role also reads the events topic (commands), so
+            # "some role has events and decisions" could return before formation has joined.
+            roles = self.assigned_by_role()
+            if (any(".events/" in p for p in roles.get("formation", ()))
+                    and any(".decisions/" in p for p in roles.get("projections", ()))):
+                return self.assigned()
             await asyncio.sleep(0.2)
         raise AssertionError(f"worker got no partitions within {timeout}s:\n{self.log()[-3000:]}")
 
