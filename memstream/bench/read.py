@@ -55,6 +55,7 @@ QUESTIONS = [
 ]
 TRIVIAL = ["thanks!", "ok", "cool", "got it, thanks", "lol"]
 K = 20
+VECTOR_TABLES = ("episodes", "memory_facts", "memory_edges")  # the migrations name their HNSW indexes <table>_embedding_hnsw
 
 
 def _fill(r: random.Random, template: str) -> str:
@@ -208,8 +209,8 @@ async def _load_corpus(pool, embedder, users) -> dict:
     corpus = Corpus(embedder)
     t = time.perf_counter()
     async with pool.acquire() as conn:
-        for name in ("episodes_embedding_hnsw", "memory_facts_embedding_hnsw", "memory_edges_embedding_hnsw"):
-            await conn.execute(f"DROP INDEX IF EXISTS {name}")
+        for table in VECTOR_TABLES:
+            await conn.execute(f"DROP INDEX IF EXISTS {table}_embedding_hnsw")
         for i, (user, f, e, g) in enumerate(users):
             await _copy_user(conn, corpus, embedder.model_id, user, f, e, g, seed=i)
             if i % 200 == 0:
@@ -219,9 +220,8 @@ async def _load_corpus(pool, embedder, users) -> dict:
     t = time.perf_counter()
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL maintenance_work_mem = '3GB'; SET LOCAL max_parallel_maintenance_workers = 1")
-        await conn.execute("CREATE INDEX episodes_embedding_hnsw ON episodes USING hnsw (embedding vector_cosine_ops)")
-        await conn.execute("CREATE INDEX memory_facts_embedding_hnsw ON memory_facts USING hnsw (embedding vector_cosine_ops)")
-        await conn.execute("CREATE INDEX memory_edges_embedding_hnsw ON memory_edges USING hnsw (embedding vector_cosine_ops)")
+        for table in VECTOR_TABLES:
+            await conn.execute(f"CREATE INDEX {table}_embedding_hnsw ON {table} USING hnsw (embedding vector_cosine_ops)")
     async with pool.acquire() as conn:
         await conn.execute("ANALYZE")
     index_s = time.perf_counter() - t
@@ -252,7 +252,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         if reuse is None:
             report.update(await _load_corpus(pool, embedder, users))
         async with pool.acquire() as conn:
-            counts = {tb: await conn.fetchval(f"SELECT count(*) FROM {tb}") for tb in ("episodes", "memory_facts", "memory_edges")}
+            counts = {tb: await conn.fetchval(f"SELECT count(*) FROM {tb}") for tb in VECTOR_TABLES}
         report.update(rows=sum(counts.values()), tables=counts, users=len(users))
 
         redis = aioredis.from_url(settings.redis_url)
