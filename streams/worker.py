@@ -33,6 +33,7 @@ from memstream.llm.protocols import MalformedOutput
 from memstream.projections import db
 from memstream.projections import positions as pos
 from memstream.streams.dead_letter import DeadLetters
+from memstream.streams import gate as gate_mod
 from memstream.streams.gate import PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
@@ -78,7 +79,7 @@ class Runtime:
             dead = DeadLetters(self.producer, s.dead_letter_topic, s.max_dead_letters_per_1000)
             steps: list[Step] = []
             if self.role == "formation":
-                embedder = await asyncio.to_thread(default_embedder, s.embed_threads)
+                embedder = await asyncio.to_thread(default_embedder, s.embed_threads, s.embedding_variant)
                 extractor, resolver, relations = llm_clients(s)
                 self._offsets = groupless_consumer(s.kafka_bootstrap)
                 self.offsets = await self._offsets.__aenter__()
@@ -215,6 +216,11 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
         routes = {settings.decisions_topic: ("episodes", "facts", "graph"), settings.events_topic: ("commands",)}
     for name, step_names in routes.items():
         _agent(app, app.topic(name, **raw), step_names, consume)
+
+    @app.timer(interval=gate_mod.RESEEK_AFTER_S)
+    async def reseek_silent_partitions():
+        for _, gate in list(runtime.steps.values()):
+            await gate.reseek_silent()
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender, revoked, **kwargs):

@@ -82,3 +82,17 @@ async def test_steps_sharing_a_consumer_resume_at_the_least_advanced_one():
     assert ahead.seeks == [("t", 0, 4)]
     assert [r.offset for r in await a.admit([rec(0, o) for o in range(4, 12)])] == [10, 11]  # 4..9 are redeliveries
     assert [r.offset for r in await b.admit([rec(0, o) for o in range(4, 7)])] == [4, 5, 6]
+
+
+async def test_a_partition_silent_after_a_seek_back_is_sought_again(monkeypatch):
+    f = Fakes({0: 5})
+    g = PositionGate("x", f.load, f.seek)
+    assert await g.admit([rec(0, 9)]) == [] and f.seeks == [("t", 0, 5)]
+    await g.reseek_silent()
+    assert len(f.seeks) == 1  # not yet: the seek may still be under way
+    monkeypatch.setattr(gate_mod, "RESEEK_AFTER_S", 0.0)
+    await g.reseek_silent()
+    assert f.seeks == [("t", 0, 5)] * 2
+    assert [r.offset for r in await g.admit([rec(0, 5)])] == [5]
+    await g.reseek_silent()
+    assert len(f.seeks) == 2  # delivering again: nothing to do
