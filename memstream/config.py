@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -41,6 +42,8 @@ class Settings(BaseModel):
     batch_seconds: float = Field(0.01, gt=0)  # linger per hop: at low load latency ~ 2 x this
     embed_threads: int = Field(1, ge=1)  # worker: leave a core for Kafka, Postgres and the other role
     read_embed_threads: int = Field(1, ge=1)  # read client: one core embeds while Postgres uses the other
+    # MiniLM variant (memstream.embedding.minilm): "dynamic" int8 compute or "weights" as shipped.
+    embedding_variant: Literal["dynamic", "weights"] = "dynamic"
     # The worker stops (rather than keep dead-lettering) past this many dead letters per batch
     # window of 1000 records: a flood of bad records usually means a bad deploy, not bad data.
     max_dead_letters_per_1000: int = Field(100, ge=0)

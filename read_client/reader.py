@@ -72,7 +72,7 @@ class MemoryReader:
         # A read has a latency budget: a statement stuck behind a lock fails its channel, not the read.
         pool = await db.create_pool(dsn, settings.postgres_schema, min_size=2, max_size=8, statement_timeout_ms=1000)
         redis = aioredis.from_url(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
-        return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads),
+        return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns)
 
     async def close(self) -> None:

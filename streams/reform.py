@@ -75,7 +75,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
     from memstream.streams.worker import llm_clients
 
     extraction, resolution, relations = llm_clients(settings.model_copy(update={"extractor": extractor}))
-    embedder = await asyncio.to_thread(default_embedder, settings.embed_threads)
+    embedder = await asyncio.to_thread(default_embedder, settings.embed_threads, settings.embedding_variant)
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
     t0 = time.perf_counter()

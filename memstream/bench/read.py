@@ -243,7 +243,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
     stack_from_settings(settings).up()
     dsn = resolve_dsn(settings)
     await migrate(dsn, settings.postgres_schema)
-    embedder = default_embedder(settings.read_embed_threads)
+    embedder = default_embedder(settings.read_embed_threads, settings.embedding_variant)
     pool = await create_pool(dsn, settings.postgres_schema, min_size=4, max_size=24)
     report: dict[str, Any] = {"rows_requested": rows, "schema": settings.postgres_schema}
     try:

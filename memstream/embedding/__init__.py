@@ -5,5 +5,5 @@ from memstream.embedding.minilm import MiniLMOnnx
 __all__ = ["Embedder", "MiniLMOnnx", "from_bytes", "to_bytes", "default_embedder"]
 
 
-def default_embedder(threads: int = 1) -> Embedder:
-    return MiniLMOnnx(threads=threads)
+def default_embedder(threads: int = 1, variant: str = "dynamic") -> Embedder:
+    return MiniLMOnnx(threads=threads, variant=variant)

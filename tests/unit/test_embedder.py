@@ -29,3 +29,16 @@ def test_paraphrases_are_closer_than_unrelated_sentences(embedder):
 
 def test_long_inputs_are_truncated_not_rejected(embedder):
     assert embedder.embed(["word " * 5000]).shape == (1, 384)
+
+
+def test_the_int8_compute_variant_stays_close_to_the_shipped_model_under_its_own_id(embedder):
+    shipped = default_embedder(variant="weights")
+    texts = ["What did Caroline research for her adoption plans?", "I moved to Berlin last month"]
+    assert embedder.model_id != shipped.model_id  # vectors of the two are never compared
+    cos = np.sum(embedder.embed(texts) * shipped.embed(texts), axis=1)
+    assert (cos > 0.99).all()
+
+
+def test_an_unknown_variant_is_refused():
+    with pytest.raises(ValueError, match="variant"):
+        default_embedder(variant="fp16")
