@@ -23,7 +23,8 @@ from memstream.read_client.budget import Budgets, TokenCounter, pack
 from memstream.read_client.gate import needs_retrieval
 from memstream.read_client.terms import keyword_terms
 from memstream.read_client.render import edge_line, episode_line, render_context
-from memstream.read_client.fusion import EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse, rerank
+from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse, rerank,
+                                         with_neighbours)
 from memstream.schemas import LogPosition
 from memstream.schemas.read_models import (AsOf, FactVersion, MemoryContext, RankedEdge, RankedEpisode, RankedFact,
                                            Reminder, Turn)
@@ -140,9 +141,15 @@ class MemoryReader:
         ctx.expert_identity = got.get("expert_identity")
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
         ctx.recent_turns = got.get("recent_turns") or []
-        ranked = rerank(fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
-                             "episode_id", keyword_share=self._episode_weights.keyword_share),
-                        now, self._episode_weights)
+        w = self._episode_weights
+        episodes = fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
+                        "episode_id", keyword_share=w.keyword_share)
+        if w.neighbour_share > 0 and episodes:
+            anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
+            rows = await self._channel("episode_neighbours", degraded, timings, self._neighbours, user_id,
+                                       [a.row for a in anchors])
+            episodes = with_neighbours(episodes, rows or [], "episode_id", w.neighbour_share)
+        ranked = rerank(episodes, now, w)
         ctx.episodes = [
             RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
                                                          "user_message", "assistant_message")},
@@ -251,6 +258,10 @@ class MemoryReader:
     async def _nearest(self, conn, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
         vec = await embedding
         return await q.nearest(conn, user_id, vec, ANN_CANDIDATES, self._embedder.model_id)
+
+    async def _neighbours(self, user_id: str, anchors: list) -> list[asyncpg.Record]:
+        async with self._pool.acquire() as conn:
+            return list(await episodes_q.neighbours(conn, user_id, anchors))
 
     async def _keyword(self, conn, q, user_id: str, message: str) -> list[asyncpg.Record]:
         text = message

@@ -226,6 +226,22 @@ async def test_budgets_bound_each_section_in_real_tokens(settings, conn, dsn, wo
     assert [f.fact_id for f in tight.facts] == [f.fact_id for f in roomy.facts][:len(tight.facts)]
 
 
+async def test_the_turn_after_a_matched_one_comes_back_with_it(settings, conn, dsn, workers, embedder):
+    w = workers()
+    await w.wait_assigned()
+    chat = [("Guess which dance style I love most?", "Salsa?"), ("No! Contemporary, it is so expressive.", "Lovely."),
+            ("I need to renew my passport soon.", "Noted."), ("The weather in Porto was grey today.", "Oh no."),
+            ("My sister bought a new bike.", "Nice!"), ("Work was long, lots of meetings.", "Rest well.")]
+    await append_and_wait(settings, conn, [turn("sol", q, i, answer=a) for i, (q, a) in enumerate(chat)])
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        ctx = await reader.read("sol", "c2", "which dance style do I love most?", k=2)
+    finally:
+        await reader.close()
+    assert [e.user_message for e in ctx.episodes] == [chat[0][0], chat[1][0]]
+    assert "neighbour" in ctx.episodes[1].channels and "episode_neighbours" not in ctx.degraded
+
+
 async def test_a_postgres_statement_failing_mid_read_empties_only_its_sections(settings, conn, dsn, workers, embedder, caplog):
     w = workers()
     await w.wait_assigned()

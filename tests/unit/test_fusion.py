@@ -1,6 +1,6 @@
 from datetime import datetime, timedelta, timezone
 
-from memstream.read_client.fusion import KEYWORD_SHARE, Weights, fuse, recency_decay, rerank
+from memstream.read_client.fusion import KEYWORD_SHARE, Candidate, Weights, fuse, recency_decay, rerank, with_neighbours
 
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 
@@ -66,3 +66,20 @@ def test_repeated_observations_raise_importance_but_saturate():
 
     values = [fact_importance(fact("x", seen=n)) for n in (1, 2, 7, 100)]
     assert values[0] < values[1] < values[2] == values[3]
+
+
+def test_adjacent_turns_inherit_a_share_of_their_anchors_relevance_or_keep_their_own():
+    cands = [Candidate("q", row("q"), fused=0.9, channels=["keyword"]), Candidate("x", row("x"), fused=0.8)]
+    adjacent = [{**row("reply"), "anchor": "q"}, {**row("x"), "anchor": "q"}, {**row("y"), "anchor": "unknown"}]
+    out = {c.key: c for c in with_neighbours(cands, adjacent, "episode_id", 0.5)}
+    assert set(out) == {"q", "x", "reply"}  # a neighbour of no candidate is ignored
+    assert out["reply"].fused == 0.45 and out["reply"].channels == ["neighbour"]
+    assert out["x"].fused == 0.8 and out["x"].channels == []  # its own relevance is higher
+
+
+def test_anchors_pass_on_their_own_relevance_whatever_the_order():
+    def run(order):
+        cands = [Candidate("a", row("a"), fused=0.2), Candidate("b", row("b"), fused=1.0)]
+        rows = [{**row("a"), "anchor": "b"}, {**row("c"), "anchor": "a"}]
+        return {c.key: c.fused for c in with_neighbours(cands, rows if order else rows[::-1], "episode_id", 0.5)}
+    assert run(True) == run(False) == {"a": 0.5, "b": 1.0, "c": 0.1}
