@@ -114,3 +114,24 @@ def _redis(settings, port: int | None = None):
 
 async def _count(conn, n):
     return await conn.fetchval("SELECT count(*) FROM episodes") == n
+
+
+async def test_turns_appended_while_the_worker_joins_are_all_formed_and_projected(settings, conn, workers):
+    # The race behind a stall seen once in CI: formation's consumer joined past records appended
+    # during its join, the gate sought back, and the seek was lost (now re-sought on a timer).
+    import asyncio
+
+    batch = turns(60, users=6, prefix="join")
+    workers()  # not waiting for the assignment: the appends below overlap the group join
+    async with TurnLog(settings) as log:
+        for i in range(0, len(batch), 6):
+            await log.append_many(batch[i:i + 6])
+            await asyncio.sleep(0.3)
+
+    async def all_there():
+        episodes = await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id LIKE 'join-%'")
+        formed = await conn.fetchval("SELECT coalesce(sum(next_offset), 0) FROM projection_positions "
+                                     "WHERE projection = 'formation' AND topic = $1", settings.events_topic)
+        return episodes == len(batch) and formed == len(batch)
+
+    await wait_until(all_there, timeout=90, what="every turn formed and projected")
