@@ -144,11 +144,11 @@ class MemoryReader:
         w = self._episode_weights
         episodes = fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
                         "episode_id", keyword_share=w.keyword_share)
-        if w.neighbour_share > 0 and episodes:
+        if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
             anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
             rows = await self._channel("episode_neighbours", degraded, timings, self._neighbours, user_id,
                                        [a.row for a in anchors])
-            episodes = with_neighbours(episodes, rows or [], "episode_id", w.neighbour_share)
+            episodes = with_neighbours(episodes, rows or [], "episode_id", w.neighbour_share, w.reply_share)
         ranked = rerank(episodes, now, w)
         ctx.episodes = [
             RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",

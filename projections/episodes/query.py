@@ -21,14 +21,14 @@ SELECT * FROM c ORDER BY distance, episode_id
 
 _KEYWORD = fulltext.keyword_sql(table="episodes", key="episode_id", time_col="occurred_at", cols=_COLS)
 
-# The turns just before and just after each anchor, in the anchor's conversation.
+# The turns just before and just after (``next``) each anchor, in the anchor's conversation.
 _NEIGHBOURS = f"""
 SELECT a.anchor, n.* FROM unnest($2::uuid[], $3::text[], $4::timestamptz[]) AS a(anchor, conv, at)
 CROSS JOIN LATERAL (
-    (SELECT {_COLS} FROM episodes WHERE user_id = $1 AND conversation_id = a.conv AND occurred_at > a.at
+    (SELECT {_COLS}, true AS next FROM episodes WHERE user_id = $1 AND conversation_id = a.conv AND occurred_at > a.at
      ORDER BY occurred_at, episode_id LIMIT 1)
     UNION ALL
-    (SELECT {_COLS} FROM episodes WHERE user_id = $1 AND conversation_id = a.conv AND occurred_at < a.at
+    (SELECT {_COLS}, false FROM episodes WHERE user_id = $1 AND conversation_id = a.conv AND occurred_at < a.at
      ORDER BY occurred_at DESC, episode_id DESC LIMIT 1)) n
 """
 
@@ -50,7 +50,7 @@ async def keyword(conn, user_id: str, text: str, k: int) -> Sequence[asyncpg.Rec
 
 async def neighbours(conn, user_id: str, anchors: Sequence) -> Sequence[asyncpg.Record]:
     """The turns adjacent to each anchor row (``episode_id``, ``conversation_id``, ``occurred_at``),
-    each with the anchor's id in ``anchor``."""
+    each with the anchor's id in ``anchor`` and ``next`` true for the turn after it."""
     return await conn.fetch(_NEIGHBOURS, user_id, [a["episode_id"] for a in anchors],
                             [a["conversation_id"] for a in anchors], [a["occurred_at"] for a in anchors])
 

@@ -1,6 +1,6 @@
 from datetime import datetime, timedelta, timezone
 
-from memstream.read_client.fusion import KEYWORD_SHARE, Candidate, Weights, fuse, recency_decay, rerank, with_neighbours
+from memstream.read_client.fusion import KEYWORD_SHARE, Candidate, Weights, asks, fuse, recency_decay, rerank, with_neighbours
 
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 
@@ -68,18 +68,31 @@ def test_repeated_observations_raise_importance_but_saturate():
     assert values[0] < values[1] < values[2] == values[3]
 
 
+def ep(key, user="", assistant=""):
+    return {**row(key), "user_message": user, "assistant_message": assistant}
+
+
 def test_adjacent_turns_inherit_a_share_of_their_anchors_relevance_or_keep_their_own():
-    cands = [Candidate("q", row("q"), fused=0.9, channels=["keyword"]), Candidate("x", row("x"), fused=0.8)]
-    adjacent = [{**row("reply"), "anchor": "q"}, {**row("x"), "anchor": "q"}, {**row("y"), "anchor": "unknown"}]
-    out = {c.key: c for c in with_neighbours(cands, adjacent, "episode_id", 0.5)}
+    cands = [Candidate("q", ep("q", "I like jazz."), fused=0.9, channels=["keyword"]), Candidate("x", ep("x"), fused=0.8)]
+    adjacent = [{**ep("reply"), "anchor": "q", "next": True}, {**ep("x"), "anchor": "q", "next": False},
+                {**ep("y"), "anchor": "unknown", "next": True}]
+    out = {c.key: c for c in with_neighbours(cands, adjacent, "episode_id", 0.5, 1.0)}
     assert set(out) == {"q", "x", "reply"}  # a neighbour of no candidate is ignored
-    assert out["reply"].fused == 0.45 and out["reply"].channels == ["neighbour"]
+    assert out["reply"].fused == 0.45 and out["reply"].channels == ["neighbour"]  # q asks nothing: share 0.5
     assert out["x"].fused == 0.8 and out["x"].channels == []  # its own relevance is higher
+
+
+def test_the_turn_after_a_question_inherits_the_reply_share_the_turn_before_it_does_not():
+    cands = [Candidate("q", ep("q", "Jon: What's your fave style? "), fused=0.8)]
+    adjacent = [{**ep("after"), "anchor": "q", "next": True}, {**ep("before"), "anchor": "q", "next": False}]
+    out = {c.key: c.fused for c in with_neighbours(cands, adjacent, "episode_id", 0.5, 1.0)}
+    assert out == {"q": 0.8, "after": 0.8, "before": 0.4}
+    assert asks(ep("a", "where?", "")) and asks(ep("a", "x", "Want more? ")) and not asks(ep("a", "where?", "Here."))
 
 
 def test_anchors_pass_on_their_own_relevance_whatever_the_order():
     def run(order):
-        cands = [Candidate("a", row("a"), fused=0.2), Candidate("b", row("b"), fused=1.0)]
-        rows = [{**row("a"), "anchor": "b"}, {**row("c"), "anchor": "a"}]
-        return {c.key: c.fused for c in with_neighbours(cands, rows if order else rows[::-1], "episode_id", 0.5)}
+        cands = [Candidate("a", ep("a"), fused=0.2), Candidate("b", ep("b"), fused=1.0)]
+        rows = [{**ep("a"), "anchor": "b", "next": True}, {**ep("c"), "anchor": "a", "next": True}]
+        return {c.key: c.fused for c in with_neighbours(cands, rows if order else rows[::-1], "episode_id", 0.5, 1.0)}
     assert run(True) == run(False) == {"a": 0.5, "b": 1.0, "c": 0.1}
