@@ -29,28 +29,31 @@ WITH lx AS (SELECT array_agg(DISTINCT lexeme) AS l FROM unnest(to_tsvector('engl
                    && quote_literal('u' || md5($1))::tsquery AS qa,
                    (SELECT string_agg(quote_literal(w), ' | ') FROM unnest(l) w)::tsquery AS qo
             FROM lx WHERE l IS NOT NULL),
-     newest AS MATERIALIZED (SELECT t.{key}, t.tsv FROM {table} t
+     newest AS MATERIALIZED (SELECT t.{key}, t.tsv, t.{time_col} AS at FROM {table} t
                              WHERE t.user_id = $1{extra} AND EXISTS (SELECT FROM qs)  -- no words: no scan
                              ORDER BY t.{time_col} DESC LIMIT {RECENT}),
      -- One tsquery match per newest row (any word), then one per (hit, word): matching every
      -- word against every newest row, twice, was most of the statement's time.
-     hits AS MATERIALIZED (SELECT nw.{key}, nw.tsv FROM newest nw, qs WHERE nw.tsv @@ qs.qo),
-     m AS MATERIALIZED (SELECT h.{key}, words.w FROM hits h JOIN words ON h.tsv @@ words.q),
+     hits AS MATERIALIZED (SELECT nw.{key}, nw.tsv, nw.at FROM newest nw, qs WHERE nw.tsv @@ qs.qo),
+     m AS MATERIALIZED (SELECT h.{key}, h.at, words.w FROM hits h JOIN words ON h.tsv @@ words.q),
      -- Rank: BM25 with term frequency 1 and no length normalisation (b = 0), i.e. the sum of the
      -- idf of the query words a row contains, document frequencies over the user's newest rows.
      -- On LoCoMo conv-30, b = 0.75 / 0.3 scored Hit@5 0.571 / 0.581 against 0.619 (BENCHMARKS.md).
      idf AS (SELECT words.w, words.q, ln(1 + (n.n - count(m.{key}) + 0.5) / (count(m.{key}) + 0.5)) AS idf
              FROM words CROSS JOIN (SELECT count(*) AS n FROM newest) n
              LEFT JOIN m ON m.w = words.w GROUP BY words.w, words.q, n.n),
-     scored AS ((SELECT m.{key}, sum(idf.idf) AS rank FROM m JOIN idf USING (w) GROUP BY m.{key})
+     scored AS ((SELECT m.{key}, m.at, sum(idf.idf) AS rank FROM m JOIN idf USING (w) GROUP BY m.{key}, m.at)
                 UNION
-                (SELECT a.{key}, sum(idf.idf) FROM idf JOIN
-                    (SELECT t.{key}, t.tsv FROM {table} t, qs WHERE t.user_id = $1 AND t.tsv @@ qs.qa{extra} LIMIT {CAP}) a
-                    ON a.tsv @@ idf.q GROUP BY a.{key})),
-     top AS (SELECT {key}, max(rank) AS rank FROM scored GROUP BY {key} ORDER BY rank DESC LIMIT {CAP})
+                (SELECT a.{key}, a.at, sum(idf.idf) FROM idf JOIN
+                    (SELECT t.{key}, t.tsv, t.{time_col} AS at FROM {table} t, qs
+                     WHERE t.user_id = $1 AND t.tsv @@ qs.qa{extra} LIMIT {CAP}) a
+                    ON a.tsv @@ idf.q GROUP BY a.{key}, a.at)),
+     -- The k best before the join back: only they are read whole.
+     top AS (SELECT {key}, max(rank) AS rank, max(at) AS at FROM scored GROUP BY {key}
+             ORDER BY rank DESC, at DESC, {key} LIMIT $3)
 SELECT {cols}, top.rank FROM {table} JOIN top USING ({key})
 WHERE user_id = $1
-ORDER BY rank DESC, {time_col} DESC, {key} LIMIT $3
+ORDER BY top.rank DESC, top.at DESC, {key}
 """
 
 
