@@ -29,12 +29,14 @@ class PositionGate:
         self._load, self._seek = load, seek
         self._next: dict[tuple[str, int], int] = {}
         self._seeking: dict[tuple[str, int], tuple[int, float]] = {}  # tp -> (seeks, since)
+        self._heard: dict[tuple[str, int], float] = {}  # tp being sought -> when a record last came
 
     def forget(self, tps: Iterable[tuple[str, int]]) -> None:
         """Drop cached positions (on rebalance: another worker may have moved them)."""
         for tp in tps:
             self._next.pop(tp, None)
             self._seeking.pop(tp, None)
+            self._heard.pop(tp, None)
 
     async def expect(self, topic: str, partitions) -> dict[int, int]:
         """Reload the stored positions of ``partitions`` (after an assignment)."""
@@ -42,18 +44,20 @@ class PositionGate:
         for p in partitions:
             self._next[(topic, p)] = stored.get(p, 0)
             self._seeking.pop((topic, p), None)
+            self._heard.pop((topic, p), None)
         return {p: self._next[(topic, p)] for p in partitions}
 
     def seek_started(self, topic: str, partition: int) -> None:
         self._seeking[(topic, partition)] = (1, time.monotonic())
 
     async def reseek_silent(self) -> None:
-        """Seek again where a seek-back delivered nothing for ``RESEEK_AFTER_S`` (called on a
-        timer). The records are in the log — something past them arrived — so silence means the
-        seek was lost (seen once in CI: a partition silent for 60 s after a seek during a join)."""
+        """Seek again where a seek-back delivered nothing at all for ``RESEEK_AFTER_S`` (called on
+        a timer). The records are in the log — something past them arrived — so silence means the
+        seek was lost (seen once in CI: a partition silent for 60 s after a seek during a join).
+        A partition still delivering records past the position is ``_gap``'s to handle."""
         now = time.monotonic()
         for tp, (seeks, since) in list(self._seeking.items()):
-            if now - since >= RESEEK_AFTER_S and tp in self._next:
+            if now - max(since, self._heard.get(tp, 0.0)) >= RESEEK_AFTER_S and tp in self._next:
                 log.warning("%s: nothing from %s/%s for %.0f s after seeking back to %s; seeking again",
                             self.name, tp[0], tp[1], now - since, self._next[tp])
                 self._seeking[tp] = (seeks, now)  # not a new attempt at a gap: the gap was never seen again
@@ -68,12 +72,15 @@ class PositionGate:
         admitted: list[Record] = []
         for r in records:
             tp = (r.topic, r.partition)
+            if tp in self._seeking:
+                self._heard[tp] = time.monotonic()
             expected = self._next[tp]
             if r.offset < expected:
                 continue  # already applied: a redelivery
             if r.offset > expected and not await self._gap(tp, expected, r.offset):
                 continue
             self._seeking.pop(tp, None)
+            self._heard.pop(tp, None)
             self._next[tp] = r.offset + 1
             admitted.append(r)
         return admitted

@@ -96,3 +96,15 @@ async def test_a_partition_silent_after_a_seek_back_is_sought_again(monkeypatch)
     assert [r.offset for r in await g.admit([rec(0, 5)])] == [5]
     await g.reseek_silent()
     assert len(f.seeks) == 2  # delivering again: nothing to do
+
+
+async def test_a_partition_still_delivering_past_the_position_is_left_to_the_gap_logic(monkeypatch):
+    f = Fakes({0: 5})
+    g = PositionGate("x", f.load, f.seek)
+    assert await g.admit([rec(0, 9)]) == []
+    monkeypatch.setattr(gate_mod, "RESEEK_AFTER_S", 0.05)
+    import asyncio
+    await asyncio.sleep(0.06)
+    assert await g.admit([rec(0, 10)]) == [] and len(f.seeks) == 2  # _gap's own second attempt
+    await g.reseek_silent()
+    assert len(f.seeks) == 2  # records are still coming: not silent
