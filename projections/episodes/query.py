@@ -21,15 +21,16 @@ SELECT * FROM c ORDER BY distance, episode_id
 
 _KEYWORD = fulltext.keyword_sql(table="episodes", key="episode_id", time_col="occurred_at", cols=_COLS)
 
-# The turns just before and just after (``next``) each anchor, in the anchor's conversation.
+# The turns just before and just after (``next``) each anchor, in the anchor's conversation, in
+# the order of (occurred_at, episode_id) so turns with the same time are still neighbours.
 _NEIGHBOURS = f"""
 SELECT a.anchor, n.* FROM unnest($2::uuid[], $3::text[], $4::timestamptz[]) AS a(anchor, conv, at)
 CROSS JOIN LATERAL (
-    (SELECT {_COLS}, true AS next FROM episodes WHERE user_id = $1 AND conversation_id = a.conv AND occurred_at > a.at
-     ORDER BY occurred_at, episode_id LIMIT 1)
+    (SELECT {_COLS}, true AS next FROM episodes WHERE user_id = $1 AND conversation_id = a.conv
+       AND (occurred_at, episode_id) > (a.at, a.anchor) ORDER BY occurred_at, episode_id LIMIT 1)
     UNION ALL
-    (SELECT {_COLS}, false FROM episodes WHERE user_id = $1 AND conversation_id = a.conv AND occurred_at < a.at
-     ORDER BY occurred_at DESC, episode_id DESC LIMIT 1)) n
+    (SELECT {_COLS}, false FROM episodes WHERE user_id = $1 AND conversation_id = a.conv
+       AND (occurred_at, episode_id) < (a.at, a.anchor) ORDER BY occurred_at DESC, episode_id DESC LIMIT 1)) n
 """
 
 _RECENT = f"""
