@@ -80,8 +80,9 @@ def fuse(channels: Mapping[str, Sequence[Mapping[str, Any]]], key: str, *,
 
 
 def asks(episode: Mapping[str, Any]) -> bool:
-    """The turn ends on a question: its last non-empty message ends with '?'."""
-    return (episode["assistant_message"] or episode["user_message"] or "").rstrip().endswith("?")
+    """The turn ends on a question: its last non-empty message ends with a question mark (ASCII or
+    full-width, as in Chinese and Japanese)."""
+    return (episode["assistant_message"] or episode["user_message"] or "").rstrip().endswith(("?", "\uff1f"))
 
 
 def with_neighbours(cands: list[Candidate], neighbours: Sequence[Mapping[str, Any]], key: str,

@@ -88,6 +88,7 @@ def test_the_turn_after_a_question_inherits_the_reply_share_the_turn_before_it_d
     out = {c.key: c.fused for c in with_neighbours(cands, adjacent, "episode_id", 0.5, 1.0)}
     assert out == {"q": 0.8, "after": 0.8, "before": 0.4}
     assert asks(ep("a", "where?", "")) and asks(ep("a", "x", "Want more? ")) and not asks(ep("a", "where?", "Here."))
+    assert asks(ep("a", "\u4f60\u4f4f\u5728\u54ea\u91cc\uff1f", ""))  # full-width question mark
 
 
 def test_anchors_pass_on_their_own_relevance_whatever_the_order():
