@@ -146,9 +146,10 @@ class MemoryReader:
                         "episode_id", keyword_share=w.keyword_share)
         if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
             anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
-            rows = await self._channel("episode_neighbours", degraded, timings, self._neighbours, user_id,
-                                       [a.row for a in anchors])
-            episodes = with_neighbours(episodes, rows or [], "episode_id", w.neighbour_share, w.reply_share)
+            await self._lane([("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])],
+                             got, degraded, timings)
+            episodes = with_neighbours(episodes, got.get("episode_neighbours") or [], "episode_id",
+                                       w.neighbour_share, w.reply_share)
         ranked = rerank(episodes, now, w)
         ctx.episodes = [
             RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
@@ -258,10 +259,6 @@ class MemoryReader:
     async def _nearest(self, conn, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
         vec = await embedding
         return await q.nearest(conn, user_id, vec, ANN_CANDIDATES, self._embedder.model_id)
-
-    async def _neighbours(self, user_id: str, anchors: list) -> list[asyncpg.Record]:
-        async with self._pool.acquire() as conn:
-            return list(await episodes_q.neighbours(conn, user_id, anchors))
 
     async def _keyword(self, conn, q, user_id: str, message: str) -> list[asyncpg.Record]:
         text = message
