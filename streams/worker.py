@@ -33,8 +33,7 @@ from memstream.llm.protocols import MalformedOutput
 from memstream.projections import db
 from memstream.projections import positions as pos
 from memstream.streams.dead_letter import DeadLetters
-from memstream.streams import gate as gate_mod
-from memstream.streams.gate import PositionGate, align
+from memstream.streams.gate import RESEEK_AFTER_S, PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
 from memstream.streams.formation.step import Formation, ProjectionBarrier
@@ -217,7 +216,7 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     for name, step_names in routes.items():
         _agent(app, app.topic(name, **raw), step_names, consume)
 
-    @app.timer(interval=gate_mod.RESEEK_AFTER_S)
+    @app.timer(interval=RESEEK_AFTER_S)
     async def reseek_silent_partitions():
         for _, gate in list(runtime.steps.values()):
             await gate.reseek_silent()

