@@ -9,15 +9,15 @@ from typing import Sequence
 import asyncpg
 import numpy as np
 
-_EDGE = """e.edge_id, e.source_entity_id, e.relation, e.target_entity_id, e.target_value, e.valid_from, e.valid_to,
-    e.recorded_at, e.closed_at, e.fact_sentence, e.confidence, e.explicit, s.name AS source_name,
-    coalesce(t.name, e.target_value) AS target_name"""
+_COLUMNS = ("edge_id", "source_entity_id", "relation", "target_entity_id", "target_value", "valid_from", "valid_to",
+            "recorded_at", "closed_at", "fact_sentence", "confidence", "explicit")
+_COLS = ", ".join(_COLUMNS)
+_EDGE = (", ".join(f"e.{c}" for c in _COLUMNS)
+         + ", s.name AS source_name, coalesce(t.name, e.target_value) AS target_name")
 _JOIN = "memory_edges e JOIN entities s ON s.entity_id = e.source_entity_id LEFT JOIN entities t ON t.entity_id = e.target_entity_id"
 
 # The nearest edges are picked with their own columns (the index scan reads those rows anyway)
 # and only then named: no join back to the partitioned table, so less to plan and to execute.
-_COLS = ("edge_id, source_entity_id, relation, target_entity_id, target_value, valid_from, valid_to, recorded_at, "
-         "closed_at, fact_sentence, confidence, explicit")
 _NAMED = f"""SELECT c.*, s.name AS source_name, coalesce(t.name, c.target_value) AS target_name FROM c
 JOIN entities s ON s.entity_id = c.source_entity_id LEFT JOIN entities t ON t.entity_id = c.target_entity_id
 ORDER BY c.distance, c.edge_id"""
