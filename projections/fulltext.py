@@ -1,13 +1,16 @@
-"""The keyword channel's SQL, one design for every table that has a per-user ``tsv``.
+"""The keyword channel's SQL, one design for every table that has a per-user ``tsv`` and a
+``<table>_terms`` postings table (migration 0008).
 
-Each tsvector carries a lexeme naming its user (migration 0005), so the GIN scan stays inside the
-user; every part also says ``user_id = $1`` so the planner prunes to the user's partition (0006).
-Candidates: rows containing every word of the text (AND, over all the user's rows, through the
-GIN: selective) plus, for recall, rows containing any word among the user's newest ``RECENT``
-rows. Both parts are bounded whatever the user's size — ranking every loose match of a
-100k-row user cost 50 ms (measured) — and only the candidates are ranked, by BM25. Older rows matching
-only some of the words are left to the vector channels. '::tsquery' keeps lexemes as
-to_tsvector produced them instead of stemming them twice. Parameters: $1 user_id, $2 text, $3 k.
+Candidates: rows containing any word of the text among the user's newest ``RECENT`` rows (for
+recall), plus rows containing every word (AND, over all the user's rows, through the GIN index:
+selective; each tsvector carries a lexeme naming its user, migration 0005). Both parts are
+bounded whatever the user's size — ranking every loose match of a 100k-row user cost 50 ms
+(measured) — and only the candidates are ranked, by BM25. Older rows matching only some of the
+words are left to the vector channels. The newest rows are found without reading them: the
+window's start comes from the (user, time) index and its matches from the postings' primary key,
+both index-only. Every part says ``user_id = $1`` so the planner prunes to the user's partition
+(0006). '::tsquery' keeps lexemes as to_tsvector produced them instead of stemming them twice.
+Parameters: $1 user_id, $2 text, $3 k.
 """
 from __future__ import annotations
 
@@ -15,33 +18,33 @@ from typing import Sequence
 
 import asyncpg
 
-CAP = 200  # AND matches taken, and OR matches taken among the newest rows
+CAP = 200  # AND matches taken
 RECENT = 1000
 
 
 def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "") -> str:
-    """The keyword query for ``table``; ``where`` is an extra row filter on alias ``t``."""
+    """The keyword query for ``table``; ``where`` is an extra row filter on alias ``t`` (the
+    postings hold exactly the rows it admits)."""
     extra = f" AND {where}" if where else ""
     return f"""
 WITH lx AS (SELECT array_agg(DISTINCT lexeme) AS l FROM unnest(to_tsvector('english', $2))),
      words AS (SELECT w, quote_literal(w)::tsquery AS q FROM lx, unnest(lx.l) AS w),
      qs AS (SELECT (SELECT string_agg(quote_literal(w), ' & ') FROM unnest(l) w)::tsquery
-                   && quote_literal('u' || md5($1))::tsquery AS qa,
-                   (SELECT string_agg(quote_literal(w), ' | ') FROM unnest(l) w)::tsquery AS qo
+                   && quote_literal('u' || md5($1))::tsquery AS qa
             FROM lx WHERE l IS NOT NULL),
-     newest AS MATERIALIZED (SELECT t.{key}, t.tsv, t.{time_col} AS at FROM {table} t
-                             WHERE t.user_id = $1{extra} AND EXISTS (SELECT FROM qs)  -- no words: no scan
-                             ORDER BY t.{time_col} DESC LIMIT {RECENT}),
-     -- One tsquery match per newest row (any word), then one per (hit, word): matching every
-     -- word against every newest row, twice, was most of the statement's time.
-     hits AS MATERIALIZED (SELECT nw.{key}, nw.tsv, nw.at FROM newest nw, qs WHERE nw.tsv @@ qs.qo),
-     m AS MATERIALIZED (SELECT h.{key}, h.at, words.w FROM hits h JOIN words ON h.tsv @@ words.q),
+     -- The window: where the user's newest RECENT rows begin, and how many there are.
+     win AS (SELECT min(at) AS since, count(*) AS n FROM (
+                 SELECT t.{time_col} AS at FROM {table} t
+                 WHERE t.user_id = $1{extra} AND EXISTS (SELECT FROM qs)  -- no words: no scan
+                 ORDER BY t.{time_col} DESC LIMIT {RECENT}) w),
+     m AS MATERIALIZED (SELECT p.term AS w, p.{key}, p.at FROM {table}_terms p
+                        WHERE p.user_id = $1 AND p.term = ANY((SELECT l FROM lx)::text[])
+                          AND p.at >= (SELECT since FROM win)),
      -- Rank: BM25 with term frequency 1 and no length normalisation (b = 0), i.e. the sum of the
      -- idf of the query words a row contains, document frequencies over the user's newest rows.
      -- On LoCoMo conv-30, b = 0.75 / 0.3 scored Hit@5 0.571 / 0.581 against 0.619 (BENCHMARKS.md).
-     idf AS (SELECT words.w, words.q, ln(1 + (n.n - count(m.{key}) + 0.5) / (count(m.{key}) + 0.5)) AS idf
-             FROM words CROSS JOIN (SELECT count(*) AS n FROM newest) n
-             LEFT JOIN m ON m.w = words.w GROUP BY words.w, words.q, n.n),
+     idf AS (SELECT words.w, words.q, ln(1 + (win.n - count(m.{key}) + 0.5) / (count(m.{key}) + 0.5)) AS idf
+             FROM words CROSS JOIN win LEFT JOIN m ON m.w = words.w GROUP BY words.w, words.q, win.n),
      scored AS ((SELECT m.{key}, m.at, sum(idf.idf) AS rank FROM m JOIN idf USING (w) GROUP BY m.{key}, m.at)
                 UNION
                 (SELECT a.{key}, a.at, sum(idf.idf) FROM idf JOIN

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from memstream.embedding import default_embedder
-from memstream.projections.compare import diff_counts
+from memstream.projections.compare import TABLES, diff_counts
 from memstream.projections.db import create_pool, drop_schema
 from memstream.read_client import MemoryReader
 from memstream.schemas import TurnRecorded
@@ -149,10 +149,19 @@ async def test_replaying_facts_equals_the_live_table_without_calling_any_llm_or_
     try:
         report = await replay(settings, dsn, target, ["episodes", "facts"])
         assert report.rows["facts"] > 5
-        assert await diff_counts(conn, settings.postgres_schema, target, "memory_facts") == (0, 0)
-        assert await diff_counts(conn, settings.postgres_schema, target, "episodes") == (0, 0)
+        for table in TABLES["facts"] + TABLES["episodes"]:
+            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
     finally:
         await drop_schema(dsn, target)
     statuses = {r["text"]: r["status"] for r in await conn.fetch("SELECT text, status FROM memory_facts WHERE user_id='eve'")}
     assert statuses["Works at Globex"] == "deleted" and statuses["Works at Santa Maria hospital"] == "superseded"
     assert statuses["Dislikes cilantro"] == "current"
+    # The keyword postings are exactly the words of the current facts and of every episode,
+    # after supersessions and deletions (the triggers of migration 0008).
+    for table, key, at, where in (("memory_facts", "fact_id", "recorded_at", "WHERE status = 'current'"),
+                                  ("episodes", "episode_id", "occurred_at", "")):
+        implied = f"SELECT user_id, t, {at}, {key} FROM {table}, unnest(memstream_terms(tsv, user_id)) t {where}"
+        kept = f"SELECT user_id, term, at, {key} FROM {table}_terms"
+        assert await conn.fetchval(f"SELECT count(*) FROM ({implied} EXCEPT ALL {kept}) d") == 0, table
+        assert await conn.fetchval(f"SELECT count(*) FROM ({kept} EXCEPT ALL {implied}) d") == 0, table
+        assert await conn.fetchval(f"SELECT count(*) FROM {table}_terms") > 0, table
