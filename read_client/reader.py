@@ -275,9 +275,8 @@ class MemoryReader:
         if as_of is not None:
             rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time, vec, k)
             return [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in rows]
-        direct = await graph_q.nearest_current(conn, user_id, vec, self._edge_candidates, self._embedder.model_id)
-        entities = {r["source_entity_id"] for r in direct} | {r["target_entity_id"] for r in direct if r["target_entity_id"]}
-        hops = await graph_q.one_hop(conn, user_id, list(entities), [r["edge_id"] for r in direct], vec, HOP_LIMIT) if direct else []
+        rows = await graph_q.nearest_with_hops(conn, user_id, vec, self._edge_candidates, HOP_LIMIT, self._embedder.model_id)
+        direct, hops = [r for r in rows if r["hop"] == 0], [r for r in rows if r["hop"] == 1]
         ranked = [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in direct]
         best_via = {}
         for r in direct:

@@ -16,28 +16,26 @@ _EDGE = (", ".join(f"e.{c}" for c in _COLUMNS)
          + ", s.name AS source_name, coalesce(t.name, e.target_value) AS target_name")
 _JOIN = "memory_edges e JOIN entities s ON s.entity_id = e.source_entity_id LEFT JOIN entities t ON t.entity_id = e.target_entity_id"
 
-# The nearest edges are picked with their own columns (the index scan reads those rows anyway)
-# and only then named: no join back to the partitioned table, so less to plan and to execute.
-_NAMED = f"""SELECT c.*, s.name AS source_name, coalesce(t.name, c.target_value) AS target_name FROM c
-JOIN entities s ON s.entity_id = c.source_entity_id LEFT JOIN entities t ON t.entity_id = c.target_entity_id
-ORDER BY c.distance, c.edge_id"""
-
-_NEAREST_CURRENT = f"""
+# The nearest current edges (hop 0) and, in the same statement, a bounded set of other current
+# edges touching their entities (hop 1), nearest first: one round trip and one plan instead of two.
+# Both are picked with their own columns (the scans read those rows anyway) and only then named:
+# no join back to the partitioned table.
+_NEAREST_WITH_HOPS = f"""
 WITH c AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges
     WHERE user_id = $1 AND valid_to IS NULL AND embedding_model = $4
-    ORDER BY embedding <=> $2 LIMIT $3)
-{_NAMED}
-"""
-
-# Other current edges touching the given entities: bounded, never the edges already found.
-_ONE_HOP = f"""
-WITH c AS MATERIALIZED (
-    SELECT {_COLS}, embedding <=> $4 AS distance FROM memory_edges
-    WHERE user_id = $1 AND valid_to IS NULL AND NOT (edge_id = ANY($3::uuid[]))
-      AND (source_entity_id = ANY($2::uuid[]) OR target_entity_id = ANY($2::uuid[]))
-    ORDER BY embedding <=> $4, edge_id LIMIT $5)
-{_NAMED}
+    ORDER BY embedding <=> $2 LIMIT $3),
+ends AS (SELECT array_agg(DISTINCT e) AS e FROM c, LATERAL (VALUES (c.source_entity_id), (c.target_entity_id)) v(e)
+         WHERE e IS NOT NULL),
+h AS MATERIALIZED (
+    SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges
+    WHERE user_id = $1 AND valid_to IS NULL AND NOT (edge_id = ANY((SELECT array_agg(edge_id) FROM c)::uuid[]))
+      AND (source_entity_id = ANY((SELECT e FROM ends)::uuid[]) OR target_entity_id = ANY((SELECT e FROM ends)::uuid[]))
+    ORDER BY embedding <=> $2, edge_id LIMIT $5),
+found AS (SELECT 0 AS hop, * FROM c UNION ALL SELECT 1, * FROM h)
+SELECT b.*, s.name AS source_name, coalesce(t.name, b.target_value) AS target_name FROM found b
+JOIN entities s ON s.entity_id = b.source_entity_id LEFT JOIN entities t ON t.entity_id = b.target_entity_id
+ORDER BY b.hop, b.distance, b.edge_id
 """
 
 # What was believed at recorded time r about valid time v: edges recorded by r, begun by v,
@@ -81,13 +79,11 @@ WHERE w.depth > 0 GROUP BY en.entity_id, en.name ORDER BY depth, en.name
 """
 
 
-async def nearest_current(conn, user_id: str, embedding: np.ndarray, k: int, model: str) -> Sequence[asyncpg.Record]:
-    return await conn.fetch(_NEAREST_CURRENT, user_id, embedding, k, model)
-
-
-async def one_hop(conn, user_id: str, entity_ids: Sequence[uuid.UUID], exclude: Sequence[uuid.UUID],
-                  embedding: np.ndarray, limit: int) -> Sequence[asyncpg.Record]:
-    return await conn.fetch(_ONE_HOP, user_id, list(entity_ids), list(exclude), embedding, limit)
+async def nearest_with_hops(conn, user_id: str, embedding: np.ndarray, k: int, hop_limit: int,
+                            model: str) -> Sequence[asyncpg.Record]:
+    """The ``k`` current edges nearest the embedding (``hop`` 0), then up to ``hop_limit`` other
+    current edges sharing an entity with them (``hop`` 1), each with its ``distance``."""
+    return await conn.fetch(_NEAREST_WITH_HOPS, user_id, embedding, k, model, hop_limit)
 
 
 async def as_of(conn, user_id: str, valid_time: datetime, recorded_time: datetime,
