@@ -17,7 +17,7 @@ _EDGE = (", ".join(f"e.{c}" for c in _COLUMNS)
 _JOIN = "memory_edges e JOIN entities s ON s.entity_id = e.source_entity_id LEFT JOIN entities t ON t.entity_id = e.target_entity_id"
 
 # The nearest current edges (hop 0) and, in the same statement, a bounded set of other current
-# edges touching their entities (hop 1), nearest first: one round trip and one plan instead of two.
+# edges touching their entities other than the user (hop 1), nearest first: one round trip and one plan instead of two.
 # Both are picked with their own columns (the scans read those rows anyway) and only then named:
 # no join back to the partitioned table.
 _NEAREST_WITH_HOPS = f"""
@@ -25,8 +25,10 @@ WITH c AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges
     WHERE user_id = $1 AND valid_to IS NULL AND embedding_model = $4
     ORDER BY embedding <=> $2 LIMIT $3),
-ends AS (SELECT array_agg(DISTINCT e) AS e FROM c, LATERAL (VALUES (c.source_entity_id), (c.target_entity_id)) v(e)
-         WHERE e IS NOT NULL),
+-- Not through the user's own entity: every fact about the user touches it, so a hop through it
+-- would be the user's whole graph (all of a heavy user's edges sorted by distance), not a neighbourhood.
+ends AS (SELECT array_agg(DISTINCT v.e) AS e FROM c, LATERAL (VALUES (c.source_entity_id), (c.target_entity_id)) v(e)
+         JOIN entities en ON en.entity_id = v.e WHERE NOT en.is_user),
 h AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges
     WHERE user_id = $1 AND valid_to IS NULL AND NOT (edge_id = ANY((SELECT array_agg(edge_id) FROM c)::uuid[]))

@@ -103,6 +103,8 @@ async def test_one_hop_expansion_surfaces_a_connected_fact_ranked_below_the_dire
     hop = next(e for e in ctx.edges if e.fact_sentence == "Ana works at Google")
     assert hop.hop == 1 and hop.score < ctx.edges[0].score
     assert ctx.edges.index(hop) > 0
+    # Not a hop through the user: living in Oslo is connected to the sister only via the user.
+    assert not any("Oslo" in e.fact_sentence for e in ctx.edges)
 
 
 async def test_replaying_the_graph_equals_the_live_tables_without_any_llm(settings, conn, dsn, workers, forbid_llm_and_embedder):
