@@ -281,7 +281,7 @@ class MemoryReader:
             return [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in rows]
         rows = await graph_q.nearest_with_hops(conn, user_id, vec, self._edge_candidates, HOP_LIMIT, self._embedder.model_id)
         direct, hops = [r for r in rows if r["hop"] == 0], [r for r in rows if r["hop"] == 1]
-        ranked = [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in direct]
+        scored = [(1.0 - float(r["distance"]), 0, r) for r in direct]
         best_via = {}
         for r in direct:
             for e in (r["source_entity_id"], r["target_entity_id"]):
@@ -290,10 +290,10 @@ class MemoryReader:
         for r in hops:
             via = max(best_via.get(r["source_entity_id"], 0.0), best_via.get(r["target_entity_id"], 0.0))
             # Reranked, not equally relevant: bounded by the connecting match, plus its own similarity.
-            score = HOP_DISCOUNT * via * (0.5 + 0.5 * max(0.0, 1.0 - float(r["distance"])))
-            ranked.append(_edge(r, hop=1, score=score))
-        ranked.sort(key=lambda e: (-e.score, e.hop, str(e.edge_id)))
-        return ranked[:k]
+            scored.append((HOP_DISCOUNT * via * (0.5 + 0.5 * max(0.0, 1.0 - float(r["distance"]))), 1, r))
+        # Rounded as RankedEdge rounds it, so the order is the one its fields show; only the k kept are built.
+        scored.sort(key=lambda t: (-round(t[0], 6), t[1], str(t[2]["edge_id"])))
+        return [_edge(r, hop=hop, score=score) for score, hop, r in scored[:k]]
 
     async def timeline(self, user_id: str, source_entity_id, relation: str) -> list[RankedEdge]:
         """Every edge of one (source, relation), in world-time order."""
