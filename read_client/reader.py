@@ -148,21 +148,12 @@ class MemoryReader:
         w = self._episode_weights
         episodes = fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
                         "episode_id", keyword_share=w.keyword_share)
+        adjacent = None
         if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
             anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
-            await self._lane([("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])],
-                             got, degraded, timings)
-            episodes = with_neighbours(episodes, got.get("episode_neighbours") or [], "episode_id",
-                                       w.neighbour_share, w.reply_share)
-        ranked = rerank(episodes, now, w)
-        ctx.episodes = [
-            RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
-                                                         "user_message", "assistant_message")},
-                          metadata=_json(s.cand.row["metadata"]),
-                          score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
-                          channels=s.cand.channels)
-            for s in ranked[:k]
-        ]
+            adjacent = asyncio.ensure_future(self._lane(
+                [("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])], got, degraded, timings))
+            await asyncio.sleep(0)  # the statement is sent; facts are ranked while Postgres runs it
         facts = rerank(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
                             "fact_id", keyword_share=self._fact_weights.keyword_share), now,
                        self._fact_weights, time_key="last_observed_at",
@@ -173,6 +164,19 @@ class MemoryReader:
                        score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
                        importance=round(s.importance, 6), type_weight=s.type, channels=s.cand.channels)
             for s in facts[:k_facts]
+        ]
+        if adjacent is not None:
+            await adjacent
+            episodes = with_neighbours(episodes, got.get("episode_neighbours") or [], "episode_id",
+                                       w.neighbour_share, w.reply_share)
+        ranked = rerank(episodes, now, w)
+        ctx.episodes = [
+            RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
+                                                         "user_message", "assistant_message")},
+                          metadata=_json(s.cand.row["metadata"]),
+                          score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
+                          channels=s.cand.channels)
+            for s in ranked[:k]
         ]
         ctx.edges = got.get("edges") or []
         b = budgets or self._budgets
