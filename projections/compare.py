@@ -6,7 +6,8 @@ import asyncpg
 from memstream.config import check_schema_name
 
 # Tables each projection owns, compared on every column (generated ones included).
-TABLES = {"episodes": ["episodes", "episodes_terms"], "facts": ["memory_facts", "memory_facts_terms"], "graph": ["entities", "memory_edges"],
+TABLES = {"episodes": ["episodes", "episodes_terms"], "facts": ["memory_facts", "memory_facts_terms"],
+          "graph": ["entities", "memory_edges"],
           "commands": ["reminders", "person_identities", "expert_identities"], "profile": ["profiles"]}
 
 

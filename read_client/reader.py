@@ -151,8 +151,8 @@ class MemoryReader:
         adjacent = None
         if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
             anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
-            adjacent = asyncio.ensure_future(self._lane(
-                [("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])], got, degraded, timings))
+            step = ("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])
+            adjacent = asyncio.ensure_future(self._lane([step], got, degraded, timings))
             await asyncio.sleep(0)  # the statement is sent; facts are ranked while Postgres runs it
         facts = rerank(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
                             "fact_id", keyword_share=self._fact_weights.keyword_share), now,
@@ -283,7 +283,8 @@ class MemoryReader:
         if as_of is not None:
             rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time, vec, k)
             return [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in rows]
-        rows = await graph_q.nearest_with_hops(conn, user_id, vec, self._edge_candidates, HOP_LIMIT, self._embedder.model_id)
+        rows = await graph_q.nearest_with_hops(conn, user_id, vec, self._edge_candidates, HOP_LIMIT,
+                                               self._embedder.model_id)
         direct, hops = [r for r in rows if r["hop"] == 0], [r for r in rows if r["hop"] == 1]
         scored = [(1.0 - float(r["distance"]), 0, r) for r in direct]
         best_via = {}

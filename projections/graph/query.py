@@ -17,9 +17,9 @@ _EDGE = (", ".join(f"e.{c}" for c in _COLUMNS)
 _JOIN = "memory_edges e JOIN entities s ON s.entity_id = e.source_entity_id LEFT JOIN entities t ON t.entity_id = e.target_entity_id"
 
 # The nearest current edges (hop 0) and, in the same statement, a bounded set of other current
-# edges touching their entities other than the user (hop 1), nearest first: one round trip and one plan instead of two.
-# Both are picked with their own columns (the scans read those rows anyway) and only then named:
-# no join back to the partitioned table.
+# edges touching their entities other than the user (hop 1), nearest first: one round trip and
+# one plan instead of two. Both are picked with their own columns (the scans read those rows
+# anyway) and only then named: no join back to the partitioned table.
 _NEAREST_WITH_HOPS = f"""
 WITH c AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges

@@ -66,6 +66,7 @@ CREATE TRIGGER episodes_terms AFTER INSERT OR DELETE OR UPDATE OF user_message, 
 CREATE TRIGGER memory_facts_terms AFTER INSERT OR DELETE OR UPDATE
     ON memory_facts FOR EACH ROW EXECUTE FUNCTION memory_facts_terms_sync();
 
-INSERT INTO episodes_terms SELECT user_id, t, occurred_at, episode_id FROM episodes, unnest(memstream_terms(tsv, user_id)) t;
+INSERT INTO episodes_terms SELECT user_id, t, occurred_at, episode_id
+FROM episodes, unnest(memstream_terms(tsv, user_id)) t;
 INSERT INTO memory_facts_terms SELECT user_id, t, recorded_at, fact_id
 FROM memory_facts, unnest(memstream_terms(tsv, user_id)) t WHERE status = 'current';
