@@ -3,10 +3,13 @@
 -- like the GIN one: a replay rebuilds it with the rows, and the replay comparison checks it).
 -- The keyword query then reads the user's recent rows that contain a query word from these
 -- primary keys alone (index-only scans), instead of fetching the user's newest 1,000 wide rows
--- and matching each one's tsvector: 3 ms of a 3.8 ms statement for a 10k-row user (BENCHMARKS.md).
--- Words are the tsvector's lexemes without the user lexeme of 0005.
+-- and matching each one's tsvector (10k-row user: executing 3.1 -> 1.2 ms, BENCHMARKS.md).
+-- Words are the tsvector's lexemes without the user lexeme of 0005, and only up to 200 bytes: a
+-- btree key holds at most ~2.7 kB, and a 1 kB user id with a 2 kB lexeme would not fit (nobody
+-- asks for a 200-byte word; the all-words GIN path still sees it).
 CREATE FUNCTION memstream_terms(tsv tsvector, user_id text) RETURNS text[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
-$$ SELECT array(SELECT t FROM unnest(tsvector_to_array(tsv)) t WHERE t <> 'u' || md5(user_id)) $$;
+$$ SELECT array(SELECT t FROM unnest(tsvector_to_array(tsv)) t
+                WHERE t <> 'u' || md5(user_id) AND octet_length(t) <= 200) $$;
 
 CREATE TABLE episodes_terms (
     user_id    text        NOT NULL,

@@ -86,3 +86,18 @@ async def test_keyword_sql_returns_what_its_contract_says(conn, query):
         assert [i for i, _ in got[:5]] == [uuid.uuid5(uuid.NAMESPACE_OID, f"kw/{i}") for i in (149, 120, 77, 40, 3)]
     if query == "quokka":
         assert [i for i, _ in got] == [uuid.uuid5(uuid.NAMESPACE_OID, "kw/10")]
+
+
+async def test_a_huge_word_of_the_longest_user_id_is_stored_and_left_out_of_the_postings(conn):
+    # The longest user id (256 characters) and a 2 kB word, neither compressible: as one btree key
+    # (2,784 bytes) they exceed the 2,704-byte limit and the insert would fail.
+    r = random.Random(3)
+    user = "".join(chr(r.randint(0x4E00, 0x9FFF)) for _ in range(256))
+    word = "".join(r.choices("abcdefghijklmnopqrstuvwxyz0123456789", k=2000))
+    await conn.copy_records_to_table("episodes", records=[_row(user, 0, f"{word} apple")], columns=[
+        "episode_id", "source_event_id", "user_id", "conversation_id", "occurred_at", "recorded_at",
+        "source_partition", "source_offset", "user_message", "assistant_message", "metadata", "embedding",
+        "embedding_model"])
+    assert await conn.fetchval("SELECT array_agg(term) FROM episodes_terms WHERE user_id = $1", user) == ["appl"]
+    found = await episodes_q.keyword(conn, user, "apple", 5)
+    assert [r["episode_id"] for r in found] == [uuid.uuid5(uuid.NAMESPACE_OID, f"{user}/0")]
