@@ -28,6 +28,13 @@ def _row(user: str, i: int, text: str) -> tuple:
             text, "", None, np.zeros(384, dtype=np.float32), "test-model")
 
 
+async def _copy(conn, rows: list[tuple]) -> None:
+    await conn.copy_records_to_table("episodes", records=rows, columns=[
+        "episode_id", "source_event_id", "user_id", "conversation_id", "occurred_at", "recorded_at",
+        "source_partition", "source_offset", "user_message", "assistant_message", "metadata", "embedding",
+        "embedding_model"])
+
+
 def _texts(seed: int) -> list[str]:
     r = random.Random(seed)
     texts = [" ".join(r.sample(COMMON, 3)) for _ in range(N)]
@@ -70,16 +77,10 @@ async def _expected(conn, user: str, texts: list[str], query: str, k: int) -> li
 ])
 async def test_keyword_sql_returns_what_its_contract_says(conn, query):
     texts = _texts(seed=11)
-    await conn.copy_records_to_table("episodes", records=[_row("kw", i, t) for i, t in enumerate(texts)], columns=[
-        "episode_id", "source_event_id", "user_id", "conversation_id", "occurred_at", "recorded_at",
-        "source_partition", "source_offset", "user_message", "assistant_message", "metadata", "embedding",
-        "embedding_model"])
+    await _copy(conn, [_row("kw", i, t) for i, t in enumerate(texts)])
     # Another user with the same words (and more of the rare ones) never leaks in.
     other = [t + " zeppelin walrus quokka" for t in _texts(seed=12)[:300]]
-    await conn.copy_records_to_table("episodes", records=[_row("other", i, t) for i, t in enumerate(other)], columns=[
-        "episode_id", "source_event_id", "user_id", "conversation_id", "occurred_at", "recorded_at",
-        "source_partition", "source_offset", "user_message", "assistant_message", "metadata", "embedding",
-        "embedding_model"])
+    await _copy(conn, [_row("other", i, t) for i, t in enumerate(other)])
     got = [(r["episode_id"], round(float(r["rank"]), 6)) for r in await episodes_q.keyword(conn, "kw", query, 20)]
     assert got == await _expected(conn, "kw", texts, query, 20)
     if query == "zeppelin walrus":
@@ -94,10 +95,7 @@ async def test_a_huge_word_of_the_longest_user_id_is_stored_and_left_out_of_the_
     r = random.Random(3)
     user = "".join(chr(r.randint(0x4E00, 0x9FFF)) for _ in range(256))
     word = "".join(r.choices("abcdefghijklmnopqrstuvwxyz0123456789", k=2000))
-    await conn.copy_records_to_table("episodes", records=[_row(user, 0, f"{word} apple")], columns=[
-        "episode_id", "source_event_id", "user_id", "conversation_id", "occurred_at", "recorded_at",
-        "source_partition", "source_offset", "user_message", "assistant_message", "metadata", "embedding",
-        "embedding_model"])
+    await _copy(conn, [_row(user, 0, f"{word} apple")])
     assert await conn.fetchval("SELECT array_agg(term) FROM episodes_terms WHERE user_id = $1", user) == ["appl"]
     found = await episodes_q.keyword(conn, user, "apple", 5)
     assert [r["episode_id"] for r in found] == [uuid.uuid5(uuid.NAMESPACE_OID, f"{user}/0")]
