@@ -172,7 +172,7 @@ class Kafka:
         props = self._configure()
         self.logs.mkdir(parents=True, exist_ok=True)
         if not (self.data / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+            cluster_id = _cluster_id()
             proc = subprocess.run(
                 self._java() + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
                 capture_output=True, text=True,
@@ -201,6 +201,15 @@ class Kafka:
         pid = _read_pid(self.pidfile)
         return ServiceStatus(self.name, self.address, _port_open("127.0.0.1", self.port),
                              f"pid {pid}" if pid and _pid_alive(pid) else "")
+
+
+def _cluster_id() -> str:
+    """A random Kafka cluster id (base64url of 16 bytes). Like Kafka's own ``Uuid.randomUuid``,
+    never one starting with '-': the storage tool's argument parser takes that for an option
+    (1 format in 64 failed with "argument --cluster-id/-t: expected one argument")."""
+    while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()).startswith("-"):
+        pass
+    return cid
 
 
 def shared_buffers() -> str:
