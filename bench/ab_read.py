@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import subprocess
 import sys
 import time
@@ -43,9 +44,11 @@ def child(root: str, schema: str, names: bool) -> None:
     async def serve() -> None:
         s = Settings().model_copy(update={"postgres_schema": schema})
         pool = await create_pool(resolve_dsn(s), schema, min_size=4, max_size=24)
+        extra = {"keyword_mode": "names"} if names else {}
+        if "text_pool" in inspect.signature(MemoryReader).parameters:  # checkouts from 2026-11-30 on
+            extra["text_pool"] = await create_pool(resolve_dsn(s), schema, min_size=4, max_size=24, generic_plans=True)
         reader = MemoryReader(pool=pool, redis=aioredis.from_url(s.redis_url), schema=schema,
-                              embedder=default_embedder(s.read_embed_threads, s.embedding_variant),
-                              **({"keyword_mode": "names"} if names else {}))
+                              embedder=default_embedder(s.read_embed_threads, s.embedding_variant), **extra)
         loop = asyncio.get_running_loop()
         print("ready", flush=True)
         while (line := await loop.run_in_executor(None, sys.stdin.readline)).strip():

@@ -28,10 +28,12 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 8,
-                      statement_timeout_ms: int | None = None) -> asyncpg.Pool:
+                      statement_timeout_ms: int | None = None, generic_plans: bool = False) -> asyncpg.Pool:
     """A pool bound to ``schema``; pgvector types registered; iterative HNSW scans on, so a
     per-user filter after the index scan still returns the k rows asked for (pgvector >= 0.8);
-    custom plans per execution, so each user gets the plan that fits its row count."""
+    custom plans per execution, so each user gets the plan that fits its row count — or, with
+    ``generic_plans``, one plan per statement and connection, planned once, for statements whose
+    best plan is the same for every user (the reader's text lane)."""
     settings = {
         "search_path": f"{_quote(schema)}, public",
         "hnsw.iterative_scan": "relaxed_order",
@@ -42,7 +44,7 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
         # btree plus an exact sort (small users) is right depends on the user. asyncpg prepares
         # statements, and a generic plan picks one for everybody: 12 ms instead of 1.3 ms for a
         # 10k-row user at 300k rows (BENCHMARKS.md).
-        "plan_cache_mode": "force_custom_plan",
+        "plan_cache_mode": "force_generic_plan" if generic_plans else "force_custom_plan",
     }
     if statement_timeout_ms is not None:
         settings["statement_timeout"] = str(statement_timeout_ms)

@@ -22,10 +22,12 @@ CAP = 200  # AND matches taken
 RECENT = 1000
 
 
-def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "") -> str:
+def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "", where_gin: str = "") -> str:
     """The keyword query for ``table``; ``where`` is an extra row filter on alias ``t`` (the
-    postings hold exactly the rows it admits)."""
+    postings hold exactly the rows it admits); ``where_gin``, if given, is the same filter as the
+    all-words part writes it (``facts.query`` says why)."""
     extra = f" AND {where}" if where else ""
+    extra_gin = f" AND {where_gin or where}" if where else ""
     return f"""
 WITH lx AS (SELECT array_agg(DISTINCT lexeme) AS l FROM unnest(to_tsvector('english', $2))),
      words AS (SELECT w, quote_literal(w)::tsquery AS q FROM lx, unnest(lx.l) AS w),
@@ -54,7 +56,7 @@ WITH lx AS (SELECT array_agg(DISTINCT lexeme) AS l FROM unnest(to_tsvector('engl
                 UNION
                 (SELECT a.{key}, a.at, sum(idf.idf) FROM idf JOIN
                     (SELECT t.{key}, t.tsv, t.{time_col} AS at FROM {table} t, qs
-                     WHERE t.user_id = $1 AND t.tsv @@ qs.qa{extra} AND (SELECT n FROM whole) < $3 LIMIT {CAP}) a
+                     WHERE t.user_id = $1 AND t.tsv @@ qs.qa{extra_gin} AND (SELECT n FROM whole) < $3 LIMIT {CAP}) a
                     ON a.tsv @@ idf.q GROUP BY a.{key}, a.at)),
      -- The k best before the join back: only they are read whole.
      top AS (SELECT {key}, max(rank) AS rank, max(at) AS at FROM scored GROUP BY {key}

@@ -49,17 +49,23 @@ class MemoryReader:
       ``wait_timeout`` seconds, until the episodes projection has applied that position, so a
       host reads its own writes. On timeout the read proceeds with ``caught_up=False``.
     * One query embedding per read, shared by every vector channel.
+
+    ``pool`` plans every statement for its parameters (the vector searches need it: HNSW for a
+    big user, the user's rows sorted for a small one). ``text_pool``, if given, is a
+    ``generic_plans`` pool for the statements whose plan fits every user (keyword, identities,
+    reminders, adjacent turns): planned once per connection instead of on every read.
     """
 
     def __init__(self, *, pool: asyncpg.Pool, redis: aioredis.Redis | None, embedder: Embedder,
                  schema: str, tier0_turns: int = 20, episode_weights: Weights = EPISODE_WEIGHTS,
                  fact_weights: Weights = FACT_WEIGHTS, edge_candidates: int = EDGE_CANDIDATES,
-                 budgets: Budgets = Budgets(), keyword_mode: str = "words"):
+                 budgets: Budgets = Budgets(), keyword_mode: str = "words", text_pool: asyncpg.Pool | None = None):
         if keyword_mode not in ("words", "names"):
             raise ValueError("keyword_mode is 'words' or 'names'")
         self._edge_candidates, self._budgets, self._keyword_mode = edge_candidates, budgets, keyword_mode
         self._tokens = TokenCounter()
         self._pool, self._redis, self._embedder = pool, redis, embedder
+        self._text_pool = text_pool or pool
         self._schema, self._tier0 = schema, tier0_turns
         self._episode_weights, self._fact_weights = episode_weights, fact_weights
         self._epoch: int | None = None
@@ -72,13 +78,17 @@ class MemoryReader:
     async def connect(cls, settings, dsn: str, *, embedder: Embedder | None = None) -> MemoryReader:
         # A read has a latency budget: a statement stuck behind a lock fails its channel, not the read.
         pool = await db.create_pool(dsn, settings.postgres_schema, min_size=2, max_size=8, statement_timeout_ms=1000)
+        text_pool = await db.create_pool(dsn, settings.postgres_schema, min_size=1, max_size=8, statement_timeout_ms=1000,
+                                         generic_plans=True)
         redis = aioredis.from_url(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
         return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
-                   schema=settings.postgres_schema, tier0_turns=settings.tier0_turns)
+                   schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool)
 
     async def close(self) -> None:
         self._embed_pool.shutdown(wait=False)
         await self._pool.close()
+        if self._text_pool is not self._pool:
+            await self._text_pool.close()
         if self._redis is not None:
             await self._redis.aclose()
 
@@ -134,7 +144,7 @@ class MemoryReader:
             vector_lanes = [[ed], [fv, ev]]
         got: dict[str, Any] = {}
         await asyncio.gather(
-            self._lane(text_lane, got, degraded, timings),
+            self._lane(text_lane, got, degraded, timings, pool=self._text_pool),
             *(self._lane(lane, got, degraded, timings, after=embedding) for lane in vector_lanes),
             self._into(got, "recent_turns", self._channel("recent_turns", degraded, timings, self._recent_turns,
                                                           user_id, conversation_id)),
@@ -152,7 +162,7 @@ class MemoryReader:
         if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
             anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
             step = ("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])
-            adjacent = asyncio.ensure_future(self._lane([step], got, degraded, timings))
+            adjacent = asyncio.ensure_future(self._lane([step], got, degraded, timings, pool=self._text_pool))
             await asyncio.sleep(0)  # the statement is sent; facts are ranked while Postgres runs it
         facts = rerank(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
                             "fact_id", keyword_share=self._fact_weights.keyword_share), now,
@@ -208,13 +218,14 @@ class MemoryReader:
             timings[name] = (time.perf_counter() - t) * 1000
 
     async def _lane(self, steps: list[tuple], got: dict[str, Any], degraded: list[str], timings: dict[str, float],
-                    after: asyncio.Future | None = None) -> None:
-        """Runs ``(name, fn, *args)`` channels in order on one pooled connection; ``fn(conn, *args)``.
-        With ``after``, takes the connection only once that future is done (whatever its outcome)."""
+                    after: asyncio.Future | None = None, pool: asyncpg.Pool | None = None) -> None:
+        """Runs ``(name, fn, *args)`` channels in order on one connection of ``pool`` (default: the
+        custom-plan one); ``fn(conn, *args)``. With ``after``, takes the connection only once that
+        future is done (whatever its outcome)."""
         if after is not None:
             await asyncio.wait([after])
         try:
-            async with self._pool.acquire() as conn:
+            async with (pool or self._pool).acquire() as conn:
                 for name, fn, *args in steps:
                     got[name] = await self._channel(name, degraded, timings, fn, conn, *args)
         except Exception:

@@ -248,6 +248,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
     await migrate(dsn, settings.postgres_schema)
     embedder = default_embedder(settings.read_embed_threads, settings.embedding_variant)
     pool = await create_pool(dsn, settings.postgres_schema, min_size=4, max_size=24)
+    text_pool = await create_pool(dsn, settings.postgres_schema, min_size=4, max_size=24, generic_plans=True)
     report: dict[str, Any] = {"rows_requested": rows, "schema": settings.postgres_schema}
     try:
         growth = [g for g in (1_000, 10_000, 100_000) if 2 * g < rows // 2]
@@ -259,7 +260,8 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         report.update(rows=sum(counts.values()), tables=counts, users=len(users))
 
         redis = aioredis.from_url(settings.redis_url)
-        reader = MemoryReader(pool=pool, redis=redis, embedder=embedder, schema=settings.postgres_schema)
+        reader = MemoryReader(pool=pool, redis=redis, embedder=embedder, schema=settings.postgres_schema,
+                              text_pool=text_pool)
         await _timed_reads(reader, "heavy", QUESTIONS, 30)  # warm caches, JIT-free but plans and buffers
 
         totals, channels = await _timed_reads(reader, "heavy", QUESTIONS, reads)
@@ -267,7 +269,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         report["heavy_user_channels_p50_ms"] = {c: round(float(np.median([ch.get(c, 0) for ch in channels])), 2)
                                                 for c in channels[0]}
         names = MemoryReader(pool=pool, redis=redis, embedder=embedder, schema=settings.postgres_schema,
-                             keyword_mode="names")
+                             keyword_mode="names", text_pool=text_pool)
         totals, channels = await _timed_reads(names, "heavy", QUESTIONS, reads)
         report["heavy_user_one_reader_names_keyword_mode_ms"] = _pcts(totals)
         gated, _ = await _timed_reads(reader, "heavy", TRIVIAL, reads)
@@ -304,6 +306,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         await redis.aclose()
     finally:
         await pool.close()
+        await text_pool.close()
         if not keep and reuse is None:
             await drop_schema(dsn, settings.postgres_schema)
     return report

@@ -66,6 +66,7 @@ async def _expected(conn, user: str, texts: list[str], query: str, k: int) -> li
     return [(key, round(score, 6)) for key, score, _ in scored[:k]]
 
 
+@pytest.mark.parametrize("plans", ["force_custom_plan", "force_generic_plan"])  # the reader uses the generic one
 @pytest.mark.parametrize("query", [
     "zeppelin walrus",        # every word only in old rows: found through the all-words part, first
     "apple",                  # one common word: the window holds k rows with it, the all-words scan is skipped
@@ -75,7 +76,8 @@ async def _expected(conn, user: str, texts: list[str], query: str, k: int) -> li
     "xylophone",              # nothing at all
     "the and of",             # stop words only: no words, no scan
 ])
-async def test_keyword_sql_returns_what_its_contract_says(conn, query):
+async def test_keyword_sql_returns_what_its_contract_says(conn, query, plans):
+    await conn.execute(f"SET plan_cache_mode = {plans}")
     texts = _texts(seed=11)
     await _copy(conn, [_row("kw", i, t) for i, t in enumerate(texts)])
     # Another user with the same words (and more of the rare ones) never leaks in.

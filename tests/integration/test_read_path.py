@@ -48,7 +48,10 @@ class CountingEmbedder:
 
 async def make_reader(dsn, settings, embedder, *, redis_port=None, **kw):
     url = settings.redis_url if redis_port is None else f"redis://127.0.0.1:{redis_port}/0"
-    return MemoryReader(pool=await create_pool(dsn, settings.postgres_schema, statement_timeout_ms=kw.pop("timeout", None)),
+    timeout = kw.pop("timeout", None)
+    pools = [await create_pool(dsn, settings.postgres_schema, statement_timeout_ms=timeout, generic_plans=generic)
+             for generic in (False, True)]  # as MemoryReader.connect makes them
+    return MemoryReader(pool=pools[0], text_pool=pools[1],
                         redis=aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5),
                         embedder=embedder, schema=settings.postgres_schema, **kw)
 
