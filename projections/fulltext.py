@@ -3,7 +3,8 @@
 
 Candidates: rows containing any word of the text among the user's newest ``RECENT`` rows (for
 recall), plus rows containing every word (AND, over all the user's rows, through the GIN index:
-selective; each tsvector carries a lexeme naming its user, migration 0005). Both parts are
+selective; each tsvector carries a lexeme naming its user, migration 0005; ``<table>_all_words``,
+migration 0009, planned for its arguments however this statement is planned). Both parts are
 bounded whatever the user's size — ranking every loose match of a 100k-row user cost 50 ms
 (measured) — and only the candidates are ranked, by BM25. Older rows matching only some of the
 words are left to the vector channels. The newest rows are found without reading them: the
@@ -22,12 +23,10 @@ CAP = 200  # AND matches taken
 RECENT = 1000
 
 
-def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "", where_gin: str = "") -> str:
+def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "") -> str:
     """The keyword query for ``table``; ``where`` is an extra row filter on alias ``t`` (the
-    postings hold exactly the rows it admits); ``where_gin``, if given, is the same filter as the
-    all-words part writes it (``facts.query`` says why)."""
+    postings and ``<table>_all_words`` admit exactly the rows it admits)."""
     extra = f" AND {where}" if where else ""
-    extra_gin = f" AND {where_gin or where}" if where else ""
     return f"""
 WITH lx AS (SELECT array_agg(DISTINCT lexeme) AS l FROM unnest(to_tsvector('english', $2))),
      words AS (SELECT w, quote_literal(w)::tsquery AS q FROM lx, unnest(lx.l) AS w),
@@ -55,8 +54,8 @@ WITH lx AS (SELECT array_agg(DISTINCT lexeme) AS l FROM unnest(to_tsvector('engl
      scored AS ((SELECT m.{key}, m.at, sum(idf.idf) AS rank FROM m JOIN idf USING (w) GROUP BY m.{key}, m.at)
                 UNION
                 (SELECT a.{key}, a.at, sum(idf.idf) FROM idf JOIN
-                    (SELECT t.{key}, t.tsv, t.{time_col} AS at FROM {table} t, qs
-                     WHERE t.user_id = $1 AND t.tsv @@ qs.qa{extra_gin} AND (SELECT n FROM whole) < $3 LIMIT {CAP}) a
+                    (SELECT f.{key}, f.tsv, f.at FROM qs, {table}_all_words($1, qs.qa, {CAP}) f
+                     WHERE (SELECT n FROM whole) < $3) a
                     ON a.tsv @@ idf.q GROUP BY a.{key}, a.at)),
      -- The k best before the join back: only they are read whole.
      top AS (SELECT {key}, max(rank) AS rank, max(at) AS at FROM scored GROUP BY {key}

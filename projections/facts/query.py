@@ -21,12 +21,8 @@ WITH c AS MATERIALIZED (
 SELECT * FROM c ORDER BY distance, fact_id
 """
 
-# The all-words part says "current" in a form (an explicit collation: same equality) that does not
-# match the partial (user_id, ...) WHERE status = 'current' indexes. The reader runs this
-# statement with one generic plan, which costs such an index as if every user were average and
-# ANDed its bitmap with the GIN one: 9.5 ms to list a 100k-row user's facts (BENCHMARKS.md).
 _KEYWORD = fulltext.keyword_sql(table="memory_facts", key="fact_id", time_col="recorded_at", cols=_COLS,
-                                where="t.status = 'current'", where_gin="t.status COLLATE \"C\" = 'current'")
+                                where="t.status = 'current'")
 
 _BY_ATTRIBUTE = f"""
 SELECT {_COLS}, embedding FROM memory_facts
