@@ -53,7 +53,8 @@ class MemoryReader:
     ``pool`` plans every statement for its parameters (the vector searches need it: HNSW for a
     big user, the user's rows sorted for a small one). ``text_pool``, if given, is a
     ``generic_plans`` pool for the statements whose plan fits every user (keyword, identities,
-    reminders, adjacent turns): planned once per connection instead of on every read.
+    reminders, adjacent turns; recent turns and the profile when their caches miss): planned once
+    per connection instead of on every read.
     """
 
     def __init__(self, *, pool: asyncpg.Pool, redis: aioredis.Redis | None, embedder: Embedder,
@@ -263,17 +264,17 @@ class MemoryReader:
                     return [Turn(**t) for t in cached]
             except Exception:
                 log.exception("tier 0 cache unavailable; reading recent turns from Postgres")
-        rows = await episodes_q.recent(self._pool, user_id, conversation_id, self._tier0)
+        rows = await episodes_q.recent(self._text_pool, user_id, conversation_id, self._tier0)
         return [Turn(**{k: r[k] for k in Turn.model_fields}) for r in rows]
 
     async def _profile(self, user_id: str) -> dict:
         if self._profile_epoch is None:
-            self._profile_epoch = await self._pool.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'profile'")
+            self._profile_epoch = await self._text_pool.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'profile'")
         try:
-            return await profile_store.read(self._redis, self._pool, self._schema, self._profile_epoch, user_id)
+            return await profile_store.read(self._redis, self._text_pool, self._schema, self._profile_epoch, user_id)
         except Exception:
             log.exception("tier 1 cache unavailable; reading the profile from Postgres")
-            return await profile_store.read(None, self._pool, self._schema, self._profile_epoch, user_id)
+            return await profile_store.read(None, self._text_pool, self._schema, self._profile_epoch, user_id)
 
     async def _nearest(self, conn, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
         vec = await embedding
