@@ -28,10 +28,40 @@ from memstream.streams.records import Record
 log = logging.getLogger("memstream.projections")
 
 
-def _refused_by_server(exc: asyncpg.PostgresError) -> bool:
-    """The server rejected this data (data exception or constraint violation, SQLSTATE 22/23).
-    Client-side encoding errors carry no severity: those are bugs, never a record's fault."""
-    return getattr(exc, "severity", None) is not None and (exc.sqlstate or "")[:2] in ("22", "23")
+def _refused_by_server(exc: BaseException) -> bool:
+    """The server rejected this data: a data exception or constraint violation (SQLSTATE class
+    22/23), or a value past a limit (54000, e.g. an index row too large). Client-side encoding
+    errors carry no severity: those are bugs, never a record's fault."""
+    state = getattr(exc, "sqlstate", None) or ""
+    return (isinstance(exc, asyncpg.PostgresError) and getattr(exc, "severity", None) is not None
+            and (state[:2] in ("22", "23") or state == "54000"))
+
+
+async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseException, *, apply, finish,
+                      missing: type[Exception] | tuple = ()) -> None:
+    """A batch the store or the database refused: each ``(record, item)`` applied on its own
+    savepoint, inside one transaction that also moves the positions past the whole batch
+    (``finish``). The ones refused (``missing``: the store lacks a row they name; or the database
+    refuses their rows) are dead-lettered with the reason, and the letters are durable before
+    that transaction commits: a position never passes a record whose letter could be lost.
+    When the database refuses every one of several items alike, that is our bug or our schema,
+    not bad records: the batch's error is raised instead."""
+    refused, by_database = [], 0
+    async with conn.transaction():
+        for r, item in items:
+            try:
+                await apply(r, item)
+            except missing as exc:
+                refused.append((r, stage, str(exc)))
+            except asyncpg.PostgresError as exc:
+                if not _refused_by_server(exc):
+                    raise
+                refused.append((r, stage, f"database refused it: {exc}"))
+                by_database += 1
+        if by_database == len(items) > 1:
+            raise batch_error
+        await finish()
+        await dead_letters.send(refused)
 
 
 def transient(exc: BaseException) -> bool:
@@ -87,27 +117,18 @@ class EpisodesProjection:
         return {**next_offsets(records), **episodes.source_watermarks([row for _, row in rows], self._events_topic)}
 
     async def _apply_one_by_one(self, conn, records, rows, batch_error) -> None:
-        """A batch the database refused: isolate the record(s) at fault, dead-letter them with
-        the database's reason, apply the rest."""
         log.warning("episodes batch refused (%s); applying record by record", batch_error)
-        refused = []
-        for r, row in rows:
-            try:
-                await self._store.apply_batch(conn, [row], self._positions([r], [(r, row)]))
-            except asyncpg.PostgresError as exc:
-                if not _refused_by_server(exc):
-                    raise
-                refused.append((r, self.name, f"database refused the row: {exc}"))
-        if len(refused) == len(rows) > 1:
-            raise batch_error  # every row fails alike: our bug or our schema, not bad records
-        await self._dead.send(refused)
-        await self._store.apply_batch(conn, [], next_offsets(records))
+        await _one_by_one(
+            conn, self._dead, self.name, rows, batch_error,
+            apply=lambda r, row: self._store.apply_batch(conn, [row], self._positions([r], [(r, row)])),
+            finish=lambda: self._store.apply_batch(conn, [], next_offsets(records)))
 
 
 class _DecisionProjection:
     """Applies one family of records with its store; undecodable records are dead-lettered by the
     step that owns their topic (episodes for decisions, formation for events). A record naming a
-    row the store lacks is dead-lettered, the rest applied."""
+    row the store lacks, or one whose rows the database refuses, is dead-lettered with the reason,
+    the rest applied (one transaction each)."""
 
     name: str
     kinds: tuple[type, ...]
@@ -131,23 +152,21 @@ class _DecisionProjection:
         async with self._pool.acquire() as conn:
             try:
                 result = await self._store.apply_batch(conn, [d for _, d in decisions], next_offsets(records))
-            except self.missing:
+            except (self.missing, asyncpg.PostgresError) as exc:
+                if not isinstance(exc, self.missing) and not _refused_by_server(exc):
+                    raise
                 result = None
-                await self._apply_one_by_one(conn, records, decisions)
+                await self._apply_one_by_one(conn, records, decisions, exc)
             await self.after_commit(conn, result)
 
     async def after_commit(self, conn, result) -> None:
         """Derived caches, after the transaction (best effort: the read path falls back)."""
 
-    async def _apply_one_by_one(self, conn, records, decisions) -> None:
-        refused = []
-        for r, d in decisions:
-            try:
-                await self._store.apply_batch(conn, [d], next_offsets([r]))
-            except self.missing as exc:
-                refused.append((r, self.name, str(exc)))
-        await self._dead.send(refused)
-        await self._store.apply_batch(conn, [], next_offsets(records))
+    async def _apply_one_by_one(self, conn, records, decisions, batch_error) -> None:
+        await _one_by_one(
+            conn, self._dead, self.name, decisions, batch_error, missing=self.missing,
+            apply=lambda r, d: self._store.apply_batch(conn, [d], next_offsets([r])),
+            finish=lambda: self._store.apply_batch(conn, [], next_offsets(records)))
 
 
 class FactsProjection(_DecisionProjection):

@@ -41,10 +41,16 @@ def bedrock_client(region: str, *, aws_access_key_id: str | None = None, aws_sec
     )
 
 
+MAX_SLOT_CHARS = 100
+
+
 class _Fact(BaseModel):
     text: str = Field(min_length=1, description="the fact as a short sentence about the user")
     category: Literal[CATEGORIES]  # type: ignore[valid-type]
-    attribute: str = Field(min_length=1, description="slot: name, home, employer, role, likes, allergy, ...")
+    # Bounded: attributes and relations are btree keys in the projections (a model's runaway
+    # output must fail here, as malformed, not as an index row too large in the store).
+    attribute: str = Field(min_length=1, max_length=MAX_SLOT_CHARS,
+                           description="slot: name, home, employer, role, likes, allergy, ...")
     value: str
     confidence: float = Field(ge=0, le=1)
     explicit: bool = Field(description="true if the user stated it, false if inferred")
@@ -169,7 +175,8 @@ class BedrockResolver:
 
 class _Relation(BaseModel):
     source: str = Field(min_length=1, description='"I" for the user, else the entity name')
-    relation: str = Field(min_length=1, description="snake_case, e.g. works_at, managed_by, lives_in, has_child")
+    relation: str = Field(min_length=1, max_length=MAX_SLOT_CHARS,
+                          description="snake_case, e.g. works_at, managed_by, lives_in, has_child")
     target: str = Field(min_length=1)
     target_is_entity: bool
     confidence: float = Field(ge=0, le=1)

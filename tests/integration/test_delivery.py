@@ -3,11 +3,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import string
+import uuid
+from datetime import datetime, timezone
+
+import numpy as np
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from memstream.schemas import encode
+from memstream.embedding import to_bytes
+from memstream.schemas import FactAdded, LogPosition, encode
+from memstream.schemas.events import new_event_id
 from memstream.streams.producer import TurnLog
 
 from .conftest import wait_until
@@ -97,6 +105,45 @@ async def test_a_poison_record_is_dead_lettered_with_its_reason_and_later_record
     assert b"undecodable event" in headers["memstream.reason"]
     assert headers["memstream.source"].startswith(settings.events_topic.encode())
     assert b"event_id" in dict(letters[1].headers)["memstream.reason"]
+
+
+async def test_a_decision_the_database_refuses_is_dead_lettered_and_later_ones_still_project(settings, conn, workers):
+    """Decisions are validated where they are made, but a record already in the log that the
+    database refuses (here an attribute too long for its btree index: SQLSTATE 54000) must not
+    stop its partition: it goes to the dead-letter topic with the database's reason."""
+    w = workers()
+    await w.wait_assigned()
+
+    def fact(i: int, attribute: str) -> FactAdded:
+        ev = new_event_id()
+        return FactAdded(decision_id=uuid.uuid5(ev, "fact:0"), source_event_id=ev,
+                         source=LogPosition(settings.events_topic, 0, i), recorded_at=datetime.now(timezone.utc),
+                         user_id="dl", extractor="test", resolver="test", reason="test", confidence=0.9,
+                         explicit=True, fact_id=uuid.uuid5(ev, "fact:0"), text=f"Fact number {i}",
+                         category="preference", attribute=attribute, value="v", valid_from=datetime.now(timezone.utc),
+                         embedding=to_bytes(np.ones(384, dtype=np.float32) / np.sqrt(384)), embedding_model="test")
+
+    huge = "".join(random.Random(5).choices(string.ascii_letters + string.digits, k=4000))  # incompressible
+    sent = [fact(0, "likes"), fact(1, huge), fact(2, "dislikes")]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for d in sent:
+            await producer.send_and_wait(settings.decisions_topic, encode(d), key=b"dl")
+    finally:
+        await producer.stop()
+
+    async def projected():
+        return await conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'dl'") == 2
+
+    await wait_until(projected, what="the two good facts")
+    assert {r["attribute"] for r in await conn.fetch("SELECT attribute FROM memory_facts WHERE user_id = 'dl'")} \
+        == {"likes", "dislikes"}
+    (letter,) = await _read_all(settings, settings.dead_letter_topic, 1)
+    assert letter.value == encode(sent[1])
+    headers = dict(letter.headers)
+    assert headers["memstream.stage"] == b"facts"
+    assert b"database refused it" in headers["memstream.reason"] and b"index row" in headers["memstream.reason"]
 
 
 async def test_two_workers_in_one_group_split_the_partitions_and_project_everything(settings, conn, workers):

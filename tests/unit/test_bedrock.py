@@ -82,6 +82,7 @@ async def test_throttling_past_the_attempt_limit_raises_and_other_errors_are_not
                                               "confidence": 0.5, "explicit": True}]}),
     tool_response("record_facts", {"facts": [{"text": "Lives in Berlin", "confidence": 2}]}),
     tool_response("other_tool", BERLIN),
+    tool_response("record_facts", {"facts": [{**BERLIN["facts"][0], "attribute": "a" * 101}]}),  # a btree key
 ])
 async def test_malformed_tool_output_raises_a_clear_error(client, response):
     client.stub.add_response("converse", response)
@@ -127,6 +128,8 @@ async def test_relation_extraction_forces_its_tool_and_parses_triples(client):
          "toolConfig": {"tools": ANY, "toolChoice": {"tool": {"name": "record_relations"}}},
          "inferenceConfig": {"temperature": 0.0, "maxTokens": 1024}})
     assert await rel.extract(TURN) == [RelationCandidate("I", "has_manager", "David", True, 0.9, True)]
-    client.stub.add_response("converse", tool_response("record_relations", {"relations": [{"source": "I"}]}))
-    with pytest.raises(MalformedOutput):
-        await rel.extract(TURN)
+    for bad in ({"source": "I"}, {"source": "I", "relation": "r" * 101, "target": "David", "target_is_entity": True,
+                                  "confidence": 0.9, "explicit": True}):
+        client.stub.add_response("converse", tool_response("record_relations", {"relations": [bad]}))
+        with pytest.raises(MalformedOutput):
+            await rel.extract(TURN)
