@@ -46,7 +46,9 @@ def child(root: str, schema: str, names: bool) -> None:
         pool = await create_pool(resolve_dsn(s), schema, min_size=4, max_size=24)
         extra = {"keyword_mode": "names"} if names else {}
         if "text_pool" in inspect.signature(MemoryReader).parameters:  # checkouts from 2026-11-30 on
-            extra["text_pool"] = await create_pool(resolve_dsn(s), schema, min_size=4, max_size=24, generic_plans=True)
+            extra["text_pool"] = await create_pool(resolve_dsn(s), schema, min_size=24, max_size=24, generic_plans=True,
+                                                   **({"prepare": MemoryReader.prepare_text_lane}
+                                                      if hasattr(MemoryReader, "prepare_text_lane") else {}))
         reader = MemoryReader(pool=pool, redis=aioredis.from_url(s.redis_url), schema=schema,
                               embedder=default_embedder(s.read_embed_threads, s.embedding_variant), **extra)
         loop = asyncio.get_running_loop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from importlib import resources
+from typing import Awaitable, Callable
 
 import asyncpg
 from pgvector.asyncpg import register_vector
@@ -28,12 +29,15 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 8,
-                      statement_timeout_ms: int | None = None, generic_plans: bool = False) -> asyncpg.Pool:
+                      statement_timeout_ms: int | None = None, generic_plans: bool = False,
+                      prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None) -> asyncpg.Pool:
     """A pool bound to ``schema``; pgvector types registered; iterative HNSW scans on, so a
     per-user filter after the index scan still returns the k rows asked for (pgvector >= 0.8);
     custom plans per execution, so each user gets the plan that fits its row count — or, with
     ``generic_plans``, one plan per statement and connection, planned once, for statements whose
-    best plan is the same for every user (the reader's text lane)."""
+    best plan is the same for every user (the reader's text lane). ``prepare`` runs on every new
+    connection, after the types are registered: e.g. to plan statements before any read needs them.
+    With ``generic_plans`` idle connections are kept (their plans with them)."""
     settings = {
         "search_path": f"{_quote(schema)}, public",
         "hnsw.iterative_scan": "relaxed_order",
@@ -48,7 +52,14 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
     }
     if statement_timeout_ms is not None:
         settings["statement_timeout"] = str(statement_timeout_ms)
-    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init, reset=_keep_session,
+
+    async def init(conn: asyncpg.Connection) -> None:
+        await _init(conn)
+        if prepare is not None:
+            await prepare(conn)
+
+    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init, reset=_keep_session,
+                                     max_inactive_connection_lifetime=0 if generic_plans else 300,
                                      server_settings=settings)
 
 

@@ -79,11 +79,37 @@ class MemoryReader:
     async def connect(cls, settings, dsn: str, *, embedder: Embedder | None = None) -> MemoryReader:
         # A read has a latency budget: a statement stuck behind a lock fails its channel, not the read.
         pool = await db.create_pool(dsn, settings.postgres_schema, min_size=2, max_size=8, statement_timeout_ms=1000)
-        text_pool = await db.create_pool(dsn, settings.postgres_schema, min_size=1, max_size=8, statement_timeout_ms=1000,
-                                         generic_plans=True)
+        # Fixed size and planned at connect: a new connection's first keyword statements cost
+        # ~50 ms of planning, which no read should wait for.
+        text_pool = await db.create_pool(dsn, settings.postgres_schema, min_size=8, max_size=8, statement_timeout_ms=1000,
+                                         generic_plans=True, prepare=cls.prepare_text_lane)
         redis = aioredis.from_url(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
         return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool)
+
+    @staticmethod
+    async def prepare_text_lane(conn: asyncpg.Connection) -> None:
+        """Runs the text lane's statements once on a new ``text_pool`` connection (``create_pool``'s
+        ``prepare``): with generic plans each is planned at its first execution, the keyword ones
+        over every partition (~50 ms), and a read should not be that first execution. Best
+        effort: a statement that cannot be planned now (its table locked, say) is left to the
+        first read that runs it, and the connection is used all the same."""
+        statements = [("facts keyword", facts_q.keyword, "", "memory", 1),
+                      ("episodes keyword", episodes_q.keyword, "", "memory", 1),
+                      ("person identity", commands_q.person_identity, ""),
+                      ("due reminders", commands_q.due_reminders, "", datetime.now(timezone.utc)),
+                      ("expert identity", commands_q.expert_identity, ""),
+                      ("adjacent turns", episodes_q.neighbours, "", []),
+                      ("recent turns", episodes_q.recent, "", "", 1)]
+        await conn.execute("SET lock_timeout = '50ms'")
+        try:
+            for name, fn, *args in statements:
+                try:
+                    await fn(conn, *args)
+                except asyncpg.PostgresError as exc:
+                    log.info("%s not planned ahead on a new connection: %s", name, exc)
+        finally:
+            await conn.execute("RESET lock_timeout")
 
     async def close(self) -> None:
         self._embed_pool.shutdown(wait=False)

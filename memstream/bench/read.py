@@ -248,7 +248,8 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
     await migrate(dsn, settings.postgres_schema)
     embedder = default_embedder(settings.read_embed_threads, settings.embedding_variant)
     pool = await create_pool(dsn, settings.postgres_schema, min_size=4, max_size=24)
-    text_pool = await create_pool(dsn, settings.postgres_schema, min_size=4, max_size=24, generic_plans=True)
+    text_pool = await create_pool(dsn, settings.postgres_schema, min_size=24, max_size=24, generic_plans=True,
+                                  prepare=MemoryReader.prepare_text_lane)
     report: dict[str, Any] = {"rows_requested": rows, "schema": settings.postgres_schema}
     try:
         growth = [g for g in (1_000, 10_000, 100_000) if 2 * g < rows // 2]

@@ -49,7 +49,8 @@ class CountingEmbedder:
 async def make_reader(dsn, settings, embedder, *, redis_port=None, **kw):
     url = settings.redis_url if redis_port is None else f"redis://127.0.0.1:{redis_port}/0"
     timeout = kw.pop("timeout", None)
-    pools = [await create_pool(dsn, settings.postgres_schema, statement_timeout_ms=timeout, generic_plans=generic)
+    pools = [await create_pool(dsn, settings.postgres_schema, statement_timeout_ms=timeout, generic_plans=generic,
+                               prepare=MemoryReader.prepare_text_lane if generic else None)
              for generic in (False, True)]  # as MemoryReader.connect makes them
     return MemoryReader(pool=pools[0], text_pool=pools[1],
                         redis=aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5),
