@@ -38,14 +38,14 @@ def _refused_by_server(exc: BaseException) -> bool:
 
 
 async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseException, *, apply, finish,
-                      missing: type[Exception] | tuple = ()) -> None:
+                      missing: type[Exception] | tuple = ()) -> set[int]:
     """A batch the store or the database refused: each ``(record, item)`` applied on its own
     savepoint, inside one transaction that also moves the positions past the whole batch
     (``finish``). The ones refused (``missing``: the store lacks a row they name; or the database
     refuses their rows) are dead-lettered with the reason, and the letters are durable before
     that transaction commits: a position never passes a record whose letter could be lost.
     When the database refuses every one of several items alike, that is our bug or our schema,
-    not bad records: the batch's error is raised instead."""
+    not bad records: the batch's error is raised instead. Returns the ``id()`` of the records refused."""
     refused, by_database = [], 0
     async with conn.transaction():
         for r, item in items:
@@ -62,6 +62,7 @@ async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseEx
             raise batch_error
         await finish()
         await dead_letters.send(refused)
+    return {id(r) for r, *_ in refused}
 
 
 def transient(exc: BaseException) -> bool:
@@ -103,7 +104,8 @@ class EpisodesProjection:
             except asyncpg.PostgresError as exc:
                 if not _refused_by_server(exc):
                     raise
-                await self._apply_one_by_one(conn, records, rows, exc)
+                refused = await self._apply_one_by_one(conn, records, rows, exc)
+                rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
             if self._epoch is None:
                 self._epoch = await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'episodes'")
         if self._redis is None or not rows:
@@ -116,9 +118,9 @@ class EpisodesProjection:
     def _positions(self, records, rows) -> dict[tuple[str, int], int]:
         return {**next_offsets(records), **episodes.source_watermarks([row for _, row in rows], self._events_topic)}
 
-    async def _apply_one_by_one(self, conn, records, rows, batch_error) -> None:
+    async def _apply_one_by_one(self, conn, records, rows, batch_error) -> set[int]:
         log.warning("episodes batch refused (%s); applying record by record", batch_error)
-        await _one_by_one(
+        return await _one_by_one(
             conn, self._dead, self.name, rows, batch_error,
             apply=lambda r, row: self._store.apply_batch(conn, [row], self._positions([r], [(r, row)])),
             finish=lambda: self._store.apply_batch(conn, [], next_offsets(records)))

@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+import redis.asyncio as aioredis
+
 from memstream.embedding import to_bytes
-from memstream.schemas import FactAdded, LogPosition, encode
+from memstream.projections.session_cache import recent_turns
+from memstream.schemas import EpisodeRecorded, FactAdded, LogPosition, encode
 from memstream.schemas.events import new_event_id
 from memstream.streams.producer import TurnLog
 
@@ -144,6 +147,44 @@ async def test_a_decision_the_database_refuses_is_dead_lettered_and_later_ones_s
     headers = dict(letter.headers)
     assert headers["memstream.stage"] == b"facts"
     assert b"database refused it" in headers["memstream.reason"] and b"index row" in headers["memstream.reason"]
+
+
+async def test_an_episode_the_database_refuses_is_dead_lettered_and_kept_out_of_tier_0(settings, conn, workers):
+    w = workers()
+    await w.wait_assigned()
+
+    def episode(i: int, text: str) -> EpisodeRecorded:
+        ev = new_event_id()
+        return EpisodeRecorded(decision_id=uuid.uuid5(ev, "episode"), source_event_id=ev,
+                               source=LogPosition(settings.events_topic, 0, i), recorded_at=datetime.now(timezone.utc),
+                               user_id="nul", conversation_id="c", occurred_at=datetime(2026, 1, 1, 0, i, tzinfo=timezone.utc),
+                               user_message=text, assistant_message="ok",
+                               embedding=to_bytes(np.ones(384, dtype=np.float32) / np.sqrt(384)), embedding_model="test")
+
+    # A NUL is refused at the producer; here it is already in the log. Postgres text refuses it (22021).
+    sent = [episode(0, "first"), episode(1, "bad \x00 byte"), episode(2, "third")]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for d in sent:
+            await producer.send_and_wait(settings.decisions_topic, encode(d), key=b"nul")
+    finally:
+        await producer.stop()
+
+    async def projected():
+        return await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'nul'") == 2
+
+    await wait_until(projected, what="the two good episodes")
+    (letter,) = await _read_all(settings, settings.dead_letter_topic, 1)
+    assert letter.value == encode(sent[1])
+    assert dict(letter.headers)["memstream.stage"] == b"episodes"
+    epoch = await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'episodes'")
+    redis = aioredis.from_url(settings.redis_url)
+    try:
+        cached = await recent_turns(redis, settings.postgres_schema, epoch, "nul", "c", 10)
+    finally:
+        await redis.aclose()
+    assert [t["user_message"] for t in cached] == ["first", "third"]
 
 
 async def test_two_workers_in_one_group_split_the_partitions_and_project_everything(settings, conn, workers):
