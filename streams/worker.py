@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 from typing import Sequence
 
 import faust
@@ -185,10 +186,14 @@ ROLES = ("formation", "projections")
 
 def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     role = runtime.role
+    datadir = Path(settings.home) / "faust"
+    datadir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         settings.group_id if role == "formation" else f"{settings.group_id}-projections",
         broker=f"kafka://{settings.kafka_bootstrap}",
         store="memory://",
+        # Faust makes "<datadir>/v1/tables" even for memory tables: under the memstream home, not the cwd.
+        datadir=str(datadir / "{conf.name}"),
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=10,
