@@ -24,8 +24,8 @@ async def _init(conn: asyncpg.Connection) -> None:
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Release without asyncpg's default reset (RESET ALL, UNLISTEN, CLOSE ALL...): one round trip
     saved per acquire, which is most of a short read's. Safe because memstream sets session
-    state only at connect (``server_settings``) and everything else with ``SET LOCAL``; an open
-    transaction is still rolled back by the pool."""
+    state only at connect (``server_settings``; a ``prepare`` hook restores what it sets) and
+    everything else with ``SET LOCAL``; an open transaction is still rolled back by the pool."""
 
 
 async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 8,

@@ -81,8 +81,12 @@ class MemoryReader:
         pool = await db.create_pool(dsn, settings.postgres_schema, min_size=2, max_size=8, statement_timeout_ms=1000)
         # Fixed size and planned at connect: a new connection's first keyword statements cost
         # ~50 ms of planning, which no read should wait for.
-        text_pool = await db.create_pool(dsn, settings.postgres_schema, min_size=8, max_size=8, statement_timeout_ms=1000,
-                                         generic_plans=True, prepare=cls.prepare_text_lane)
+        try:
+            text_pool = await db.create_pool(dsn, settings.postgres_schema, min_size=8, max_size=8,
+                                             statement_timeout_ms=1000, generic_plans=True, prepare=cls.prepare_text_lane)
+        except BaseException:
+            await pool.close()
+            raise
         redis = aioredis.from_url(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
         return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool)
