@@ -130,7 +130,7 @@ class _DecisionProjection:
     """Applies one family of records with its store; undecodable records are dead-lettered by the
     step that owns their topic (episodes for decisions, formation for events). A record naming a
     row the store lacks, or one whose rows the database refuses, is dead-lettered with the reason,
-    the rest applied (one transaction each)."""
+    the rest applied (each on its own savepoint: `_one_by_one`)."""
 
     name: str
     kinds: tuple[type, ...]
