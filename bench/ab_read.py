@@ -28,7 +28,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parents[1]
 
 
-def child(root: str, schema: str, names: bool) -> None:
+def child(root: str, schema: str, names: bool, uncached_tokens: bool) -> None:
     import __editable___memstream_0_1_0_finder as finder  # the editable install's import mapping
 
     finder.MAPPING.update({k: v.replace(str(HERE), root) for k, v in finder.MAPPING.items()})
@@ -51,6 +51,12 @@ def child(root: str, schema: str, names: bool) -> None:
                                                       if hasattr(MemoryReader, "prepare_text_lane") else {}))
         reader = MemoryReader(pool=pool, redis=aioredis.from_url(s.redis_url), schema=schema,
                               embedder=default_embedder(s.read_embed_threads, s.embedding_variant), **extra)
+        if uncached_tokens:  # every text counted as new, as for a real user's new turns
+            tokens = reader._tokens
+            if hasattr(tokens, "_size"):
+                tokens._size = 0
+            else:
+                tokens.count = tokens._count
         loop = asyncio.get_running_loop()
         print("ready", flush=True)
         while (line := await loop.run_in_executor(None, sys.stdin.readline)).strip():
@@ -71,13 +77,15 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--names", action="store_true", help='keyword_mode="names"')
+    ap.add_argument("--uncached-tokens", action="store_true",
+                    help="count every text's tokens as new (the bench's repeated questions hit the cache)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a.child, a.schema, a.names)
+        return child(a.child, a.schema, a.names, a.uncached_tokens)
     procs = {name: subprocess.Popen(
         [sys.executable, __file__, "--child", root, "--before", a.before, "--schema", a.schema]
-        + (["--names"] if a.names else []),
+        + (["--names"] if a.names else []) + (["--uncached-tokens"] if a.uncached_tokens else []),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         for name, root in (("before", str(Path(a.before).resolve())), ("now", str(HERE)))}
     for p in procs.values():
