@@ -52,11 +52,7 @@ def child(root: str, schema: str, names: bool, uncached_tokens: bool) -> None:
         reader = MemoryReader(pool=pool, redis=aioredis.from_url(s.redis_url), schema=schema,
                               embedder=default_embedder(s.read_embed_threads, s.embedding_variant), **extra)
         if uncached_tokens:  # every text counted as new, as for a real user's new turns
-            tokens = reader._tokens
-            if hasattr(tokens, "_size"):
-                tokens._size = 0
-            else:
-                tokens.count = tokens._count
+            reader._tokens.count = reader._tokens._count
         loop = asyncio.get_running_loop()
         print("ready", flush=True)
         while (line := await loop.run_in_executor(None, sys.stdin.readline)).strip():

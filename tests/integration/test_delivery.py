@@ -124,17 +124,11 @@ async def test_a_decision_the_database_refuses_is_dead_lettered_and_later_ones_s
                          user_id="dl", extractor="test", resolver="test", reason="test", confidence=0.9,
                          explicit=True, fact_id=uuid.uuid5(ev, "fact:0"), text=f"Fact number {i}",
                          category="preference", attribute=attribute, value="v", valid_from=datetime.now(timezone.utc),
-                         embedding=to_bytes(np.ones(384, dtype=np.float32) / np.sqrt(384)), embedding_model="test")
+                         embedding=UNIT, embedding_model="test")
 
     huge = "".join(random.Random(5).choices(string.ascii_letters + string.digits, k=4000))  # incompressible
     sent = [fact(0, "likes"), fact(1, huge), fact(2, "dislikes")]
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
-    await producer.start()
-    try:
-        for d in sent:
-            await producer.send_and_wait(settings.decisions_topic, encode(d), key=b"dl")
-    finally:
-        await producer.stop()
+    await _put_decisions(settings, sent, key=b"dl")
 
     async def projected():
         return await conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'dl'") == 2
@@ -159,17 +153,11 @@ async def test_an_episode_the_database_refuses_is_dead_lettered_and_kept_out_of_
                                source=LogPosition(settings.events_topic, 0, i), recorded_at=datetime.now(timezone.utc),
                                user_id="nul", conversation_id="c", occurred_at=datetime(2026, 1, 1, 0, i, tzinfo=timezone.utc),
                                user_message=text, assistant_message="ok",
-                               embedding=to_bytes(np.ones(384, dtype=np.float32) / np.sqrt(384)), embedding_model="test")
+                               embedding=UNIT, embedding_model="test")
 
     # A NUL is refused at the producer; here it is already in the log. Postgres text refuses it (22021).
     sent = [episode(0, "first"), episode(1, "bad \x00 byte"), episode(2, "third")]
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
-    await producer.start()
-    try:
-        for d in sent:
-            await producer.send_and_wait(settings.decisions_topic, encode(d), key=b"nul")
-    finally:
-        await producer.stop()
+    await _put_decisions(settings, sent, key=b"nul")
 
     async def projected():
         return await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'nul'") == 2
@@ -234,6 +222,20 @@ async def test_kafka_offsets_committed_ahead_of_postgres_are_overridden_by_store
 
 async def _at_least(conn, n):
     return await conn.fetchval("SELECT count(*) FROM episodes") >= n
+
+
+UNIT = to_bytes(np.ones(384, dtype=np.float32) / np.sqrt(384))
+
+
+async def _put_decisions(settings, decisions, *, key: bytes) -> None:
+    """Decisions written straight onto the decisions topic, as if formation had produced them."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for d in decisions:
+            await producer.send_and_wait(settings.decisions_topic, encode(d), key=key)
+    finally:
+        await producer.stop()
 
 
 async def _read_all(settings, topic, n, timeout=30):
