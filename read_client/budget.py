@@ -1,6 +1,7 @@
 """Token budgets per section, counted with the embedder's WordPiece tokenizer (offline)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Sequence, TypeVar
@@ -8,6 +9,13 @@ from typing import Callable, Sequence, TypeVar
 from tokenizers import Tokenizer
 
 T = TypeVar("T")
+
+# BERT's normalizer drops control characters other than tab, newline and carriage return.
+_CONTROLS = {c: None for c in (*range(32), 127) if chr(c) not in "\t\n\r"}
+# BERT's pre-tokenizer on lower-cased ASCII: runs of letters and digits, and every other
+# printable character (all ASCII punctuation to BERT) on its own.
+_ASCII_WORD = re.compile(r"[a-z0-9]+|[^\sa-z0-9]")
+_WORD_CACHE = 65536
 
 
 @dataclass(frozen=True)
@@ -20,16 +28,39 @@ class Budgets:
 
 
 class TokenCounter:
+    """Counts WordPiece tokens exactly as ``Tokenizer.encode(text, add_special_tokens=False)``.
+
+    A full ``encode`` costs ~65 µs a text (building the ``Encoding``), 1.5 ms for a heavy read's
+    23 new texts. WordPiece works word by word after BERT's normaliser and pre-tokeniser, so an
+    ASCII text's count is the sum of its words' counts, each word counted once; other texts take
+    the full ``encode``."""
+
     def __init__(self, path: str | None = None):
         from memstream.embedding import minilm
 
         self._tok = Tokenizer.from_file(str(path or minilm._TOKENIZER))
         self._tok.no_truncation()
         self._tok.no_padding()
+        self._model = self._tok.model
+        self._words: dict[str, int] = {}
         # A user's facts and episodes come back read after read: count each text once.
         self.count = lru_cache(maxsize=8192)(self._count)
 
     def _count(self, text: str) -> int:
+        if not text.isascii():
+            return self.encoded(text)
+        n, words = 0, self._words
+        for word in _ASCII_WORD.findall(text.translate(_CONTROLS).lower()):
+            c = words.get(word)
+            if c is None:
+                if len(words) >= _WORD_CACHE:
+                    words.clear()
+                c = words[word] = len(self._model.tokenize(word))
+            n += c
+        return n
+
+    def encoded(self, text: str) -> int:
+        """The reference count: the tokenizer's whole pipeline."""
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
 

@@ -1,4 +1,6 @@
 """Pure parts of the read path: the gate, token budgets, Tier 1 profile, commands, rendering."""
+import random
+import string
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -34,6 +36,19 @@ def test_budgets_count_real_tokens_and_keep_rank_order():
     items = ["short one", "a much much longer item that will not fit in the small budget at all", "tiny"]
     kept, used = pack(items, lambda s: s, 5, counter)
     assert kept == ["short one", "tiny"] and used == counter.count("short one") + counter.count("tiny") <= 5
+
+
+def test_token_counts_match_the_tokenizers_whole_pipeline():
+    # The word-by-word count must equal a full encode for any text: control characters,
+    # punctuation runs, digits, words past WordPiece's 100-character limit, and non-ASCII text.
+    counter, rng = TokenCounter(), random.Random(7)
+    alphabet = string.printable + "\x00\x01\x0b\x0c\x1c\x7f"
+    words = ["Caroline", "painted", "a", "sunset", "LGBTQ", "2023-05-08", "don't", "x" * 120, "re-uploaded"]
+    texts = ["", "   ", "I live in Lisbon", "Café crème at Zoë's", "東京に住んでいる", "emoji 🎉 party", "naïve\u00a0space"]
+    for i in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 50)))
+        texts.append(" ".join(rng.choice(words) for _ in range(rng.randint(0, 6))) + text if i % 2 else text)
+    assert [counter.count(t) for t in texts] == [counter.encoded(t) for t in texts]
 
 
 def fact(attribute, value, category="x", seen=1, days=0, text=None):
