@@ -69,12 +69,11 @@ test-slow: stack-up
 bench: stack-up
 	$(MEMSTREAM) bench ingest --turns 10000 --users 100
 
-# Mem0's and Graphiti's search code on this machine, our embedder, then memstream's read path on a
-# corpus of the same size, in one session (bench/peers/README.md).
+# Mem0's search code with memstream's read path taking turns call by call, each on a corpus of the
+# same size, then Graphiti's; our embedder everywhere (bench/peers/README.md).
 bench-peers: stack-up $(PEERS_STAMP)
 	$(PEERS_PY) bench/peers/mem0_search.py --json $(PEERS_ARGS)
 	$(PEERS_PY) bench/peers/graphiti_search.py --json $(PEERS_ARGS)
-	$(MEMSTREAM) bench read --rows 50000 --reads 240 --readers 8 --json
 
 clean: stack-down
 	rm -rf .memstream $(VENV) $(PEERS_VENV) *.egg-info

@@ -25,6 +25,7 @@ embeddings of fact templates), so both systems see the same kind of data.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import logging
@@ -36,6 +37,7 @@ import time
 import uuid
 from datetime import timedelta
 from importlib.metadata import version
+from typing import Callable
 
 import numpy as np
 import psycopg
@@ -130,23 +132,78 @@ def search(memory: Memory, query: str) -> list[dict]:
     return memory.search(query, top_k=K, filters={"user_id": HEAVY})["results"]
 
 
-def timed(memories: dict[str, Memory], embedding: MemstreamEmbedding, calls: int, warmup: int) -> dict[str, dict]:
-    """The modes take turns call by call (rotating who goes first), so they share the background load."""
-    for memory in memories.values():
+Searcher = Callable[[str], tuple[int, float]]  # question -> (results returned, embedding ms)
+
+
+def mem0_searcher(memory: Memory, embedding: MemstreamEmbedding) -> Searcher:
+    def run(question: str) -> tuple[int, float]:
+        return len(search(memory, question)), embedding.last_ms
+    return run
+
+
+def timed(searchers: dict[str, Searcher], calls: int, warmup: int) -> dict[str, dict]:
+    """The modes take turns call by call (rotating who goes first), so they share the background
+    load: this machine's speed drifts by a third within minutes, so only such ratios hold."""
+    for run in searchers.values():
         for i in range(warmup):
-            search(memory, QUESTIONS[i % len(QUESTIONS)])
-    modes = list(memories)
+            run(QUESTIONS[i % len(QUESTIONS)])
+    modes = list(searchers)
     totals, embeds, returned = ({m: [] for m in modes} for _ in range(3))
     for i in range(calls):
         for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
             t = time.perf_counter()
-            results = search(memories[mode], QUESTIONS[i % len(QUESTIONS)])
+            n, embed_ms = searchers[mode](QUESTIONS[i % len(QUESTIONS)])
             totals[mode].append((time.perf_counter() - t) * 1000)
-            embeds[mode].append(embedding.last_ms)
-            returned[mode].append(len(results))
+            embeds[mode].append(embed_ms)
+            returned[mode].append(n)
     return {m: {"search_ms": pcts(totals[m]), "embed_ms_p50": round(float(np.median(embeds[m])), 2),
                 "returned_mean_of_10": round(float(np.mean(returned[m])), 2), "returned_min": int(min(returned[m]))}
             for m in modes}
+
+
+class MemstreamReads:
+    """memstream's full ``MemoryReader.read`` for the heavy user of its own benchmark corpus of the
+    same size (``memstream.bench.read``: 10k facts + 10k episodes + 2k edges), in its own schema,
+    on a private event loop so that its reads take turns with mem0's searches call by call."""
+
+    def __init__(self, dsn: str, rows: int):
+        from memstream.bench.read import load_corpus
+        from memstream.projections.db import create_pool, migrate
+        from memstream.read_client import MemoryReader
+        import redis.asyncio as aioredis
+
+        self.dsn, self.schema = dsn, f"benchr_{uuid.uuid4().hex[:8]}"
+        self.loop = asyncio.new_event_loop()
+        run = self.loop.run_until_complete
+        embedder = default_embedder(SETTINGS.read_embed_threads, SETTINGS.embedding_variant)
+        run(migrate(dsn, self.schema))
+        self.pool = run(create_pool(dsn, self.schema, min_size=2, max_size=8))
+        self.load = run(load_corpus(self.pool, embedder, rows))
+        # As MemoryReader.connect builds them; two readers share them, as in `memstream bench read`.
+        self.text_pool = run(create_pool(dsn, self.schema, min_size=8, max_size=8, generic_plans=True,
+                                         prepare=MemoryReader.prepare_text_lane))
+        self.redis = aioredis.from_url(SETTINGS.redis_url)
+        self.readers = {mode: MemoryReader(pool=self.pool, text_pool=self.text_pool, redis=self.redis,
+                                           embedder=embedder, schema=self.schema, keyword_mode=kw)
+                        for mode, kw in (("memstream", "words"), ("memstream_names", "names"))}
+
+    def searcher(self, mode: str) -> Searcher:
+        def run(question: str) -> tuple[int, float]:
+            ctx = self.loop.run_until_complete(self.readers[mode].read(HEAVY, "bench", question))
+            if ctx.degraded:
+                raise RuntimeError(f"degraded memstream read: {ctx.degraded}")
+            return len(ctx.facts), ctx.timings_ms["embed"]
+        return run
+
+    def close(self) -> None:
+        from memstream.projections.db import drop_schema
+
+        run = self.loop.run_until_complete
+        run(self.text_pool.close())
+        run(self.pool.close())
+        run(self.redis.aclose())
+        run(drop_schema(self.dsn, self.schema))
+        self.loop.close()
 
 
 def first_calls(memory: Memory, n: int = 10) -> dict:
@@ -203,6 +260,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=36)
     p.add_argument("--threads", type=int, default=SETTINGS.read_embed_threads,
                    help="embedder threads (default: memstream's read path setting)")
+    p.add_argument("--no-memstream", dest="memstream", action="store_false",
+                   help="skip memstream's read, otherwise timed in turn with mem0's searches on its own corpus")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
@@ -227,12 +286,25 @@ def main(argv: list[str] | None = None) -> dict:
         report["users"] = len(plan)
         report["plans"] = explain(args.dsn, collection, embedding.embed(QUESTIONS[0]))
         memories = {mode: make_memory(args.dsn, collection, options, embedding) for mode, options in MODES.items()}
+        memstream = None
         try:
+            memstream = MemstreamReads(args.dsn, args.rows) if args.memstream else None
             # Only shipped and iterative are timed (taking turns); exact is the reference for what
             # comes back, and its sequential scans would evict the others' working set if interleaved.
             fresh = first_calls(memories["shipped"])
-            report.update(timed({m: memories[m] for m in ("shipped", "iterative")}, embedding, args.calls, args.warmup))
+            searchers = {m: mem0_searcher(memories[m], embedding) for m in ("shipped", "iterative")}
+            if memstream is not None:
+                searchers.update({m: memstream.searcher(m) for m in memstream.readers})
+            report.update(timed(searchers, args.calls, args.warmup))
             report["shipped"]["fresh_connection_first_calls"] = fresh
+            if memstream is not None:
+                report["memstream_load"] = memstream.load
+                for m in memstream.readers:  # facts returned, of the 10 a read keeps before budgets
+                    report[m]["facts_returned_mean_of_10"] = report[m].pop("returned_mean_of_10")
+                    report[m].pop("returned_min")
+                report["memstream_over_mem0_iterative"] = {
+                    q: round(report["memstream"]["search_ms"][q] / report["iterative"]["search_ms"][q], 2)
+                    for q in ("p50", "p95")}
             report["exact"] = {}
             texts = {}
             for mode, memory in memories.items():
@@ -242,6 +314,8 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             for memory in memories.values():
                 memory.vector_store.connection_pool.close()
+            if memstream is not None:
+                memstream.close()
         # Which facts come back, compared by text: the corpus has many near-identical copies of each text.
         for mode in ("shipped", "iterative"):
             report[mode]["text_recall_vs_exact"] = round(float(np.mean(
@@ -261,6 +335,11 @@ def main(argv: list[str] | None = None) -> dict:
                   f"p99 {r['search_ms']['p99']:7.2f} ms   returned {r['returned_mean_of_10']:5.2f}/10   "
                   f"vector rows {r['vector_rows_mean']:5.1f}/{r['vector_rows_asked']}   "
                   f"text recall vs exact {r['text_recall_vs_exact']:.2f}")
+        for mode in ("memstream", "memstream_names"):
+            if mode in report:
+                r = report[mode]
+                print(f"{mode:9s} p50 {r['search_ms']['p50']:7.2f}  p95 {r['search_ms']['p95']:7.2f}  "
+                      f"p99 {r['search_ms']['p99']:7.2f} ms   (full read, taking turns with mem0's searches)")
         r = report["exact"]
         print(f"exact     p50 {r['search_ms_p50']:7.2f} ms (12 calls)   returned {r['returned_mean_of_10']:5.2f}/10")
         print(f"rows {report['rows']} ({report['heavy_rows']} heavy, {report['users']} users), load {report['load_s']} s")

@@ -247,6 +247,18 @@ async def _load_corpus(pool, embedder, users) -> dict:
     return {"load_s": round(load_s, 1), "index_build_s": round(index_s, 1)}
 
 
+def corpus_plan(rows: int) -> tuple[list[int], list[tuple[str, int, int, int]]]:
+    """The growth users' sizes and every user's (user_id, facts, episodes, edges) for ``rows``."""
+    growth = [g for g in (1_000, 10_000, 100_000) if 2 * g < rows // 2]
+    return growth, _users(rows, (10_000, 10_000, 2_000), growth)
+
+
+async def load_corpus(pool, embedder, rows: int) -> dict:
+    """The benchmark's corpus of ``rows`` written into ``pool``'s (migrated, empty) schema; for
+    benchmarks that time memstream beside other systems (bench/peers)."""
+    return await _load_corpus(pool, embedder, corpus_plan(rows)[1])
+
+
 async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int = 32, reads: int = 300,
                          keep: bool = False, reuse: str | None = None) -> dict:
     """``reuse``: measure a corpus kept by an earlier ``keep=True`` run (same ``rows``) instead of loading one."""
@@ -267,8 +279,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
                                   prepare=MemoryReader.prepare_text_lane)
     report: dict[str, Any] = {"rows_requested": rows, "schema": settings.postgres_schema}
     try:
-        growth = [g for g in (1_000, 10_000, 100_000) if 2 * g < rows // 2]
-        users = _users(rows, (10_000, 10_000, 2_000), growth)
+        growth, users = corpus_plan(rows)
         if reuse is None:
             report.update(await _load_corpus(pool, embedder, users))
         async with pool.acquire() as conn:
@@ -312,7 +323,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         for g in growth:
             user = f"grow-{g // 1000}k"
             # Warmed like the heavy user: the first reads of a user whose pages are not cached
-            # yet (after a restart) cost 100-200 ms each and are reported on their own.
+            # yet (after a restart) cost 50-280 ms each and are reported on their own.
             cold, _ = await _timed_reads(reader, user, QUESTIONS, len(QUESTIONS))
             totals, channels = await _timed_reads(reader, user, QUESTIONS, max(60, reads // 3))
             growth_report[f"{g} facts + {g} episodes"] = {
