@@ -168,7 +168,7 @@ class MemstreamReads:
 
     def __init__(self, dsn: str, rows: int):
         from memstream.bench.read import load_corpus
-        from memstream.projections.db import create_pool, migrate
+        from memstream.projections.db import create_pool, drop_schema, migrate
         from memstream.read_client import MemoryReader
         import redis.asyncio as aioredis
 
@@ -178,7 +178,12 @@ class MemstreamReads:
         embedder = default_embedder(SETTINGS.read_embed_threads, SETTINGS.embedding_variant)
         run(migrate(dsn, self.schema))
         self.pool = run(create_pool(dsn, self.schema, min_size=2, max_size=8))
-        self.load = run(load_corpus(self.pool, embedder, rows))
+        try:
+            self.load = run(load_corpus(self.pool, embedder, rows))
+        except BaseException:
+            run(self.pool.close())
+            run(drop_schema(dsn, self.schema))
+            raise
         # As MemoryReader.connect builds them; two readers share them, as in `memstream bench read`.
         self.text_pool = run(create_pool(dsn, self.schema, min_size=8, max_size=8, generic_plans=True,
                                          prepare=MemoryReader.prepare_text_lane))
