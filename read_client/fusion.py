@@ -59,8 +59,14 @@ def fuse(channels: Mapping[str, Sequence[Mapping[str, Any]]], key: str, *,
     """Convex fusion of the ``vector`` and ``keyword`` channels' own scores, each scaled to [0, 1]
     within this read: keyword BM25 (``rank``) divided by its best row, vector cosine similarity
     (``1 - distance``) min-max scaled over its rows. A row a channel did not return scores 0 there.
-    Unlike rank fusion, a channel's weak matches stay weak (a vector top 20 always has 20 rows)."""
+    Unlike rank fusion, a channel's weak matches stay weak (a vector top 20 always has 20 rows).
+    A channel that returned no rows at all leaves its share to the other: otherwise a message whose
+    words match nothing would give its best vector match a relevance of 0.3, and recency would
+    outrank relevance."""
     share = {"keyword": keyword_share, "vector": 1.0 - keyword_share}
+    found = [name for name, rows in channels.items() if rows]
+    if len(found) == 1:
+        share[found[0]] = 1.0
     merged: dict[Any, Candidate] = {}
     for name, rows in channels.items():
         if name == "keyword":

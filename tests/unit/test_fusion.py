@@ -1,6 +1,9 @@
 from datetime import datetime, timedelta, timezone
 
-from memstream.read_client.fusion import KEYWORD_SHARE, Candidate, Weights, asks, fuse, recency_decay, rerank, with_neighbours
+import pytest
+
+from memstream.read_client.fusion import (EPISODE_WEIGHTS, KEYWORD_SHARE, Candidate, Weights, asks, fuse, recency_decay, rerank,
+                                         with_neighbours)
 
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 
@@ -28,7 +31,20 @@ def test_fused_relevance_is_the_convex_combination_of_scaled_channel_scores():
 
 
 def test_a_single_row_or_equal_similarities_count_as_the_best_match():
-    assert [c.fused for c in fuse({"vector": [row("a")]}, "episode_id")] == [1 - KEYWORD_SHARE]
+    assert [c.fused for c in fuse({"vector": [row("a")], "keyword": [row("b", rank=1.0)]}, "episode_id")] == \
+        [1 - KEYWORD_SHARE, KEYWORD_SHARE]
+
+
+def test_a_channel_that_found_nothing_leaves_its_share_to_the_other():
+    # No keyword match: the vector matches keep their whole scale, so relevance still outweighs
+    # recency in the rerank (at 0.3 a month-old best match lost to a fresh mediocre one).
+    cands = {c.key: c.fused for c in fuse({"vector": [row("a", distance=0.2), row("b", distance=0.4),
+                                                      row("c", distance=0.6)], "keyword": []}, "episode_id")}
+    assert cands == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.0})
+    old, new = Candidate("old", {"occurred_at": NOW - timedelta(days=60)}, cands["a"]), \
+        Candidate("new", {"occurred_at": NOW}, cands["b"])
+    assert [s.cand.key for s in rerank([new, old], NOW, EPISODE_WEIGHTS)] == ["old", "new"]
+    assert {c.key: c.fused for c in fuse({"keyword": [row("k", rank=2.0)]}, "episode_id")} == {"k": 1.0}
 
 
 def test_recency_halves_every_half_life_and_never_exceeds_one():
