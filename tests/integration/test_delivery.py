@@ -118,11 +118,9 @@ async def test_a_decision_the_database_refuses_is_dead_lettered_and_later_ones_s
     await w.wait_assigned()
 
     def fact(i: int, attribute: str) -> FactAdded:
-        ev = new_event_id()
-        return FactAdded(decision_id=uuid.uuid5(ev, "fact:0"), source_event_id=ev,
-                         source=LogPosition(settings.events_topic, 0, i), recorded_at=datetime.now(timezone.utc),
-                         user_id="dl", extractor="test", resolver="test", reason="test", confidence=0.9,
-                         explicit=True, fact_id=uuid.uuid5(ev, "fact:0"), text=f"Fact number {i}",
+        meta = _decided(settings, i, "dl", "fact:0")
+        return FactAdded(**meta, extractor="test", resolver="test", reason="test", confidence=0.9,
+                         explicit=True, fact_id=meta["decision_id"], text=f"Fact number {i}",
                          category="preference", attribute=attribute, value="v", valid_from=datetime.now(timezone.utc),
                          embedding=UNIT, embedding_model="test")
 
@@ -148,10 +146,8 @@ async def test_an_episode_the_database_refuses_is_dead_lettered_and_kept_out_of_
     await w.wait_assigned()
 
     def episode(i: int, text: str) -> EpisodeRecorded:
-        ev = new_event_id()
-        return EpisodeRecorded(decision_id=uuid.uuid5(ev, "episode"), source_event_id=ev,
-                               source=LogPosition(settings.events_topic, 0, i), recorded_at=datetime.now(timezone.utc),
-                               user_id="nul", conversation_id="c", occurred_at=datetime(2026, 1, 1, 0, i, tzinfo=timezone.utc),
+        return EpisodeRecorded(**_decided(settings, i, "nul", "episode"),
+                               conversation_id="c", occurred_at=datetime(2026, 1, 1, 0, i, tzinfo=timezone.utc),
                                user_message=text, assistant_message="ok",
                                embedding=UNIT, embedding_model="test")
 
@@ -236,6 +232,14 @@ async def _put_decisions(settings, decisions, *, key: bytes) -> None:
             await producer.send_and_wait(settings.decisions_topic, encode(d), key=key)
     finally:
         await producer.stop()
+
+
+def _decided(settings, offset: int, user: str, name: str) -> dict:
+    """What every decision carries, for one about the turn at ``offset`` of events partition 0
+    (its id derived from the turn's event id and ``name``, as formation derives them)."""
+    ev = new_event_id()
+    return dict(decision_id=uuid.uuid5(ev, name), source_event_id=ev,
+                source=LogPosition(settings.events_topic, 0, offset), recorded_at=datetime.now(timezone.utc), user_id=user)
 
 
 async def _read_all(settings, topic, n, timeout=30):
