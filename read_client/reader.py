@@ -159,7 +159,8 @@ class MemoryReader:
         # embedded (on two cores, more concurrent statements only queued for the same cores: each
         # ran 3-5x slower), keyword first so that little of it is left when the vector channels
         # start; once the embedding is there, edges (the longest) run beside the two nearest
-        # searches, one after the other (each order: 0.3-0.6 ms better p50, interleaved A/B).
+        # searches, one after the other (each order: 0.3-0.6 ms better p50, interleaved A/B), and
+        # the adjacent turns of the best episodes follow those.
         text_lane = [("person_identity", commands_q.person_identity, user_id),
                      ("due_reminders", commands_q.due_reminders, user_id, now)]
         if identity_id is not None:
@@ -174,9 +175,30 @@ class MemoryReader:
             ed = ("edges", self._edges, user_id, embedding, as_of, k_edges)
             vector_lanes = [[ed], [fv, ev]]
         got: dict[str, Any] = {}
+        w = self._episode_weights
+        keyword_ready = {"episodes_keyword": asyncio.Event()}
+        episodes: list = []
+
+        async def episodes_lane() -> None:
+            # Anchors need only this lane and the episodes keyword channel (the text lane's second),
+            # not edges: their adjacent turns are fetched while edges still runs (heavy p95 -0.5 to
+            # -0.9 ms, interleaved A/B).
+            nonlocal episodes
+            await self._lane(vector_lanes[1], got, degraded, timings, after=embedding)
+            await keyword_ready["episodes_keyword"].wait()
+            episodes = fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
+                            "episode_id", keyword_share=w.keyword_share)
+            if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
+                anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
+                step = ("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])
+                await self._lane([step], got, degraded, timings, pool=self._text_pool)
+                episodes = with_neighbours(episodes, got.get("episode_neighbours") or [], "episode_id",
+                                           w.neighbour_share, w.reply_share)
+
         await asyncio.gather(
-            self._lane(text_lane, got, degraded, timings, pool=self._text_pool),
-            *(self._lane(lane, got, degraded, timings, after=embedding) for lane in vector_lanes),
+            self._lane(text_lane, got, degraded, timings, pool=self._text_pool, ready=keyword_ready),
+            *([self._lane(vector_lanes[0], got, degraded, timings, after=embedding), episodes_lane()]
+              if vector_lanes else []),
             self._into(got, "recent_turns", self._channel("recent_turns", degraded, timings, self._recent_turns,
                                                           user_id, conversation_id)),
             self._into(got, "profile", self._channel("profile", degraded, timings, self._profile, user_id)))
@@ -186,15 +208,6 @@ class MemoryReader:
         ctx.expert_identity = got.get("expert_identity")
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
         ctx.recent_turns = got.get("recent_turns") or []
-        w = self._episode_weights
-        episodes = fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
-                        "episode_id", keyword_share=w.keyword_share)
-        adjacent = None
-        if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
-            anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
-            step = ("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])
-            adjacent = asyncio.ensure_future(self._lane([step], got, degraded, timings, pool=self._text_pool))
-            await asyncio.sleep(0)  # the statement is sent; facts are ranked while Postgres runs it
         facts = rerank(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
                             "fact_id", keyword_share=self._fact_weights.keyword_share), now,
                        self._fact_weights, time_key="last_observed_at",
@@ -206,10 +219,6 @@ class MemoryReader:
                        importance=round(s.importance, 6), type_weight=s.type, channels=s.cand.channels)
             for s in facts[:k_facts]
         ]
-        if adjacent is not None:
-            await adjacent
-            episodes = with_neighbours(episodes, got.get("episode_neighbours") or [], "episode_id",
-                                       w.neighbour_share, w.reply_share)
         ranked = rerank(episodes, now, w)
         ctx.episodes = [
             RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
@@ -249,19 +258,26 @@ class MemoryReader:
             timings[name] = (time.perf_counter() - t) * 1000
 
     async def _lane(self, steps: list[tuple], got: dict[str, Any], degraded: list[str], timings: dict[str, float],
-                    after: asyncio.Future | None = None, pool: asyncpg.Pool | None = None) -> None:
+                    after: asyncio.Future | None = None, pool: asyncpg.Pool | None = None,
+                    ready: dict[str, asyncio.Event] | None = None) -> None:
         """Runs ``(name, fn, *args)`` channels in order on one connection of ``pool`` (default: the
         custom-plan one); ``fn(conn, *args)``. With ``after``, takes the connection only once that
-        future is done (whatever its outcome)."""
+        future is done (whatever its outcome). ``ready[name]`` is set once that channel has its
+        result in ``got`` or the lane has ended without it."""
         if after is not None:
             await asyncio.wait([after])
         try:
             async with (pool or self._pool).acquire() as conn:
                 for name, fn, *args in steps:
                     got[name] = await self._channel(name, degraded, timings, fn, conn, *args)
+                    if ready and name in ready:
+                        ready[name].set()
         except Exception:
             log.exception("no Postgres connection for channels %s; their sections are empty", [n for n, *_ in steps])
             degraded.extend(n for n, *_ in steps if n not in got)
+        finally:
+            for event in (ready or {}).values():
+                event.set()
 
     @staticmethod
     async def _into(got: dict[str, Any], name: str, value: Awaitable[Any]) -> None:
