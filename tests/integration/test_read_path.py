@@ -2,6 +2,7 @@
 and degradation when Redis is gone or Postgres statements fail mid-read."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import time
@@ -267,6 +268,26 @@ async def test_a_postgres_statement_failing_mid_read_empties_only_its_sections(s
     assert ctx.episodes == [] and ctx.recent_turns == []
     assert any(f.text == "Lives in Lisbon" for f in ctx.facts) and ctx.profile["home"] == "Lisbon"
     assert any("canceling statement due to statement timeout" in (r.exc_text or "") for r in caplog.records)
+
+
+async def test_no_connection_for_the_text_lane_empties_its_channels_and_the_rest_is_read(settings, conn, dsn, workers,
+                                                                                          embedder):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("kai", "I live in Oslo and I play chess.", 0)])
+    reader = await make_reader(dsn, settings, embedder)
+    await reader._text_pool.close()  # every text-lane statement now fails to get a connection
+    try:
+        # Bounded: the episodes lane waits for the keyword channel, which must be released even
+        # when its lane never got a connection.
+        ctx = await asyncio.wait_for(reader.read("kai", "c1", "where do I live?"), 10)
+    finally:
+        await reader.close()
+    assert set(ctx.degraded) == {"facts_keyword", "episodes_keyword", "person_identity", "due_reminders",
+                                 "episode_neighbours", "profile"}
+    assert any(f.text == "Lives in Oslo" and f.channels == ["vector"] for f in ctx.facts)
+    assert [e.user_message for e in ctx.episodes] == ["I live in Oslo and I play chess."]
+    assert [t.user_message for t in ctx.recent_turns] == ["I live in Oslo and I play chess."]
 
 
 async def _profile_home(conn, user, home):
