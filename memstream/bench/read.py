@@ -329,12 +329,18 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
 
         fillers = [u for u, *_ in users if u.startswith("user-")] or ["heavy"]
 
+        def concurrent_user(i: int, j: int) -> str:
+            return "heavy" if j % 2 == 0 else fillers[(i * 31 + j) % len(fillers)]
+
+        for user in {concurrent_user(i, j) for i in range(readers) for j in range(max(1, reads // 4))} - set(ongoing):
+            ongoing[user] = await _ongoing(pool, redis, settings.postgres_schema, user, settings.tier0_turns)
+
         async def one_reader(i: int) -> list[float]:
             out = []
             for j in range(max(1, reads // 4)):
-                user = "heavy" if j % 2 == 0 else fillers[(i * 31 + j) % len(fillers)]
+                user = concurrent_user(i, j)
                 t = time.perf_counter()
-                await reader.read(user, ongoing.get(user, "bench"), QUESTIONS[(i + j) % len(QUESTIONS)])
+                await reader.read(user, ongoing[user], QUESTIONS[(i + j) % len(QUESTIONS)])
                 out.append((time.perf_counter() - t) * 1000)
             return out
 
