@@ -2,12 +2,16 @@
 except ``Settings.from_env()``, which a host (or the CLI) calls on purpose."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
+
+from memstream.read_settings import EPISODE_WEIGHTS, FACT_WEIGHTS, Budgets, Weights
 
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -56,7 +60,32 @@ class Settings(BaseModel):
     # An inferred change to an identity or constraint fact commits on this many observations.
     gate_observations: int = Field(3, ge=1)
 
+    # Read path (``MemoryReader.connect``). From the environment, a JSON object naming only the
+    # fields to change, e.g. MEMSTREAM_READ_FACT_WEIGHTS='{"recency": 0.2}'; the rest keep the
+    # measured defaults (memstream/read_settings.py).
+    read_fact_weights: Weights = FACT_WEIGHTS
+    read_episode_weights: Weights = EPISODE_WEIGHTS
+    read_budgets: Budgets = Budgets()
+    read_keyword_mode: Literal["words", "names"] = "words"
+
     _check_schema = field_validator("postgres_schema")(lambda cls, v: check_schema_name(v))
+
+    @field_validator("read_fact_weights", "read_episode_weights", "read_budgets", mode="before")
+    @classmethod
+    def _onto_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """A mapping (or its JSON) changes the named fields of the default, nothing else."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            return value
+        default = cls.model_fields[info.field_name].default
+        known = [f.name for f in dataclasses.fields(default)]
+        if unknown := sorted(set(value) - set(known)):
+            raise ValueError(f"unknown fields {unknown}; known: {known}")
+        return {**dataclasses.asdict(default), **value}
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

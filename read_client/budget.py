@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Sequence, TypeVar
 
 from tokenizers import Tokenizer
+
+from memstream.read_settings import Budgets  # noqa: F401 (re-exported)
 
 T = TypeVar("T")
 
@@ -16,15 +17,6 @@ _CONTROLS = {c: None for c in (*range(32), 127) if chr(c) not in "\t\n\r"}
 # printable character (all ASCII punctuation to BERT) on its own.
 _ASCII_WORD = re.compile(r"[a-z0-9]+|[^\sa-z0-9]")
 _WORD_CACHE = 65536
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Independent token budgets; due reminders are a time filter, not budget-packed."""
-
-    facts: int = 300
-    episodes: int = 600
-    edges: int = 200
 
 
 class TokenCounter:

@@ -6,32 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Mapping, Sequence
 
-# Share of the keyword channel in the fused relevance. Measured on LoCoMo (all 10 conversations,
-# Hit@5 / MRR): 0.7 -> 0.650 / 0.495; reciprocal rank fusion (k=60) -> 0.606 / 0.401 (BENCHMARKS.md).
-KEYWORD_SHARE = 0.7
+from memstream.read_settings import EPISODE_WEIGHTS, FACT_WEIGHTS, KEYWORD_SHARE, Weights  # noqa: F401 (re-exported)
 
-
-@dataclass(frozen=True)
-class Weights:
-    """``score = relevance·w_rel + recency·w_rec + importance·w_imp + type·w_type``."""
-
-    relevance: float = 0.8
-    recency: float = 0.2
-    importance: float = 0.0
-    type: float = 0.0
-    recency_half_life_days: float = 30.0
-    keyword_share: float = KEYWORD_SHARE  # of the fused relevance (``fuse``)
-    neighbour_share: float = 0.0  # of an anchor's relevance its adjacent turns inherit (``with_neighbours``); 0: off
-    reply_share: float = 0.0  # ... the turn after an anchor that asks a question
-    anchors: int = 5  # best candidates whose adjacent turns are fetched
-
-
-# Episodes: relevance and recency only. Adjacent turns inherit 0.6 of their anchor's relevance, the
-# reply to a question all of it. LoCoMo, all 10 conversations, Hit@5 / Recall@5 / MRR: none
-# 0.651 / 0.593 / 0.495; 0.6 for both 0.692 / 0.636 / 0.510; with replies at 1.0 0.721 / 0.666 /
-# 0.551 (shares picked on conv-30, BENCHMARKS.md).
-EPISODE_WEIGHTS = Weights(relevance=0.8, recency=0.2, neighbour_share=0.6, reply_share=1.0)
-FACT_WEIGHTS = Weights(relevance=0.6, recency=0.1, importance=0.2, type=0.1, recency_half_life_days=90.0)
 TYPE_WEIGHTS = {"identity": 1.0, "constraint": 1.0, "relationship": 0.8, "location": 0.8, "work": 0.8,
                 "preference": 0.7, "plan": 0.7}
 

@@ -77,6 +77,8 @@ class MemoryReader:
 
     @classmethod
     async def connect(cls, settings, dsn: str, *, embedder: Embedder | None = None) -> MemoryReader:
+        """A reader on its own pools and Redis client, with the weights, budgets and keyword mode
+        of ``settings.read_*``."""
         # A read has a latency budget: a statement stuck behind a lock fails its channel, not the read.
         pool = await db.create_pool(dsn, settings.postgres_schema, min_size=2, max_size=8, statement_timeout_ms=1000)
         # Fixed size and planned at connect: a new connection's first keyword statements cost
@@ -89,7 +91,9 @@ class MemoryReader:
             raise
         redis = aioredis.from_url(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
         return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
-                   schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool)
+                   schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool,
+                   fact_weights=settings.read_fact_weights, episode_weights=settings.read_episode_weights,
+                   budgets=settings.read_budgets, keyword_mode=settings.read_keyword_mode)
 
     @staticmethod
     async def prepare_text_lane(conn: asyncpg.Connection) -> None:

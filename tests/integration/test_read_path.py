@@ -6,6 +6,7 @@ import asyncio
 import logging
 import socket
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import asyncpg
@@ -18,6 +19,7 @@ from memstream.projections.db import create_pool, drop_schema
 from memstream.projections.profile.store import profile_key
 from memstream.projections.session_cache import tier0_key
 from memstream.read_client import Budgets, MemoryReader, render_prompt
+from memstream.read_settings import FACT_WEIGHTS
 from memstream.schemas import (SYSTEM_USER, ExpertIdentityDeleted, ExpertIdentityUpserted, PersonIdentitySet,
                                ReminderResolved, ReminderScheduled)
 from memstream.schemas.events import new_event_id
@@ -288,6 +290,24 @@ async def test_no_connection_for_the_text_lane_empties_its_channels_and_the_rest
     assert any(f.text == "Lives in Oslo" and f.channels == ["vector"] for f in ctx.facts)
     assert [e.user_message for e in ctx.episodes] == ["I live in Oslo and I play chess."]
     assert [t.user_message for t in ctx.recent_turns] == ["I live in Oslo and I play chess."]
+
+
+async def test_connect_takes_weights_budgets_and_keyword_mode_from_settings(settings, conn, dsn, workers, embedder):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("liv", "I live in Oslo and I play chess.", 0)])
+    tuned = settings.model_copy(update={
+        "read_budgets": Budgets(edges=0), "read_keyword_mode": "names",
+        "read_fact_weights": replace(FACT_WEIGHTS, relevance=1.0, recency=0.0, importance=0.0, type=0.0)})
+    reader = await MemoryReader.connect(tuned, dsn, embedder=embedder)
+    try:
+        ctx = await reader.read("liv", "c1", "where do I live?")
+    finally:
+        await reader.close()
+    assert ctx.edges == [] and ctx.tokens["edges"] == 0 and ctx.degraded == []
+    lives = [f for f in ctx.facts if f.text == "Lives in Oslo"]
+    assert lives and lives[0].channels == ["vector"]  # names mode: the message names nothing to look up
+    assert lives[0].score == lives[0].relevance  # relevance alone counts
 
 
 async def _profile_home(conn, user, home):

@@ -16,3 +16,25 @@ def test_settings_read_only_memstream_variables(monkeypatch):
     assert (s.postgres_schema, s.partitions) == ("tenant_a", 8)
     with pytest.raises(ValueError):
         Settings(postgres_schema="public")
+
+
+def test_read_weights_and_budgets_from_the_environment_change_only_the_fields_named(monkeypatch):
+    from dataclasses import replace
+
+    from memstream.read_settings import EPISODE_WEIGHTS, FACT_WEIGHTS, Budgets
+
+    monkeypatch.setenv("MEMSTREAM_READ_FACT_WEIGHTS", '{"recency": 0.3, "recency_half_life_days": 7}')
+    monkeypatch.setenv("MEMSTREAM_READ_BUDGETS", '{"edges": 0}')
+    monkeypatch.setenv("MEMSTREAM_READ_KEYWORD_MODE", "names")
+    s = Settings.from_env()
+    assert s.read_fact_weights == replace(FACT_WEIGHTS, recency=0.3, recency_half_life_days=7.0)
+    assert s.read_episode_weights == EPISODE_WEIGHTS
+    assert (s.read_budgets, s.read_keyword_mode) == (Budgets(edges=0), "names")
+
+
+@pytest.mark.parametrize("raw, says", [('{"recncy": 0.3}', "unknown fields ['recncy']"), ("recency=0.3", "not JSON"),
+                                       ('{"recency": "high"}', "valid number")])
+def test_a_misspelt_or_malformed_read_weight_is_refused_with_its_reason(monkeypatch, raw, says):
+    monkeypatch.setenv("MEMSTREAM_READ_FACT_WEIGHTS", raw)
+    with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        Settings.from_env()
