@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import asyncpg
+
 from memstream.schemas import TurnRecorded
 
 BASE = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
@@ -16,3 +18,13 @@ def turns(n: int, users: int = 5, prefix: str = "t") -> list[TurnRecorded]:
         )
         for i in range(n)
     ]
+
+
+async def schemas_named(dsn: str, prefix: str) -> set[str]:
+    """The Postgres schemas whose names start with ``prefix`` (a command's own, to see it dropped)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {r["nspname"] for r in await conn.fetch("SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)",
+                                                       prefix)}
+    finally:
+        await conn.close()

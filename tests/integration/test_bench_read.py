@@ -2,27 +2,19 @@
 is there, filtered ANN returns the full k, and the corpus's schema is dropped afterwards."""
 from __future__ import annotations
 
-import asyncpg
 import pytest
 
 from memstream.bench.read import run_read_bench
 from memstream.config import Settings
 
 from .conftest import HOME
+from .helpers import schemas_named
 
 pytestmark = pytest.mark.asyncio
 
 
-async def _bench_schemas(dsn: str) -> set[str]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return {r["nspname"] for r in await conn.fetch("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'benchr\\_%'")}
-    finally:
-        await conn.close()
-
-
 async def test_bench_read_reports_every_figure_on_a_small_corpus(stack, dsn):
-    before = await _bench_schemas(dsn)
+    before = await schemas_named(dsn, "benchr_")
     report = await run_read_bench(Settings(home=HOME), rows=30_000, readers=2, reads=12)
 
     timed = ["heavy_user_one_reader_ms", "heavy_user_new_conversation_ms", "heavy_user_one_reader_names_keyword_mode_ms",
@@ -39,4 +31,4 @@ async def test_bench_read_reports_every_figure_on_a_small_corpus(stack, dsn):
     assert report["rows"] >= 30_000 and report["tables"]["memory_edges"] > 0
     for user, ann in report["filtered_ann_full_k"].items():
         assert ann["returned_min"] == ann["asked"], (user, ann)  # the full k whenever the user has k rows
-    assert await _bench_schemas(dsn) == before  # dropped afterwards
+    assert await schemas_named(dsn, "benchr_") == before  # dropped afterwards

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from memstream.bench.locomo import run_locomo_eval
 from memstream.config import Settings
 
 from .conftest import HOME
+from .helpers import schemas_named
 
 pytestmark = pytest.mark.asyncio
 
@@ -19,16 +19,8 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "locomo" / "small.j
 HIT_AT_5_FLOOR = 0.7
 
 
-async def _locomo_schemas(dsn: str) -> set[str]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return {r["nspname"] for r in await conn.fetch("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'locomo\\_%'")}
-    finally:
-        await conn.close()
-
-
 async def test_locomo_fixture_is_ingested_asked_and_scored(stack, dsn):
-    before = await _locomo_schemas(dsn)
+    before = await schemas_named(dsn, "locomo_")
     report = await run_locomo_eval(Settings(home=HOME), FIXTURE, conv=None, k=5)
 
     assert set(report) >= {"file", "samples", "questions", "k", "overall", "per_category", "skipped_no_evidence",
@@ -43,5 +35,5 @@ async def test_locomo_fixture_is_ingested_asked_and_scored(stack, dsn):
     assert report["overall"]["hit_at_k"] >= HIT_AT_5_FLOOR, report
     assert report["degraded_reads"] == 0
     assert report["ingest_seconds"] > 0 and 0 < report["read_ms_p50"] <= report["read_ms_p95"]
-    assert await _locomo_schemas(dsn) == before  # its schema is dropped afterwards
+    assert await schemas_named(dsn, "locomo_") == before  # its schema is dropped afterwards
 
