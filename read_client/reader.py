@@ -169,7 +169,6 @@ class MemoryReader:
                      ("due_reminders", commands_q.due_reminders, user_id, now)]
         if identity_id is not None:
             text_lane.append(("expert_identity", commands_q.expert_identity, identity_id))
-        vector_lanes = []
         if not ctx.gated:
             kw = [("facts_keyword", self._keyword, facts_q, user_id, message),
                   ("episodes_keyword", self._keyword, episodes_q, user_id, message)]
@@ -177,18 +176,17 @@ class MemoryReader:
             fv = ("facts_vector", self._nearest, facts_q, user_id, embedding)
             ev = ("episodes_vector", self._nearest, episodes_q, user_id, embedding)
             ed = ("edges", self._edges, user_id, embedding, as_of, k_edges)
-            vector_lanes = [[ed], [fv, ev]]
         got: dict[str, Any] = {}
         w = self._episode_weights
         keyword_ready = {"episodes_keyword": asyncio.Event()}
         episodes: list = []
 
-        async def episodes_lane() -> None:
+        async def episodes_lane(steps: list[tuple]) -> None:
             # Anchors need only this lane and the episodes keyword channel (the text lane's second),
             # not edges: their adjacent turns are fetched while edges still runs (heavy p95 -0.5 to
             # -0.9 ms, interleaved A/B).
             nonlocal episodes
-            await self._lane(vector_lanes[1], got, degraded, timings, after=embedding)
+            await self._lane(steps, got, degraded, timings, after=embedding)
             await keyword_ready["episodes_keyword"].wait()
             episodes = fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
                             "episode_id", keyword_share=w.keyword_share)
@@ -201,8 +199,8 @@ class MemoryReader:
 
         await asyncio.gather(
             self._lane(text_lane, got, degraded, timings, pool=self._text_pool, ready=keyword_ready),
-            *([self._lane(vector_lanes[0], got, degraded, timings, after=embedding), episodes_lane()]
-              if vector_lanes else []),
+            *([self._lane([ed], got, degraded, timings, after=embedding), episodes_lane([fv, ev])]
+              if not ctx.gated else []),
             self._into(got, "recent_turns", self._channel("recent_turns", degraded, timings, self._recent_turns,
                                                           user_id, conversation_id)),
             self._into(got, "profile", self._channel("profile", degraded, timings, self._profile, user_id)))
