@@ -19,7 +19,10 @@ _JOIN = "memory_edges e JOIN entities s ON s.entity_id = e.source_entity_id LEFT
 # The nearest current edges (hop 0) and, in the same statement, a bounded set of other current
 # edges touching their entities other than the user (hop 1), nearest first: one round trip and
 # one plan instead of two. Both are picked with their own columns (the scans read those rows
-# anyway) and only then named: no join back to the partitioned table.
+# anyway) and only then named: no join back to the partitioned table. Entities are looked up by
+# key in scalar subqueries, not joined: the same rows (every edge's entities exist, a foreign key)
+# with fewer plans to weigh (planning 0.47 -> 0.39 ms, the statement 2.23 -> 1.96 ms p50 and
+# 3.92 -> 3.36 ms p95 for the heavy user, interleaved).
 _NEAREST_WITH_HOPS = f"""
 WITH c AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges
@@ -28,16 +31,16 @@ WITH c AS MATERIALIZED (
 -- Not through the user's own entity: every fact about the user touches it, so a hop through it
 -- would be the user's whole graph (all of a heavy user's edges sorted by distance), not a neighbourhood.
 ends AS (SELECT array_agg(DISTINCT v.e) AS e FROM c, LATERAL (VALUES (c.source_entity_id), (c.target_entity_id)) v(e)
-         JOIN entities en ON en.entity_id = v.e WHERE NOT en.is_user),
+         WHERE NOT (SELECT en.is_user FROM entities en WHERE en.entity_id = v.e)),
 h AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges
     WHERE user_id = $1 AND valid_to IS NULL AND NOT (edge_id = ANY((SELECT array_agg(edge_id) FROM c)::uuid[]))
       AND (source_entity_id = ANY((SELECT e FROM ends)::uuid[]) OR target_entity_id = ANY((SELECT e FROM ends)::uuid[]))
     ORDER BY embedding <=> $2, edge_id LIMIT $5),
 found AS (SELECT 0 AS hop, * FROM c UNION ALL SELECT 1, * FROM h)
-SELECT b.*, s.name AS source_name, coalesce(t.name, b.target_value) AS target_name FROM found b
-JOIN entities s ON s.entity_id = b.source_entity_id LEFT JOIN entities t ON t.entity_id = b.target_entity_id
-ORDER BY b.hop, b.distance, b.edge_id
+SELECT b.*, (SELECT s.name FROM entities s WHERE s.entity_id = b.source_entity_id) AS source_name,
+       coalesce((SELECT t.name FROM entities t WHERE t.entity_id = b.target_entity_id), b.target_value) AS target_name
+FROM found b ORDER BY b.hop, b.distance, b.edge_id
 """
 
 # What was believed at recorded time r about valid time v: edges recorded by r, begun by v,
