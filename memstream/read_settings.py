@@ -41,3 +41,9 @@ class Budgets:
     facts: int = 300
     episodes: int = 600
     edges: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("facts", "episodes", "edges"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"the {name} budget must be a whole number of tokens >= 0, not {value!r}")

@@ -132,10 +132,8 @@ class MemoryReader:
                    wait_timeout: float = 5.0, now: datetime | None = None,
                    as_of: AsOf | datetime | None = None, identity_id: str | None = None,
                    budgets: Budgets | None = None) -> MemoryContext:
-        if not user_id or not conversation_id:
-            raise ValueError("user_id and conversation_id are required")
-        if k < 1:
-            raise ValueError("k must be >= 1")
+        _check_args(user_id, conversation_id, message, after=after, k=k, k_facts=k_facts, k_edges=k_edges,
+                    wait_timeout=wait_timeout, now=now, as_of=as_of, identity_id=identity_id, budgets=budgets)
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         ctx = MemoryContext(user_id=user_id, conversation_id=conversation_id, message=message)
@@ -375,6 +373,38 @@ class MemoryReader:
         """Every version of the fact's lineage, oldest first: what was believed, when and why."""
         rows = await facts_q.history(self._pool, user_id, fact_id)
         return [FactVersion(**{k: r[k] for k in FactVersion.model_fields}) for r in rows]
+
+
+def _check_args(user_id, conversation_id, message, *, after, k, k_facts, k_edges, wait_timeout, now, as_of,
+                identity_id, budgets) -> None:
+    """``read``'s arguments, refused before any I/O with what is wrong: a bad one would otherwise
+    surface as a degraded section (a non-string id), a silently wrong result (a negative k) or
+    an exception from the middle of ranking (a naive ``now``)."""
+    for name, value in (("user_id", user_id), ("conversation_id", conversation_id)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} is required: a non-empty string, not {value!r}")
+    if not isinstance(message, str):
+        raise ValueError(f"message must be a string, not {type(message).__name__}")
+    for name, value, least in (("k", k, 1), ("k_facts", k_facts, 0), ("k_edges", k_edges, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, not {value!r}")
+    if after is not None and not isinstance(after, LogPosition):
+        raise ValueError(f"after must be the LogPosition an append returned, not {type(after).__name__}")
+    if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float)) or not wait_timeout >= 0:
+        raise ValueError(f"wait_timeout must be a number of seconds >= 0, not {wait_timeout!r}")
+    times = [("now", now)]
+    if isinstance(as_of, AsOf):
+        times += [("as_of.valid_time", as_of.valid_time), ("as_of.recorded_time", as_of.recorded_time)]
+    elif as_of is not None:
+        times.append(("as_of", as_of))
+    for name, value in times:
+        if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+            # A naive time would be read in some zone nobody chose: off by hours on both time axes.
+            raise ValueError(f"{name} must be a timezone-aware datetime, not {value!r}")
+    if identity_id is not None and (not isinstance(identity_id, str) or not identity_id):
+        raise ValueError(f"identity_id must be a non-empty string or None, not {identity_id!r}")
+    if budgets is not None and not isinstance(budgets, Budgets):
+        raise ValueError(f"budgets must be a Budgets, not {type(budgets).__name__}")
 
 
 def _json(value):

@@ -38,3 +38,9 @@ def test_a_misspelt_or_malformed_read_weight_is_refused_with_its_reason(monkeypa
     monkeypatch.setenv("MEMSTREAM_READ_FACT_WEIGHTS", raw)
     with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("]", r"\]")):
         Settings.from_env()
+
+
+def test_a_negative_token_budget_is_refused(monkeypatch):
+    monkeypatch.setenv("MEMSTREAM_READ_BUDGETS", '{"episodes": -5}')
+    with pytest.raises(ValueError, match="episodes budget must be a whole number of tokens >= 0"):
+        Settings.from_env()

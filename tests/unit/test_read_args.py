@@ -1,0 +1,56 @@
+"""``MemoryReader.read`` refuses bad arguments at once, before any I/O (no stack needed)."""
+import asyncio
+from datetime import datetime, timezone
+
+import pytest
+
+from memstream.read_client import MemoryReader
+from memstream.read_client.budget import Budgets
+from memstream.schemas.read_models import AsOf
+
+NAIVE = datetime(2026, 1, 1)
+AWARE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+class Untouchable:
+    """Stands for the pools, Redis and the embedder: any use of it fails the test."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"read touched {name!r} before refusing its arguments")
+
+
+@pytest.fixture
+def reader():
+    r = MemoryReader(pool=Untouchable(), redis=Untouchable(), embedder=Untouchable(), schema="s")
+    yield r
+    r._embed_pool.shutdown()
+
+
+GOOD = {"user_id": "u", "conversation_id": "c", "message": "where do I live?"}
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"user_id": ""}, "user_id is required"),
+    ({"user_id": 5}, "user_id is required"),
+    ({"conversation_id": None}, "conversation_id is required"),
+    ({"message": None}, "message must be a string"),
+    ({"k": 0}, "k must be an integer >= 1"),
+    ({"k_facts": -1}, "k_facts must be an integer >= 0"),  # sliced as [:-1] it returned all but one
+    ({"k_edges": 2.5}, "k_edges must be an integer >= 0"),
+    ({"after": 17}, "after must be the LogPosition"),
+    ({"wait_timeout": -1}, "wait_timeout must be a number of seconds >= 0"),
+    ({"now": NAIVE}, "now must be a timezone-aware datetime"),  # failed mid-rerank, after every statement
+    ({"as_of": NAIVE}, "as_of must be a timezone-aware datetime"),
+    ({"as_of": AsOf(valid_time=AWARE, recorded_time=NAIVE)}, "as_of.recorded_time must be a timezone-aware"),
+    ({"identity_id": 7}, "identity_id must be a non-empty string"),  # was a degraded section
+    ({"budgets": {"facts": 10}}, "budgets must be a Budgets"),
+])
+def test_a_bad_argument_is_refused_before_any_io_naming_what_is_wrong(reader, change, says):
+    args = {**GOOD, **change}
+    with pytest.raises(ValueError, match=says):
+        asyncio.run(reader.read(args.pop("user_id"), args.pop("conversation_id"), args.pop("message"), **args))
+
+
+def test_a_negative_budget_cannot_be_made():
+    with pytest.raises(ValueError, match="edges budget"):
+        Budgets(edges=-1)
