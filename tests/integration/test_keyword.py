@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from memstream.projections.episodes import query as episodes_q
-from memstream.projections.fulltext import CAP, RECENT
+from memstream.projections.fulltext import CAP, MAX_TERMS, RECENT
 
 T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
 COMMON = ["apple", "river", "guitar", "mountain", "coffee", "violet", "tiger", "marble", "rocket", "lantern"]
@@ -50,8 +50,16 @@ async def _lexemes(conn, text: str) -> set[str]:
     return set(await conn.fetchval("SELECT coalesce(array_agg(lexeme), '{}') FROM unnest(to_tsvector('english', $1))", text))
 
 
+async def _query_words(conn, query: str) -> set[str]:
+    """The first MAX_TERMS distinct lexemes of the query, word by word in the order written."""
+    words: list[str] = []
+    for word in query.split():
+        words += [w for w in sorted(await _lexemes(conn, word)) if w not in words]
+    return set(words[:MAX_TERMS])
+
+
 async def _expected(conn, user: str, texts: list[str], query: str, k: int) -> list[tuple[uuid.UUID, float]]:
-    words = await _lexemes(conn, query)
+    words = await _query_words(conn, query)
     rows = [(uuid.uuid5(uuid.NAMESPACE_OID, f"{user}/{i}"), T0 + timedelta(minutes=i), await _lexemes(conn, t))
             for i, t in enumerate(texts)]
     window = sorted(rows, key=lambda r: r[1], reverse=True)[:RECENT]
@@ -75,6 +83,8 @@ async def _expected(conn, user: str, texts: list[str], query: str, k: int) -> li
     "tiger xylophone",        # a word nobody used: the all-words part finds nothing
     "xylophone",              # nothing at all
     "the and of",             # stop words only: no words, no scan
+    # a pasted page: only its first MAX_TERMS words are searched, so zeppelin is and apple is not
+    " ".join(["zeppelin"] + [f"filler{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(60)] + ["apple"]),
 ])
 async def test_keyword_sql_returns_what_its_contract_says(conn, query, plans):
     await conn.execute(f"SET plan_cache_mode = {plans}")
@@ -89,6 +99,8 @@ async def test_keyword_sql_returns_what_its_contract_says(conn, query, plans):
         assert [i for i, _ in got[:5]] == [uuid.uuid5(uuid.NAMESPACE_OID, f"kw/{i}") for i in (149, 120, 77, 40, 3)]
     if query == "quokka":
         assert [i for i, _ in got] == [uuid.uuid5(uuid.NAMESPACE_OID, "kw/10")]
+    if query.startswith("zeppelin filler"):  # the first MAX_TERMS words (32) hold no apple
+        assert [i for i, _ in got] == [uuid.uuid5(uuid.NAMESPACE_OID, f"kw/{i}") for i in (900, 500)]
 
 
 async def test_a_huge_word_of_the_longest_user_id_is_stored_and_left_out_of_the_postings(conn):
