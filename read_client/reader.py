@@ -378,13 +378,18 @@ class MemoryReader:
 def _check_args(user_id, conversation_id, message, *, after, k, k_facts, k_edges, wait_timeout, now, as_of,
                 identity_id, budgets) -> None:
     """``read``'s arguments, refused before any I/O with what is wrong: a bad one would otherwise
-    surface as a degraded section (a non-string id), a silently wrong result (a negative k) or
-    an exception from the middle of ranking (a naive ``now``)."""
+    surface as degraded sections (a non-string id, a NUL character or a lone surrogate in the
+    message), a silently wrong result (a negative k) or an exception from the middle of ranking
+    (a naive ``now``)."""
     for name, value in (("user_id", user_id), ("conversation_id", conversation_id)):
         if not isinstance(value, str) or not value:
             raise ValueError(f"{name} is required: a non-empty string, not {value!r}")
     if not isinstance(message, str):
         raise ValueError(f"message must be a string, not {type(message).__name__}")
+    for name, value in (("user_id", user_id), ("conversation_id", conversation_id), ("message", message),
+                        ("identity_id", identity_id)):
+        if isinstance(value, str):
+            _storable(name, value)
     for name, value, least in (("k", k, 1), ("k_facts", k_facts, 0), ("k_edges", k_edges, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, not {value!r}")
@@ -405,6 +410,16 @@ def _check_args(user_id, conversation_id, message, *, after, k, k_facts, k_edges
         raise ValueError(f"identity_id must be a non-empty string or None, not {identity_id!r}")
     if budgets is not None and not isinstance(budgets, Budgets):
         raise ValueError(f"budgets must be a Budgets, not {type(budgets).__name__}")
+
+
+def _storable(name: str, text: str) -> None:
+    # What Postgres text and the tokenizer can take: the same rule as the producer's for turns.
+    if "\x00" in text:
+        raise ValueError(f"{name} must not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} is not valid Unicode: {exc.reason} at {exc.start}") from None
 
 
 def _json(value):

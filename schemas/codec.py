@@ -76,4 +76,18 @@ def validated(record: T) -> T:
     """Round-trip ``record`` through the wire format so that constraints that msgspec only
     checks on decode (lengths, types) are enforced at the edge, before anything is sent."""
     registry = _EVENTS if isinstance(record, Event) else _DECISIONS
-    return _decode(encode(record), registry)
+    try:
+        data = encode(record)
+    except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 for it, so no JSON
+        field = next((f"$.{f.name}" for f in msgspec.structs.fields(record)
+                      if isinstance(v := getattr(record, f.name), str) and not _utf8(v)), None)
+        raise InvalidEvent(f"not valid Unicode: {exc.reason}", field) from None
+    return _decode(data, registry)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False

@@ -66,6 +66,14 @@ def test_a_turn_with_a_nul_character_is_refused_at_the_edge():
         TurnRecorded.new(user_id="u", conversation_id="c", user_message="a\x00b", assistant_message="")
 
 
+def test_a_turn_with_a_lone_surrogate_is_refused_naming_the_field():
+    # It cannot be written as UTF-8: the encoder raised UnicodeEncodeError instead of InvalidEvent.
+    turn = TurnRecorded.new(user_id="u", conversation_id="c", user_message="hi", assistant_message="a\ud800b")
+    with pytest.raises(InvalidEvent, match="not valid Unicode") as info:
+        validated(turn)
+    assert info.value.field == "$.assistant_message"
+
+
 def test_constraints_msgspec_checks_only_on_decode_are_enforced_by_validated():
     turn = TurnRecorded.new(user_id="u" * 300, conversation_id="c", user_message="hi", assistant_message="")
     with pytest.raises(InvalidEvent) as info:

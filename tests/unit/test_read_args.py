@@ -34,6 +34,9 @@ GOOD = {"user_id": "u", "conversation_id": "c", "message": "where do I live?"}
     ({"user_id": 5}, "user_id is required"),
     ({"conversation_id": None}, "conversation_id is required"),
     ({"message": None}, "message must be a string"),
+    ({"message": "where do I live?\x00"}, "message must not contain NUL"),  # the keyword sections degraded
+    ({"message": "where \ud800 do I live?"}, "message is not valid Unicode"),  # every vector section degraded
+    ({"user_id": "u\x00"}, "user_id must not contain NUL"),
     ({"k": 0}, "k must be an integer >= 1"),
     ({"k_facts": -1}, "k_facts must be an integer >= 0"),  # sliced as [:-1] it returned all but one
     ({"k_edges": 2.5}, "k_edges must be an integer >= 0"),
