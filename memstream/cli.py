@@ -182,7 +182,7 @@ def status(ctx: click.Context) -> None:
 
 
 @main.command()
-@click.option("--users", default=3, show_default=True)
+@click.option("--users", default=3, show_default=True, type=click.IntRange(min=1))
 @click.pass_context
 def demo(ctx: click.Context, users: int) -> None:
     """Start the stack, run the pipeline end to end and print each user's memory context."""
@@ -197,9 +197,9 @@ def bench() -> None:
 
 
 @bench.command("ingest")
-@click.option("--turns", default=10_000, show_default=True)
-@click.option("--users", default=100, show_default=True)
-@click.option("--rate", default=25.0, show_default=True, help="turns/s in the paced (latency) phase")
+@click.option("--turns", default=10_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--users", default=100, show_default=True, type=click.IntRange(min=1))
+@click.option("--rate", default=25.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="turns/s in the paced (latency) phase")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_json: bool) -> None:
@@ -211,9 +211,9 @@ def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_jso
 
 
 @bench.command("read")
-@click.option("--rows", default=1_000_000, show_default=True, help="corpus size across all users")
-@click.option("--readers", default=32, show_default=True, help="concurrent readers in the concurrency phase")
-@click.option("--reads", default=300, show_default=True, help="reads per single-reader phase")
+@click.option("--rows", default=1_000_000, show_default=True, type=click.IntRange(min=1), help="corpus size across all users")
+@click.option("--readers", default=32, show_default=True, type=click.IntRange(min=1), help="concurrent readers in the concurrency phase")
+@click.option("--reads", default=300, show_default=True, type=click.IntRange(min=1), help="reads per single-reader phase")
 @click.option("--keep", is_flag=True, help="keep the benchmark schema afterwards")
 @click.option("--reuse", metavar="SCHEMA", help="measure a corpus kept by an earlier --keep run (same --rows)")
 @click.option("--json", "as_json", is_flag=True)
@@ -229,8 +229,8 @@ def bench_read(ctx: click.Context, rows: int, readers: int, reads: int, keep: bo
 
 
 @bench.command("formation")
-@click.option("--turns", default=3000, show_default=True)
-@click.option("--users", default=50, show_default=True)
+@click.option("--turns", default=3000, show_default=True, type=click.IntRange(min=1))
+@click.option("--users", default=50, show_default=True, type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def bench_formation(ctx: click.Context, turns: int, users: int, as_json: bool) -> None:
@@ -253,7 +253,7 @@ def eval_group() -> None:
 @eval_group.command("locomo")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--conv", help="only this sample_id")
-@click.option("--k", default=5, show_default=True, help="how many episodes read returns (Hit@k, Recall@k)")
+@click.option("--k", default=5, show_default=True, type=click.IntRange(min=1), help="how many episodes read returns (Hit@k, Recall@k)")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def eval_locomo(ctx: click.Context, path: Path, conv: str | None, k: int, as_json: bool) -> None:
