@@ -5,13 +5,13 @@ The text's words are its first ``MAX_TERMS`` distinct lexemes. Candidates: rows 
 of them among the user's newest ``RECENT`` rows (for recall), plus rows containing every word
 (AND, over all the user's rows, through the GIN index: selective; each tsvector carries a lexeme
 naming its user, migration 0005; ``<table>_all_words``, migration 0009, planned for its arguments
-however this statement is planned). Both parts are
-bounded whatever the user's size — ranking every loose match of a 100k-row user cost 50 ms
-(measured) — and only the candidates are ranked, by BM25. Older rows matching only some of the
-words are left to the vector channels. The newest rows are found without reading them: the
-window's start comes from the (user, time) index and its matches from the postings' primary key,
-both index-only. Every part says ``user_id = $1`` so the planner prunes to the user's partition
-(0006). '::tsquery' keeps lexemes as to_tsvector produced them instead of stemming them twice.
+however this statement is planned). Both parts are bounded whatever the user's size — ranking
+every loose match of a 100k-row user cost 50 ms (measured) — and only the candidates are ranked,
+by BM25. Older rows matching only some of the words are left to the vector channels. The newest
+rows are found without reading them: the window's start comes from the (user, time) index and
+its matches from the postings' primary key, both index-only. Every part says ``user_id = $1`` so
+the planner prunes to the user's partition (0006). '::tsquery' keeps lexemes as to_tsvector
+produced them instead of stemming them twice.
 Parameters: $1 user_id, $2 text, $3 k.
 """
 from __future__ import annotations
