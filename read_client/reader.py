@@ -44,7 +44,8 @@ class MemoryReader:
     Contract:
     * ``read`` never raises because a store or channel failed: the failure is logged with its
       traceback on ``memstream.read``, that section comes back empty and its name is listed in
-      ``MemoryContext.degraded``. Invalid arguments raise ``ValueError`` at once.
+      ``MemoryContext.degraded``. Invalid arguments raise ``ValueError`` at once; a read on a
+      closed reader raises ``RuntimeError``.
     * ``after=LogPosition`` (as returned by ``TurnLog.append``) makes the read wait, up to
       ``wait_timeout`` seconds, until the episodes projection has applied that position, so a
       host reads its own writes. On timeout the read proceeds with ``caught_up=False``.
@@ -69,6 +70,7 @@ class MemoryReader:
         self._text_pool = text_pool or pool
         self._schema, self._tier0 = schema, tier0_turns
         self._episode_weights, self._fact_weights = episode_weights, fact_weights
+        self._closed = False
         self._epoch: int | None = None
         self._profile_epoch: int | None = None
         # One embedding at a time: onnxruntime already uses every core it is given, and
@@ -120,6 +122,7 @@ class MemoryReader:
             await conn.execute("RESET lock_timeout")
 
     async def close(self) -> None:
+        self._closed = True
         self._embed_pool.shutdown(wait=False)
         await self._pool.close()
         if self._text_pool is not self._pool:
@@ -132,6 +135,9 @@ class MemoryReader:
                    wait_timeout: float = 5.0, now: datetime | None = None,
                    as_of: AsOf | datetime | None = None, identity_id: str | None = None,
                    budgets: Budgets | None = None) -> MemoryContext:
+        if self._closed:
+            # A usage error, not a failing store: otherwise every section came back degraded.
+            raise RuntimeError("this MemoryReader is closed")
         _check_args(user_id, conversation_id, message, after=after, k=k, k_facts=k_facts, k_edges=k_edges,
                     wait_timeout=wait_timeout, now=now, as_of=as_of, identity_id=identity_id, budgets=budgets)
         t0 = time.perf_counter()

@@ -313,3 +313,10 @@ async def test_connect_takes_weights_budgets_and_keyword_mode_from_settings(sett
 async def _profile_home(conn, user, home):
     value = await conn.fetchval("SELECT profile->>'home' FROM profiles WHERE user_id = $1", user)
     return value == home
+
+
+async def test_a_closed_reader_refuses_to_read_instead_of_degrading_every_section(settings, dsn, embedder):
+    reader = await MemoryReader.connect(settings, dsn, embedder=embedder)
+    await reader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await reader.read("liv", "c1", "where do I live?")
