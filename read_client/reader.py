@@ -26,6 +26,7 @@ from memstream.read_client.render import edge_line, episode_line, render_context
 from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse, rerank,
                                          with_neighbours)
 from memstream.schemas import LogPosition
+from memstream.schemas.errors import not_utf8
 from memstream.schemas.read_models import (AsOf, FactVersion, MemoryContext, RankedEdge, RankedEpisode, RankedFact,
                                            Reminder, Turn)
 
@@ -422,10 +423,8 @@ def _storable(name: str, text: str) -> None:
     # What Postgres text and the tokenizer can take: the same rule as the producer's for turns.
     if "\x00" in text:
         raise ValueError(f"{name} must not contain NUL characters")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{name} is not valid Unicode: {exc.reason} at {exc.start}") from None
+    if why := not_utf8(text):
+        raise ValueError(f"{name} is not valid Unicode: {why}")
 
 
 def _json(value):

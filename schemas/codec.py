@@ -6,7 +6,7 @@ from typing import TypeVar
 
 import msgspec
 
-from memstream.schemas.errors import InvalidEvent, UnknownEventType
+from memstream.schemas.errors import InvalidEvent, UnknownEventType, not_utf8
 from memstream.schemas.events import DECISION_TYPES, EVENT_TYPES, Decision, Event
 from memstream.schemas.upcasting import upcast
 
@@ -80,14 +80,6 @@ def validated(record: T) -> T:
         data = encode(record)
     except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 for it, so no JSON
         field = next((f"$.{f.name}" for f in msgspec.structs.fields(record)
-                      if isinstance(v := getattr(record, f.name), str) and not _utf8(v)), None)
+                      if isinstance(v := getattr(record, f.name), str) and not_utf8(v)), None)
         raise InvalidEvent(f"not valid Unicode: {exc.reason}", field) from None
     return _decode(data, registry)
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
