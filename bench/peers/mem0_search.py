@@ -170,27 +170,29 @@ class MemstreamReads:
         from memstream.bench.read import load_corpus
         from memstream.projections.db import create_pool, drop_schema, migrate
         from memstream.read_client import MemoryReader
-        import redis.asyncio as aioredis
 
         self.dsn, self.schema = dsn, f"benchr_{uuid.uuid4().hex[:8]}"
         self.loop = asyncio.new_event_loop()
         run = self.loop.run_until_complete
         embedder = default_embedder(SETTINGS.read_embed_threads, SETTINGS.embedding_variant)
         run(migrate(dsn, self.schema))
-        self.pool = run(create_pool(dsn, self.schema, min_size=2, max_size=8))
+        pool = run(create_pool(dsn, self.schema, min_size=2, max_size=8))
         try:
-            self.load = run(load_corpus(self.pool, embedder, rows))
+            self.load = run(load_corpus(pool, embedder, rows))
         except BaseException:
-            run(self.pool.close())
+            run(pool.close())
             run(drop_schema(dsn, self.schema))
             raise
-        # As MemoryReader.connect builds them; two readers share them, as in `memstream bench read`.
-        self.text_pool = run(create_pool(dsn, self.schema, min_size=8, max_size=8, generic_plans=True,
-                                         prepare=MemoryReader.prepare_text_lane))
-        self.redis = aioredis.from_url(SETTINGS.redis_url)
-        self.readers = {mode: MemoryReader(pool=self.pool, text_pool=self.text_pool, redis=self.redis,
-                                           embedder=embedder, schema=self.schema, keyword_mode=kw)
-                        for mode, kw in (("memstream", "words"), ("memstream_names", "names"))}
+        run(pool.close())
+        # Each mode as a host gets it: MemoryReader.connect with that keyword mode in its settings.
+        self.readers = {}
+        try:
+            for mode, kw in (("memstream", "words"), ("memstream_names", "names")):
+                settings = SETTINGS.model_copy(update={"postgres_schema": self.schema, "read_keyword_mode": kw})
+                self.readers[mode] = run(MemoryReader.connect(settings, dsn, embedder=embedder))
+        except BaseException:
+            self.close()
+            raise
 
     def searcher(self, mode: str) -> Searcher:
         def run(question: str) -> tuple[int, float]:
@@ -204,9 +206,8 @@ class MemstreamReads:
         from memstream.projections.db import drop_schema
 
         run = self.loop.run_until_complete
-        run(self.text_pool.close())
-        run(self.pool.close())
-        run(self.redis.aclose())
+        for reader in self.readers.values():
+            run(reader.close())
         run(drop_schema(self.dsn, self.schema))
         self.loop.close()
 
