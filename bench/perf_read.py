@@ -10,8 +10,8 @@ else. Needs `perf` (Debian: linux-perf) and a kept `memstream bench read` corpus
     perf report -i perf-read.data --comm postgres --sort sym  # Postgres' hot symbols
     perf report -i perf-read.data --comm postgres --children --sort sym   # with --call-graph
 
-Reads ask the 12 benchmark questions in the user's newest conversation (whatever Tier 0 holds
-for it; `memstream bench read` leaves its last turns there).
+Reads ask the 12 benchmark questions in the user's newest conversation, its last turns in Tier 0,
+as `memstream bench read` reads a conversation in progress.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import signal
 import subprocess
 import time
 
-from memstream.bench.read import QUESTIONS
+from memstream.bench.read import QUESTIONS, ongoing_conversation
 from memstream.cli import resolve_dsn
 from memstream.config import Settings
 from memstream.read_client import MemoryReader
@@ -31,8 +31,7 @@ async def profile(a: argparse.Namespace) -> None:
     s = Settings().model_copy(update={"postgres_schema": a.schema})
     reader = await MemoryReader.connect(s, resolve_dsn(s))
     try:
-        conversation = await reader._pool.fetchval(
-            "SELECT conversation_id FROM episodes WHERE user_id = $1 ORDER BY occurred_at DESC LIMIT 1", a.user)
+        conversation = await ongoing_conversation(reader._pool, reader._redis, a.schema, a.user, s.tier0_turns)
         for i in range(a.warmup):
             await reader.read(a.user, conversation, QUESTIONS[i % len(QUESTIONS)])
         cmd = ["perf", "record", "-a", "-F", str(a.freq), "-o", a.out]

@@ -152,7 +152,7 @@ def _pcts(values: list[float]) -> dict[str, float]:
             "p99": round(float(np.percentile(a, 99)), 2), "n": len(values)}
 
 
-async def _ongoing(pool, redis, schema: str, user: str, keep: int) -> str:
+async def ongoing_conversation(pool, redis, schema: str, user: str, keep: int) -> str:
     """The user's newest conversation, its last ``keep`` turns pushed to Tier 0 as the session-cache
     projection leaves them for a conversation in progress; reads then find them in Redis."""
     from memstream.projections import session_cache
@@ -310,7 +310,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
                               text_pool=text_pool)
         # Reads ask in the user's conversation in progress, its recent turns in Tier 0 (one line
         # below times a new conversation: Redis has no turns, so Postgres is asked).
-        ongoing = {u: await _ongoing(pool, redis, settings.postgres_schema, u, settings.tier0_turns)
+        ongoing = {u: await ongoing_conversation(pool, redis, settings.postgres_schema, u, settings.tier0_turns)
                    for u in ("heavy", *(f"grow-{g // 1000}k" for g in growth))}
         await _timed_reads(reader, "heavy", QUESTIONS, 30, ongoing["heavy"])  # warm caches: plans and buffers
 
@@ -333,7 +333,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
             return "heavy" if j % 2 == 0 else fillers[(i * 31 + j) % len(fillers)]
 
         for user in {concurrent_user(i, j) for i in range(readers) for j in range(max(1, reads // 4))} - set(ongoing):
-            ongoing[user] = await _ongoing(pool, redis, settings.postgres_schema, user, settings.tier0_turns)
+            ongoing[user] = await ongoing_conversation(pool, redis, settings.postgres_schema, user, settings.tier0_turns)
 
         async def one_reader(i: int) -> list[float]:
             out = []
