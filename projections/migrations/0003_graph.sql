@@ -35,14 +35,10 @@ CREATE TABLE memory_edges (
     embedding        vector(384) NOT NULL,
     embedding_model  text        NOT NULL,
     CHECK (valid_to IS NULL OR valid_to >= valid_from),
-    CHECK ((target_entity_id IS NULL) <> (target_value IS NULL)),
-    -- One truth at a time for single-valued relations: no two intervals of the same
-    -- (user, source, relation) may overlap. Checked at commit, so a close and the open that
-    -- replaces it may be written in either order within one transaction.
-    CONSTRAINT memory_edges_single_valued_no_overlap EXCLUDE USING gist (
-        user_id WITH =, source_entity_id WITH =, relation WITH =,
-        tstzrange(valid_from, valid_to, '[)') WITH &&
-    ) WHERE (NOT multi_valued) DEFERRABLE INITIALLY DEFERRED
+    CHECK ((target_entity_id IS NULL) <> (target_value IS NULL))
+    -- One truth at a time for single-valued relations: the overlap constraint is 0011's, per
+    -- partition. (Until 2026-12-01 this migration created a btree_gist form here, which a
+    -- Postgres without btree_gist cannot run; 0011 replaces it where it exists.)
 );
 CREATE INDEX memory_edges_embedding_hnsw ON memory_edges USING hnsw (embedding vector_cosine_ops);
 CREATE INDEX memory_edges_current ON memory_edges (user_id, source_entity_id, relation) WHERE valid_to IS NULL;

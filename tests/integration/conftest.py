@@ -39,6 +39,20 @@ def dsn(stack: Stack) -> str:
     return stack.postgres.dsn
 
 
+@pytest.fixture(autouse=True)
+def no_postgres_crash(request):
+    """A backend that crashed during a test fails it with the server log's reason: otherwise the
+    test sees only "the database system is in recovery mode" and times out retrying."""
+    if "stack" not in request.fixturenames and "dsn" not in request.fixturenames:
+        yield
+        return
+    postgres = request.getfixturevalue("stack").postgres
+    mark = postgres.log_size()
+    yield
+    if crashes := postgres.crashes(since=mark):
+        pytest.fail("Postgres crashed during this test: " + "; ".join(crashes), pytrace=False)
+
+
 @pytest.fixture
 async def settings(stack: Stack, dsn: str):
     tag = uuid.uuid4().hex[:10]

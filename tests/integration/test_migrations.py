@@ -73,3 +73,39 @@ async def test_partitioning_a_populated_schema_keeps_every_row_and_the_overlap_c
     finally:
         await c.close()
         await drop_schema(dsn, schema)
+
+
+async def test_every_edges_partition_refuses_overlaps_without_btree_gist(conn):
+    """0011's exclusion is built from ranges only (the local Postgres ships no btree_gist) and
+    lives on each partition, since a partitioned table refuses it on the parent."""
+    assert await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'btree_gist'") == 0
+    parts = await conn.fetch(
+        "SELECT c.relname, (SELECT count(*) FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'x') AS x "
+        "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'memory_edges'::regclass")
+    assert len(parts) == 32 and all(p["x"] == 1 for p in parts)
+
+
+async def test_an_install_with_the_old_overlap_constraint_gets_the_new_form(dsn):
+    """Installs migrated before 0011 carry 0007's constraint on the parent: 0011 drops it by name
+    (the old form needs btree_gist, so a stand-in of the same name plays it here)."""
+    import asyncpg
+
+    schema = "t_overlap_upgrade"
+    await drop_schema(dsn, schema)
+    c = await asyncpg.connect(dsn)
+    try:
+        await c.execute(f"CREATE SCHEMA {schema}; SET search_path = {schema}, public")
+        for version, _, sql in _migrations():
+            if version <= 10:
+                await c.execute(sql)
+        await c.execute("ALTER TABLE memory_edges ADD CONSTRAINT memory_edges_single_valued_no_overlap CHECK (true)")
+        for version, _, sql in _migrations():
+            if version > 10:
+                await c.execute(sql)
+        names = {r["conname"] for r in await c.fetch(
+            "SELECT conname FROM pg_constraint WHERE connamespace = $1::regnamespace AND contype IN ('x', 'c')", schema)}
+        assert "memory_edges_single_valued_no_overlap" not in names
+        assert {f"memory_edges_p{i}_no_overlap" for i in range(32)} <= names
+    finally:
+        await c.close()
+        await drop_schema(dsn, schema)
