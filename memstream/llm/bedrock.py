@@ -55,7 +55,7 @@ class _Fact(BaseModel):
     confidence: float = Field(ge=0, le=1)
     explicit: bool = Field(description="true if the user stated it, false if inferred")
     valid_at: datetime | None = Field(None, description="when the fact became true, if the turn says")
-    negated: bool = Field(False, description="true if the user says it is no longer true")
+    negated: bool = Field(False, description="true if the user says it is no longer true or asks to forget it")
 
 
 class _Facts(BaseModel):
@@ -74,11 +74,15 @@ EXTRACT_PROMPT = (
     "You extract durable facts about the USER from one conversation turn: identity, where they live or work, "
     "preferences and dislikes, constraints (allergies, diets), family, pets, plans with dates. Only facts about "
     "the user. Mark explicit=true only for what the user stated; inferred facts get explicit=false and lower "
-    f"confidence. Always answer by calling {EXTRACT_TOOL}; an empty list is fine."
+    "confidence. A date dates only the fact it is said of (a child's birthday sets valid_at of the birthday, not "
+    "of the child). An explicit request to forget or delete a memory (\"forget that I live in Lisbon\") is that "
+    "fact with negated=true and explicit=true, never a fact to learn. "
+    f"Always answer by calling {EXTRACT_TOOL}; an empty list is fine."
 )
 RESOLVE_PROMPT = (
     "Decide how a new candidate fact relates to the user's existing facts. ADD if it is new; UPDATE(target) if it "
-    "replaces an existing fact's value; DELETE(target) if the user says an existing fact is no longer true; "
+    "replaces an existing fact's value; DELETE(target) if the user says an existing fact is no longer true or "
+    "asks to forget it (a negated candidate deletes the fact it names; if none matches, ADD, and nothing is stored); "
     f"NOOP(target) if it is already known. Always answer by calling {RESOLVE_TOOL}."
 )
 
@@ -193,7 +197,8 @@ RELATE_TOOL = "record_relations"
 RELATE_PROMPT = (
     "You extract relationships stated or implied in one conversation turn as (source, relation, target) "
     'triples. Name the user "I". Use short snake_case relations (works_at, managed_by, lives_in, married_to, '
-    "has_child, friend_of, has_pet...). negated=true when the user says a relationship ended. "
+    "has_child, friend_of, has_pet...). negated=true when the user says a relationship ended or explicitly asks "
+    "to forget it. valid_at only from a date said of that relationship (a birthday does not date has_child). "
     f"Always answer by calling {RELATE_TOOL}; an empty list is fine."
 )
 

@@ -2,15 +2,16 @@
 
 Good enough for the demo and the tests, and a real component: its rules are general patterns of
 first-person English (where the user lives or works, names, preferences and dislikes,
-allergies and diets, family and pets, plans with dates, corrections and negations), unit-tested
-on sentences written apart from the rules. Statements by the user are explicit; what is only
-implied (the assistant greeting the user by a name) is inferred, with lower confidence.
+allergies and diets, family and pets, plans with dates, corrections, negations and requests to
+forget), unit-tested on sentences written apart from the rules. A date dates only the phrase of
+its own clause. Statements by the user are explicit; what is only implied (the assistant greeting
+the user by a name) is inferred, with lower confidence.
 """
 from __future__ import annotations
 
 import calendar
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Callable, Iterator, Sequence
 
@@ -19,8 +20,15 @@ from memstream.schemas import TurnRecorded
 
 _MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}
 _MONTHS.update({m.lower(): i for i, m in enumerate(calendar.month_abbr) if m})
-_STOP = r"(?=\s*(?:,|;|\.|!|\?|$| and | but | because | so | since | which | where | with | for | from now| now\b| last | next | this | in (?:19|20)\d\d| in (?:%s)\b))" % "|".join(
-    m for m in _MONTHS if len(m) > 3)
+_LONG_MONTHS = "|".join(m.lower() for m in calendar.month_name if m)  # "may" too, not "mar"
+_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+            "eight": 8, "nine": 9, "ten": 10, "a couple of": 2, "a few": 3}
+_COUNTS = "|".join(_NUMBERS)
+_AGO = re.compile(r"\b(\d{1,3}|%s)\s+(day|week|month|year)s?\s+ago\b" % _COUNTS)
+# A value ends where its date begins ("I moved to Lisbon two days ago": the home is Lisbon).
+_STOP = (r"(?=(?i:\s*(?:,|;|\.|!|\?|$| and | but | because | so | since | which | where | with | for | from now| now\b"
+         r"| last | next | this | in (?:19|20)\d\d| (?:in|on) (?:%s)\b| (?:yesterday|today|tomorrow)\b"
+         r"| (?:\d{1,3}|%s) (?:day|week|month|year)s? ago\b)))" % (_LONG_MONTHS, _COUNTS))
 _VALUE = r"(?P<value>[^,.;!?]+?)" + _STOP
 _PROPER = r"(?P<value>[A-Z][\w'&-]*(?:\s+(?:[A-Z][\w'&-]*|of|de|da|do|del|von|van))*)"
 # The subject: "I", or nothing after "and" ("I live in Lisbon and work at Acme").
@@ -45,22 +53,53 @@ def _clean(value: str) -> str:
     return value.strip(" '\"")
 
 
-def _when(text: str, at: datetime) -> datetime | None:
-    """World time a phrase refers to, relative to when the turn happened."""
+_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
+# Where a clause ends: a date beyond it is said of something else ("I moved to Lisbon, and my
+# daughter turns 7 on October 12th").
+_CLAUSE_END = re.compile(r"[,;:!?]|\s(?:and|but|so|because|while|though|although|whereas|when|after|before)\s", re.I)
+
+
+def _when(text: str, at: datetime, past: bool = False) -> datetime | None:
+    """World time a phrase refers to, relative to when the turn happened. ``past``: the phrase
+    tells what already happened ("moved to Lisbon in October"), so a bare month is the last one."""
     t = text.lower()
     for phrase, delta in (("last month", -30), ("next month", 30), ("last week", -7), ("next week", 7),
                           ("yesterday", -1), ("tomorrow", 1), ("last year", -365), ("next year", 365)):
         if phrase in t:
             return at + timedelta(days=delta)
+    m = _AGO.search(t)
+    if m:
+        n = int(m.group(1)) if m.group(1).isdigit() else _NUMBERS[m.group(1)]
+        return at - timedelta(days=n * _UNIT_DAYS[m.group(2)])
     m = re.search(r"\b(?:on |in )?(%s)\b(?:\s+(\d{1,2})(?:st|nd|rd|th)?)?" % "|".join(_MONTHS), t)
     if m:
         month, day = _MONTHS[m.group(1)], int(m.group(2) or 1)
-        year = at.year + (1 if (month, day) < (at.month, at.day) and " in " + m.group(1) in " " + t else 0)
+        if past:
+            year = at.year - (1 if (month, day) > (at.month, at.day) else 0)
+        else:
+            year = at.year + (1 if (month, day) < (at.month, at.day) and " in " + m.group(1) in " " + t else 0)
         try:
             return at.replace(year=year, month=month, day=day, hour=0, minute=0, second=0, microsecond=0)
         except ValueError:
             return None
     return None
+
+
+def _clause_after(text: str) -> str:
+    end = _CLAUSE_END.search(text)
+    return text[:end.start()] if end else text
+
+
+def _dated(sentence: str, start: int, end: int, at: datetime, past: bool = False) -> datetime | None:
+    """The date of the phrase at ``sentence[start:end]``: one said in its own clause, after it or
+    before it ("Last week, I moved to Lisbon"), never one said of something else in the sentence."""
+    when = _when(_clause_after(sentence[end:]), at, past)
+    if when is None:
+        clauses = _CLAUSE_END.split(sentence[:start])
+        when = _when(clauses[-1], at, past)
+        if when is None and len(clauses) == 2 and not clauses[-1].strip() and len(clauses[0].split()) <= 4:
+            when = _when(clauses[0], at, past)  # a leading adverbial: "Last week, I ..."
+    return when
 
 
 def _fact(text, category, attribute, value, *, explicit=True, confidence=0.9, valid_at=None, negated=False):
@@ -92,7 +131,7 @@ def _name(m, turn):
 @_rule(_I + r"(?:'ve| have)?\s+(?:just |recently |finally )?(?:moved|relocated) to " + _VALUE)
 def _home(m, turn):
     value = _clean(m.group("value"))
-    when = _when(turn.user_message[m.end():m.end() + 40], turn.occurred_at)
+    when = _dated(m.string, m.start(), m.end(), turn.occurred_at, past=True)
     yield _fact(f"Lives in {value}", "location", "home", value, valid_at=when)
 
 
@@ -105,7 +144,7 @@ def _origin(m, turn):
 @_rule(_I + r"(?:'ve| have)?\s+(?:just |recently )?(?:joined|started (?:a new job |working )?at) " + _PROPER, 0)
 def _employer(m, turn):
     value = _clean(m.group("value"))
-    when = _when(turn.user_message[m.end():m.end() + 40], turn.occurred_at)
+    when = _dated(m.string, m.start(), m.end(), turn.occurred_at, past=True)
     yield _fact(f"Works at {value}", "work", "employer", value, valid_at=when)
 
 
@@ -172,21 +211,21 @@ def _trip(m, turn):
     place = m.group("value")
     if place in _NOT_NAMES:
         return
-    when = _when(m.string, turn.occurred_at)  # "next month I'm flying to ..." dates it from either side
+    when = _dated(m.string, m.start(), m.end("value"), turn.occurred_at)  # "next month I'm flying to ..." too
     suffix = f" ({when:%Y-%m-%d})" if when else ""
     yield _fact(f"Plans a trip to {place}{suffix}", "plan", "trip", place, confidence=0.85, valid_at=when)
 
 
 @_rule(_I + r"(?:'m| am) (?:moving|relocating) to " + _PROPER + r"(?P<rest>[^.!?]*)", 0)
 def _moving(m, turn):
-    when = _when(m.string, turn.occurred_at)
+    when = _dated(m.string, m.start(), m.end("value"), turn.occurred_at)
     suffix = f" ({when:%Y-%m-%d})" if when else ""
     yield _fact(f"Plans to move to {m.group('value')}{suffix}", "plan", "move", m.group("value"), valid_at=when)
 
 
 @_rule(r"\b[Mm]y (?P<who>%s)(?:'s)? (?:\w+ )?(?:turns \d+|birthday is) (?:on )?(?P<rest>[^.!?]*)" % "|".join(_RELATIVES), 0)
 def _birthday(m, turn):
-    when = _when(m.group("rest"), turn.occurred_at)
+    when = _when(_clause_after(m.group("rest")), turn.occurred_at)
     if when:
         yield _fact(f"{m.group('who').capitalize()}'s birthday is {when:%B} {when.day}", "plan", "birthday", m.group("who"),
                     valid_at=when, confidence=0.85)
@@ -198,12 +237,53 @@ def _stopped(m, turn):
     value = _clean(m.group("value"))
     attribute = "home" if "live" in m.group(0).lower() else "employer"
     verb = "Lives in" if attribute == "home" else "Works at"
-    yield _fact(f"{verb} {value}", "location" if attribute == "home" else "work", attribute, value, negated=True)
+    when = _dated(m.string, m.start(), m.end(), turn.occurred_at, past=True)  # "I left Acme last week"
+    yield _fact(f"{verb} {value}", "location" if attribute == "home" else "work", attribute, value,
+                valid_at=when, negated=True)
 
 
 @_rule(_I + r"\s+(?:no longer have|don't have|do not have) (?:a|an|my) (?P<pet>%s)" % "|".join(_PETS))
 def _no_pet(m, turn):
     yield _fact(f"Has a {m.group('pet')}", "relationship", "pet", "", negated=True)
+
+
+# "Please forget that I live in Lisbon", "delete the memory that I like jazz", "don't remember
+# that I ...": the clause that follows is to be retracted, not learned. Not "don't forget that
+# ...", "I forget that ...", "did you forget that ..." (reminders, not requests).
+_FORGET = re.compile(
+    r"(?i)(?<!\bnot )(?<!n't )(?<!\bnever )(?<!\bever )(?<!\bI )(?<!\bwe )(?<!\bdid you )(?<!\bdo you )"
+    r"\b(?:forget|delete|erase|remove|wipe|unlearn|(?:do not|don't|stop|no longer) (?:remember|remembering|storing|keeping))"
+    r"(?:\s+(?:the|that|this|my|your|any)\s+(?:memory|memories|fact|note|record|entry|info|information)"
+    r"(?:\s+(?:of|about|saying|that))?)?(?:\s+(?:the fact that|that|about))?"
+    r"\s+(?=I\b|I'm\b|I've\b|my\b|where I (?:live|work)\b)")
+# What "forget where I live" names: the slot, whatever its value.
+_FORGET_SLOT = (("where i live", "location", "home", "Lives in"), ("where i work", "work", "employer", "Works at"),
+                ("my name", "identity", "name", "Name"))
+
+
+def _parts(sentence: str) -> Iterator[tuple[str, bool]]:
+    """``sentence`` in pieces, each with True when it is what the user asks to be forgotten."""
+    pos = 0
+    for m in _FORGET.finditer(sentence):
+        if m.start() < pos:
+            continue
+        end = m.end() + len(re.split(r"[,;:]", sentence[m.end():], maxsplit=1)[0])
+        yield sentence[pos:m.start()], False
+        yield sentence[m.end():end], True
+        pos = end
+    yield sentence[pos:], False
+
+
+def _forgotten(clause: str, turn: TurnRecorded) -> Iterator[CandidateFact]:
+    """The user's request to forget ``clause``: an explicit retraction of each fact it states, as of now."""
+    for phrase, category, attribute, text in _FORGET_SLOT:
+        if re.match(phrase + r"\b(?! is)", clause, re.I):
+            yield _fact(text, category, attribute, "", negated=True)
+    for rule in _RULES:
+        for m in rule.pattern.finditer(clause):
+            for c in rule.build(m, turn):
+                if not c.negated:  # forgetting a retraction asserts nothing we can store
+                    yield replace(c, negated=True, explicit=True, valid_at=None)
 
 
 # A vocative at the start of the answer: "Nice to meet you, Dana!", "Sure thing, Dana."
@@ -222,10 +302,11 @@ class OfflineExtractor:
 def extract_facts(turn: TurnRecorded) -> list[CandidateFact]:
     found: dict[tuple[str, str, bool], CandidateFact] = {}
     for sentence in re.split(r"(?<=[.!?])\s+|\n+", turn.user_message):
-        for rule in _RULES:
-            for m in rule.pattern.finditer(sentence):
-                for c in rule.build(m, turn):
-                    found.setdefault((c.attribute, c.value.casefold(), c.negated), c)
+        for part, forget in _parts(sentence):
+            cands = _forgotten(part, turn) if forget else (
+                c for rule in _RULES for m in rule.pattern.finditer(part) for c in rule.build(m, turn))
+            for c in cands:
+                found.setdefault((c.attribute, c.value.casefold(), c.negated), c)
     greeting = _GREETING.match(turn.assistant_message.strip())  # inferred: the user never said it
     if greeting and greeting.group("value") not in _NOT_NAMES and not any(k[0] == "name" for k in found):
         name = greeting.group("value")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from memstream.llm.offline import _I, _PROPER, _VALUE, _clean, _when
+from memstream.llm.offline import _I, _PROPER, _VALUE, _clean, _dated, _parts
 from memstream.llm.relations import USER, RelationCandidate
 from memstream.schemas import TurnRecorded
 
@@ -27,6 +27,7 @@ _RULES: list[tuple[re.Pattern, str | None, bool]] = [
     (re.compile(_I + r"(?:'ve| have)?\s+(?:just |recently )?joined " + _PROPER.replace("value", "t") + r" as\b"), "works_at", False),
     (re.compile(_I + r"\s+(?:no longer|don't|do not) work (?:at|for) " + _VALUE.replace("value", "t")), "works_at", True),
     (re.compile(_I + r"\s+(?:quit|left) (?:my job at |my job with |working at )?" + _PROPER.replace("value", "t")), "works_at", True),
+    (re.compile(_I + r"\s+(?:no longer|don't|do not) live in " + _VALUE.replace("value", "t")), "lives_in", True),
     (re.compile(_I + r"\s+(?:currently |still )?(?:live|am living|'m living) in " + _VALUE.replace("value", "t")), "lives_in", False),
     (re.compile(_I + r"(?:'ve| have)?\s+(?:just |recently |finally )?(?:moved|relocated) to " + _VALUE.replace("value", "t")), "lives_in", False),
     (re.compile(r"\b[Mm]y (?:new )?(?:manager|boss|supervisor) is (?:now )?" + _NAME), "managed_by", False),
@@ -53,16 +54,23 @@ class OfflineRelationExtractor:
 def extract_relations(turn: TurnRecorded) -> list[RelationCandidate]:
     found: dict[tuple, RelationCandidate] = {}
     for sentence in re.split(r"(?<=[.!?])\s+|\n+", turn.user_message):
-        for pattern, relation, negated in _RULES:
-            for m in pattern.finditer(sentence):
-                groups = m.groupdict()
-                target = _clean(groups["t"])
-                source = groups.get("s") or USER
-                if not target or target in _NOT_NAMES or source in _NOT_NAMES:
-                    continue
-                rel = relation or _ROLES[groups["role"]]
-                c = RelationCandidate(source=source, relation=rel, target=target, target_is_entity=True,
-                                      confidence=0.9 if source == USER else 0.8, explicit=True,
-                                      valid_at=_when(sentence, turn.occurred_at), negated=negated)
-                found.setdefault((c.source, c.relation, c.target.casefold(), c.negated), c)
+        for part, forget in _parts(sentence):
+            for pattern, relation, negated in _RULES:
+                for m in pattern.finditer(part):
+                    groups = m.groupdict()
+                    target = _clean(groups["t"])
+                    source = groups.get("s") or USER
+                    if not target or target in _NOT_NAMES or source in _NOT_NAMES:
+                        continue
+                    rel = relation or _ROLES[groups["role"]]
+                    if forget and (negated or rel == "is_named"):
+                        continue  # forgetting a retraction, or a name (an alias stays), changes no edge
+                    # A kinship or a name is not dated by the sentence ("my daughter Lily turns 7 on
+                    # October 12th" is her birthday); a job or a home by its own clause only.
+                    when = None if forget or relation in (None, "is_named") else _dated(
+                        part, m.start(), m.end(), turn.occurred_at, past=True)
+                    c = RelationCandidate(source=source, relation=rel, target=target, target_is_entity=True,
+                                          confidence=0.9 if source == USER else 0.8, explicit=True,
+                                          valid_at=when, negated=negated or forget)
+                    found.setdefault((c.source, c.relation, c.target.casefold(), c.negated), c)
     return list(found.values())

@@ -2,7 +2,8 @@
 
 ``apply(state, decision)`` returns the rows the decision creates or changes; ``state`` must hold
 every row the decision targets (``targets(decision)``). No clock, no I/O: system time is the
-decision's ``recorded_at`` (the source event's log timestamp). Every decision is idempotent:
+decision's ``recorded_at`` (the source event's log timestamp). A version never ends before it
+began (``valid_to >= valid_from``), whatever the decision says. Every decision is idempotent:
 re-applying a FactAdded or FactUpdated whose version exists, a FactDeleted of a deleted fact,
 or a FactReinforced / FactChangeDeferred already counted, changes nothing.
 
@@ -105,14 +106,17 @@ def apply(state: Mapping[uuid.UUID, FactRow], d: Decision) -> list[FactRow]:
         if d.fact_id in state:
             return []
         old = _target(state, d.supersedes, d)
+        # An update dated before the old version began ("I moved to Lisbon last week", a minute
+        # after "I live in Porto") ends the old one at its own start: an empty interval, never a negative one.
         ended = replace(old, status="superseded", superseded_at=d.recorded_at, superseded_by=d.fact_id,
-                        valid_to=old.valid_to or d.valid_from, end_reason=d.reason)
+                        valid_to=old.valid_to or max(d.valid_from, old.valid_from), end_reason=d.reason)
         return [ended, _new(d, old.lineage_id, old.version + 1)]
     if isinstance(d, FactDeleted):
         old = _target(state, d.target, d)
         if old.status == "deleted":
             return []
-        return [replace(old, status="deleted", superseded_at=d.recorded_at, valid_to=d.valid_to, end_reason=d.reason)]
+        return [replace(old, status="deleted", superseded_at=d.recorded_at, valid_to=max(d.valid_to, old.valid_from),
+                        end_reason=d.reason)]
     if isinstance(d, FactReinforced):
         old = _target(state, d.target, d)
         if d.decision_id in old.observed_by:

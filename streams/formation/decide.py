@@ -52,6 +52,15 @@ def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolu
         # The resolver named a fact it was not shown: do not act on a guess.
         op, target = Operation.ADD, None
         resolution = Resolution(op, None, f"resolver named an unknown target; treated as new ({resolution.reason})")
+    if cand.negated and target is not None and op in (Operation.NOOP, Operation.UPDATE):
+        # A retraction ("forget that I live in Lisbon") never reinforces or rewrites a fact: it
+        # deletes the one it names, or nothing.
+        named = rows[target]
+        if named.attribute != cand.attribute or (cand.value and named.value.casefold() != cand.value.casefold()):
+            return None
+        resolution = Resolution(Operation.DELETE, target,
+                                f"user retracts {named.text!r} (resolver said {op.value}: {resolution.reason})")
+        op = Operation.DELETE
     if op is Operation.ADD:
         # A near-duplicate is the same kind of fact said again ("Likes jazz" / "Loves jazz"),
         # not a different kind that happens to read alike ("trip to Berlin" / "move to Berlin").
@@ -77,5 +86,5 @@ def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolu
                        f"needs an explicit statement or {ctx.gate_observations} observations (seen {seen})")
     if op is Operation.UPDATE:
         return FactUpdated(**common, **body, supersedes=target, reason=resolution.reason or "updated")
-    return FactDeleted(**common, target=target, valid_to=cand.valid_at or ctx.turn.occurred_at,
+    return FactDeleted(**common, target=target, valid_to=max(cand.valid_at or ctx.turn.occurred_at, old.valid_from),
                        reason=resolution.reason or "retracted")

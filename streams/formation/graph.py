@@ -125,7 +125,7 @@ class EdgeDecider:
             return
         relation = canonical(c.relation)
         if relation == "is_named" and c.source == USER:
-            return self.alias(c.target)
+            return None if c.negated else self.alias(c.target)  # an alias is never taken back
         source = self._entity(c.source)
         target = self._entity(c.target) if c.target_is_entity else None
         target_key = target.entity_id if target else c.target.casefold()

@@ -1,12 +1,13 @@
 """Formation's pure decision step: near-duplicate merge and the safety gate."""
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
 from memstream.llm.protocols import CandidateFact, ExistingFact, Operation, Resolution
 from memstream.projections.facts.core import fold
-from memstream.schemas import FactAdded, FactChangeDeferred, FactReinforced, FactUpdated, LogPosition, TurnRecorded
+from memstream.schemas import (FactAdded, FactChangeDeferred, FactDeleted, FactReinforced, FactUpdated, LogPosition,
+                               TurnRecorded)
 from memstream.streams.formation.decide import Context, decide
 
 AT = datetime(2026, 2, 1, tzinfo=timezone.utc)
@@ -70,3 +71,47 @@ def test_a_target_the_resolver_was_not_shown_is_not_acted_on():
     d = decide(CTX, 1, cand("Name is Marta", "identity", "name", "Marta"), VEC,
                Resolution(Operation.DELETE, uuid.uuid4(), "guess"), [], state)
     assert isinstance(d, FactAdded) and "unknown target" in d.reason
+
+
+def _state_with(text, category, attribute, value, valid_at=None):
+    state = {}
+    c = CandidateFact(text=text, category=category, attribute=attribute, value=value, confidence=0.9,
+                      explicit=True, valid_at=valid_at)
+    seed = decide(CTX, 0, c, VEC, Resolution(Operation.ADD), [], {})
+    fold(state, [seed])
+    return state, ExistingFact(seed.fact_id, text, category, attribute, value, 0.95)
+
+
+def negated(text, category, attribute, value):
+    return CandidateFact(text=text, category=category, attribute=attribute, value=value, confidence=0.9,
+                         explicit=True, negated=True)
+
+
+def test_a_retraction_the_resolver_calls_already_known_deletes_the_fact_instead_of_reinforcing_it():
+    state, near_fact = _state_with("Lives in Lisbon", "location", "home", "Lisbon")
+    for op in (Operation.NOOP, Operation.UPDATE):
+        d = decide(CTX, 1, negated("Lives in Lisbon", "location", "home", "Lisbon"), VEC,
+                   Resolution(op, near_fact.fact_id, "already known"), [near_fact], state)
+        assert isinstance(d, FactDeleted) and d.target == near_fact.fact_id and "retracts" in d.reason
+
+
+def test_a_retraction_the_resolver_pins_on_another_fact_changes_nothing():
+    state, near_fact = _state_with("Lives in Lisbon", "location", "home", "Lisbon")
+    d = decide(CTX, 1, negated("Lives in Oslo", "location", "home", "Oslo"), VEC,
+               Resolution(Operation.NOOP, near_fact.fact_id, "similar"), [near_fact], state)
+    assert d is None
+
+
+def test_an_explicit_retraction_of_a_constraint_passes_the_gate():
+    state, near_fact = _state_with("Allergic to peanuts", "constraint", "allergy", "peanuts")
+    d = decide(CTX, 1, negated("Allergic to peanuts", "constraint", "allergy", "peanuts"), VEC,
+               Resolution(Operation.DELETE, near_fact.fact_id, "forget"), [near_fact], state)
+    assert isinstance(d, FactDeleted)
+
+
+def test_forgetting_a_trip_planned_for_next_month_ends_it_at_its_own_start_not_before():
+    trip_day = AT + timedelta(days=30)
+    state, near_fact = _state_with("Plans a trip to Rome", "plan", "trip", "Rome", valid_at=trip_day)
+    d = decide(CTX, 1, negated("Plans a trip to Rome", "plan", "trip", "Rome"), VEC,
+               Resolution(Operation.DELETE, near_fact.fact_id, "forget"), [near_fact], state)
+    assert isinstance(d, FactDeleted) and d.valid_to == trip_day

@@ -36,7 +36,7 @@ def test_an_update_ends_the_old_version_and_starts_the_next_in_the_same_lineage(
     a = added(1)
     state = {}
     fold(state, [a])
-    u = updated(2, a.fact_id)
+    u = updated(50, a.fact_id)  # dated two days back: still after the old version began
     fold(state, [u])
     old, new = state[a.fact_id], state[u.fact_id]
     assert (old.status, new.status) == ("superseded", "current")
@@ -70,3 +70,29 @@ def test_deferred_changes_are_counted_per_operation_and_value():
 def test_a_decision_about_an_unknown_fact_is_refused():
     with pytest.raises(MissingTarget):
         apply({}, FactDeleted(**common(1), target=uuid.uuid4(), valid_to=T0))
+
+
+def test_an_update_dated_before_the_old_version_began_ends_the_old_one_at_its_own_start():
+    # "I live in Porto", then a minute later "I moved to Lisbon last week".
+    a = added(1, "Porto")
+    u = updated(2, a.fact_id, "Lisbon")  # valid_from two days before Porto's
+    state = {}
+    fold(state, [a, u])
+    old, new = state[a.fact_id], state[u.fact_id]
+    assert u.valid_from < a.valid_from
+    assert old.valid_to == old.valid_from == a.valid_from and new.valid_from == u.valid_from
+
+
+def test_a_deletion_dated_before_the_version_began_ends_it_at_its_own_start():
+    a = added(5)
+    state = {}
+    fold(state, [a, FactDeleted(**common(6), target=a.fact_id, valid_to=T0)])  # an old log's bad close
+    row = state[a.fact_id]
+    assert row.status == "deleted" and row.valid_to == row.valid_from == a.valid_from
+
+
+def test_a_deletion_dated_after_the_version_began_ends_it_then():
+    a = added(5)
+    state = {}
+    fold(state, [a, FactDeleted(**common(6), target=a.fact_id, valid_to=T0 + timedelta(hours=7))])
+    assert state[a.fact_id].valid_to == T0 + timedelta(hours=7)

@@ -118,3 +118,19 @@ def test_offline_relations_read_triples_from_plain_sentences(sentence, triple):
 
     t = TurnRecorded.new(user_id="u", conversation_id="c", user_message=sentence, assistant_message="ok", occurred_at=T0)
     assert triple in {(c.source, c.relation, c.target) for c in extract_relations(t)}
+
+
+def test_a_negated_name_adds_no_alias_to_the_user():
+    view = GraphView(None)
+    assert decide(view, 0, rel("is_named", "Maria", negated=True)) == []
+
+
+def test_an_old_logs_close_dated_before_the_edge_began_ends_it_at_its_start():
+    view = GraphView(None)
+    (opened,) = [d for d in decide(view, 10, rel("lives_in", "Porto")) if isinstance(d, EdgeOpened)]
+    t = turn_at(11)
+    (edge,) = apply(view.rows, EdgeClosed(decision_id=uuid.uuid4(), source_event_id=t.event_id,
+                                          source=LogPosition("e", 0, 11), recorded_at=t.occurred_at, user_id="u",
+                                          extractor="x", reason="moved last week", edge_id=opened.edge_id,
+                                          valid_to=T0 + timedelta(days=3)))
+    assert edge.valid_to == edge.valid_from == opened.valid_from
