@@ -5,9 +5,11 @@ never leave rows without their position or a position without its rows. ``next_o
 moves forward (GREATEST), so a stale redelivery cannot rewind it."""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterable, Mapping, Sequence
 
 import asyncpg
+
+from memstream.schemas import Decision, EpisodeRecorded, NothingDecided
 
 Positions = Mapping[tuple[str, int], int]  # (topic, partition) -> next offset to apply
 
@@ -20,6 +22,14 @@ async def load(conn: asyncpg.Connection | asyncpg.Pool, projection: str, topic: 
     return {r["partition"]: r["next_offset"] for r in rows}
 
 
+async def applied_through(conn, projections: Sequence[str], topic: str, partition: int) -> int:
+    """The next offset of ``topic``/``partition`` that some of ``projections`` has not applied
+    (0 until each of them has a position there)."""
+    return await conn.fetchval(
+        "SELECT min(next_offset) FROM projection_positions WHERE projection = ANY($1::text[]) AND topic = $2 "
+        "AND partition = $3 HAVING count(*) = cardinality($1::text[])", list(projections), topic, partition) or 0
+
+
 async def save(conn: asyncpg.Connection, projection: str, positions: Positions) -> None:
     if not positions:
         return
@@ -30,3 +40,17 @@ async def save(conn: asyncpg.Connection, projection: str, positions: Positions) 
            DO UPDATE SET next_offset = GREATEST(projection_positions.next_offset, EXCLUDED.next_offset)""",
         [(projection, topic, partition, offset) for (topic, partition), offset in positions.items()],
     )
+
+
+def events_covered(decisions: Iterable[Decision]) -> dict[tuple[str, int], int]:
+    """How far along the events topic these decisions take a projection of the decisions topic
+    that has applied them: next offset per events partition. A turn's ``EpisodeRecorded`` and
+    formation's ``NothingDecided`` are each the last decision made for the events up to their
+    ``source``, so every projection (whatever kinds it applies) has then seen all decisions of
+    those events. Read-your-writes and ``memstream status`` read these positions."""
+    marks: dict[tuple[str, int], int] = {}
+    for d in decisions:
+        if isinstance(d, (EpisodeRecorded, NothingDecided)):
+            key = (d.source.topic, d.source.partition)
+            marks[key] = max(marks.get(key, 0), d.source.offset + 1)
+    return marks

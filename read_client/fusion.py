@@ -61,6 +61,28 @@ def fuse(channels: Mapping[str, Sequence[Mapping[str, Any]]], key: str, *,
     return list(merged.values())
 
 
+def latest_per_slot(cands: list[Candidate], single_valued: Callable[[str], bool]) -> list[Candidate]:
+    """Fact candidates with one version per lineage and one fact per single-valued attribute:
+    the latest recorded, carrying the best relevance of those it replaces (the message matched
+    that slot). A read's channels run on separate connections, so one statement can see a
+    version that another, a moment later, sees superseded: without this a context could say
+    the user lives in Porto and in Lisbon. Order otherwise kept."""
+    def latest(group: list[Candidate]) -> Candidate:
+        best = max(group, key=lambda c: (c.row["recorded_at"], c.row["version"], str(c.key)))
+        best.fused = max(c.fused for c in group)
+        return best
+
+    def by(key: Callable[[Candidate], Any], cands: list[Candidate]) -> list[Candidate]:
+        groups: dict[Any, list[Candidate]] = {}
+        for n, c in enumerate(cands):
+            groups.setdefault(key(c) if key(c) is not None else n, []).append(c)
+        kept = {id(latest(g)) for g in groups.values()}
+        return [c for c in cands if id(c) in kept]
+
+    cands = by(lambda c: ("lineage", c.row["lineage_id"]), cands)
+    return by(lambda c: ("slot", c.row["attribute"]) if single_valued(c.row["attribute"]) else None, cands)
+
+
 def asks(episode: Mapping[str, Any]) -> bool:
     """The turn ends on a question: its last non-empty message ends with a question mark (ASCII or
     full-width, as in Chinese and Japanese)."""

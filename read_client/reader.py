@@ -13,7 +13,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from memstream.embedding import Embedder, default_embedder
-from memstream.projections import db, session_cache
+from memstream.projections import db, positions, session_cache
 from memstream.projections.episodes import query as episodes_q
 from memstream.projections.facts import query as facts_q
 from memstream.projections.commands import query as commands_q
@@ -23,9 +23,10 @@ from memstream.read_client.budget import Budgets, TokenCounter, pack
 from memstream.read_client.gate import needs_retrieval
 from memstream.read_client.terms import keyword_terms
 from memstream.read_client.render import edge_line, episode_line, render_context
-from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse, rerank,
-                                         with_neighbours)
+from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse,
+                                         latest_per_slot, rerank, with_neighbours)
 from memstream.schemas import LogPosition
+from memstream.schemas.attributes import single_valued
 from memstream.schemas.errors import not_utf8
 from memstream.schemas.read_models import (AsOf, FactVersion, MemoryContext, RankedEdge, RankedEpisode, RankedFact,
                                            Reminder, Turn)
@@ -37,6 +38,8 @@ ANN_CANDIDATES = 20  # the first stage of the funnel: ANN / keyword top-k before
 EDGE_CANDIDATES = 10  # directly matched edges
 HOP_LIMIT = 20  # edges pulled in by one-hop expansion, at most
 HOP_DISCOUNT = 0.5  # an expanded edge scores at most half its best connected direct match
+# What a turn or command changes, each with its position on the events topic: ``after=`` waits for all.
+READ_YOUR_WRITES = ("episodes", "facts", "graph", "commands")
 
 
 class MemoryReader:
@@ -48,8 +51,11 @@ class MemoryReader:
       ``MemoryContext.degraded``. Invalid arguments raise ``ValueError`` at once; a read on a
       closed reader raises ``RuntimeError``.
     * ``after=LogPosition`` (as returned by ``TurnLog.append``) makes the read wait, up to
-      ``wait_timeout`` seconds, until the episodes projection has applied that position, so a
-      host reads its own writes. On timeout the read proceeds with ``caught_up=False``.
+      ``wait_timeout`` seconds, until every projection a turn or command changes (episodes,
+      facts, graph, commands) has applied what formation made of that position, so a host
+      reads its own writes. On timeout the read proceeds with ``caught_up=False``.
+    * A context never holds two current values of one single-valued attribute, nor two
+      versions of one fact, even when its channels' statements straddle a projection's commit.
     * One query embedding per read, shared by every vector channel.
 
     ``pool`` plans every statement for its parameters (the vector searches need it: HNSW for a
@@ -79,9 +85,11 @@ class MemoryReader:
         self._embed_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-embed")
 
     @classmethod
-    async def connect(cls, settings, dsn: str, *, embedder: Embedder | None = None) -> MemoryReader:
+    async def connect(cls, settings, dsn: str | None = None, *, embedder: Embedder | None = None) -> MemoryReader:
         """A reader on its own pools and Redis client, with the weights, budgets and keyword mode
-        of ``settings.read_*``."""
+        of ``settings.read_*``. ``dsn`` defaults to ``settings.dsn()``: ``postgres_dsn``, or the
+        local stack's socket."""
+        dsn = dsn or settings.dsn()
         # A read has a latency budget: a statement stuck behind a lock fails its channel, not the read.
         pool = await db.create_pool(dsn, settings.postgres_schema, min_size=2, max_size=8, statement_timeout_ms=1000)
         # Fixed size and planned at connect: a new connection's first keyword statements cost
@@ -215,8 +223,8 @@ class MemoryReader:
         ctx.expert_identity = got.get("expert_identity")
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
         ctx.recent_turns = got.get("recent_turns") or []
-        facts = rerank(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
-                            "fact_id", keyword_share=self._fact_weights.keyword_share), now,
+        facts = rerank(latest_per_slot(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
+                                            "fact_id", keyword_share=self._fact_weights.keyword_share), single_valued), now,
                        self._fact_weights, time_key="last_observed_at",
                        importance=fact_importance, type_weight=fact_type)
         ctx.facts = [
@@ -292,16 +300,19 @@ class MemoryReader:
 
     async def _wait_for(self, after: LogPosition, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        delay = 0.002
+        delay, failed = 0.002, 0
         while True:
             try:
-                applied = await episodes_q.applied_through(self._pool, "episodes", after.topic, after.partition)
-                if applied > after.offset:
+                if await positions.applied_through(self._pool, READ_YOUR_WRITES, after.topic, after.partition) > after.offset:
                     return True
             except Exception:
-                log.exception("could not read projection positions while waiting for %s", after)
+                # Once with its traceback: a server down or restarting would otherwise log every 50 ms.
+                if not failed:
+                    log.exception("could not read projection positions while waiting for %s", after)
+                failed += 1
             if time.monotonic() >= deadline:
-                log.warning("read-your-writes wait for %s timed out after %.1fs", after, timeout)
+                log.warning("read-your-writes wait for %s timed out after %.1fs (%d failed position reads)",
+                            after, timeout, failed)
                 return False
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)

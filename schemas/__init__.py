@@ -25,6 +25,7 @@ from memstream.schemas.events import (
     FactReinforced,
     FactUpdated,
     LogPosition,
+    NothingDecided,
     TurnRecorded,
     new_event_id,
 )
@@ -35,6 +36,6 @@ __all__ = [
     "ReminderScheduled", "SYSTEM_USER",
     "AliasAdded", "EdgeClosed", "EdgeOpened", "EntityCreated", "GraphDecision",
     "Decision", "EpisodeRecorded", "FactAdded", "FactChangeDeferred", "FactDecision", "FactDeleted",
-    "FactReinforced", "FactUpdated", "Event", "InvalidEvent", "LogPosition", "TurnRecorded",
+    "FactReinforced", "FactUpdated", "Event", "InvalidEvent", "LogPosition", "NothingDecided", "TurnRecorded",
     "UnknownEventType", "decode_decision", "decode_event", "encode", "new_event_id",
 ]

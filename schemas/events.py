@@ -337,10 +337,22 @@ class EdgeClosed(GraphDecision, tag="EdgeClosed", kw_only=True, frozen=True):
     valid_to: datetime
 
 
+class NothingDecided(Decision, tag="NothingDecided", kw_only=True, frozen=True):
+    """Formation decided nothing for the events of ``source``'s partition up to and including
+    ``source`` since the last turn it formed there: commands (the projections apply them from
+    the events topic) or records it dead-lettered. Written after them, as a turn's
+    ``EpisodeRecorded`` is written after its other decisions, so every projection of the
+    decisions topic knows how far along the events topic it has applied what formation made.
+    ``user_id`` and ``source_event_id`` are that last event's, or, for a record that could not
+    be decoded, its key and an id derived from its position."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded, ReminderScheduled, ReminderResolved, PersonIdentitySet,
                                          ExpertIdentityUpserted, ExpertIdentityDeleted)
 COMMAND_TYPES = EVENT_TYPES[1:]
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
                                                FactReinforced, FactChangeDeferred, EntityCreated, AliasAdded,
-                                               EdgeOpened, EdgeClosed)
+                                               EdgeOpened, EdgeClosed, NothingDecided)
 AnyEvent = TurnRecorded

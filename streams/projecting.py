@@ -12,6 +12,7 @@ import asyncpg
 
 from memstream.projections import session_cache
 from memstream.projections.episodes import core as episodes
+from memstream.projections.positions import events_covered
 from memstream.projections.episodes.store import EpisodeStore
 from memstream.projections.facts.core import MissingTarget
 from memstream.projections.facts.store import FactStore
@@ -20,8 +21,9 @@ from memstream.projections.graph.store import GraphStore
 from memstream.projections.commands.core import UnknownReminder
 from memstream.projections.commands.store import CommandStore
 from memstream.projections.profile import store as profile_store
-from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, decode_decision, decode_event
+from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, decode_decision
 from memstream.schemas.events import COMMAND_TYPES
+from memstream.streams.admission import admit
 from memstream.streams.formation.step import next_offsets
 from memstream.streams.records import Record
 
@@ -78,33 +80,38 @@ class EpisodesProjection:
 
     name = "episodes"
 
-    def __init__(self, *, pool: asyncpg.Pool, redis, schema: str, events_topic: str,
-                 dead_letters, tier0_turns: int):
+    def __init__(self, *, pool: asyncpg.Pool, redis, schema: str, dead_letters, tier0_turns: int):
         self._pool, self._redis, self._schema = pool, redis, schema
-        self._events_topic, self._dead, self._keep = events_topic, dead_letters, tier0_turns
+        self._dead, self._keep = dead_letters, tier0_turns
         self._store = EpisodeStore()
         self._epoch: int | None = None
 
     async def process(self, records: list[Record]) -> None:
-        rows, letters = [], []
+        rows, letters, decided = [], [], []
         for r in records:
             try:
                 decision = decode_decision(r.value or b"")
             except InvalidEvent as exc:
                 letters.append((r, self.name, f"undecodable decision: {exc}"))
                 continue
+            decided.append(decision)
             if isinstance(decision, EpisodeRecorded):
                 rows.append((r, episodes.apply(decision)))
         # Dead letters first: the position must not pass a record before its letter is durable.
         await self._dead.send(letters)
         self._dead.observe(len(records) - len(letters))
+        positions = {**next_offsets(records), **events_covered(decided)}
         async with self._pool.acquire() as conn:
             try:
-                await self._store.apply_batch(conn, [row for _, row in rows], self._positions(records, rows))
+                await self._store.apply_batch(conn, [row for _, row in rows], positions)
             except asyncpg.PostgresError as exc:
                 if not _refused_by_server(exc):
                     raise
-                refused = await self._apply_one_by_one(conn, records, rows, exc)
+                log.warning("episodes batch refused (%s); applying record by record", exc)
+                refused = await _one_by_one(
+                    conn, self._dead, self.name, rows, exc,
+                    apply=lambda r, row: self._store.apply_batch(conn, [row], {}),
+                    finish=lambda: self._store.apply_batch(conn, [], positions))
                 rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
             if self._epoch is None:
                 self._epoch = await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'episodes'")
@@ -114,16 +121,6 @@ class EpisodesProjection:
             await session_cache.push_turns(self._redis, self._schema, self._epoch, (row for _, row in rows), self._keep)
         except Exception:  # a derived cache: the read path falls back to Postgres
             log.exception("tier 0 cache update failed for %d turns", len(rows))
-
-    def _positions(self, records, rows) -> dict[tuple[str, int], int]:
-        return {**next_offsets(records), **episodes.source_watermarks([row for _, row in rows], self._events_topic)}
-
-    async def _apply_one_by_one(self, conn, records, rows, batch_error) -> set[int]:
-        log.warning("episodes batch refused (%s); applying record by record", batch_error)
-        return await _one_by_one(
-            conn, self._dead, self.name, rows, batch_error,
-            apply=lambda r, row: self._store.apply_batch(conn, [row], self._positions([r], [(r, row)])),
-            finish=lambda: self._store.apply_batch(conn, [], next_offsets(records)))
 
 
 class _DecisionProjection:
@@ -136,39 +133,39 @@ class _DecisionProjection:
     kinds: tuple[type, ...]
     missing: type[Exception]
 
-    decode = staticmethod(decode_decision)
-
     def __init__(self, *, pool: asyncpg.Pool, dead_letters, redis=None, schema: str | None = None):
         self._pool, self._dead, self._redis, self._schema = pool, dead_letters, redis, schema
         self._store = self.store()
 
     async def process(self, records: list[Record]) -> None:
-        decisions = []
-        for r in records:
-            try:
-                d = self.decode(r.value or b"")
-            except InvalidEvent:
-                continue
-            if isinstance(d, self.kinds):
-                decisions.append((r, d))
+        decoded = self.decoded(records)
+        decisions = [(r, d) for r, d in decoded if isinstance(d, self.kinds)]
+        positions = {**next_offsets(records), **events_covered(d for _, d in decoded)}
         async with self._pool.acquire() as conn:
             try:
-                result = await self._store.apply_batch(conn, [d for _, d in decisions], next_offsets(records))
+                result = await self._store.apply_batch(conn, [d for _, d in decisions], positions)
             except (self.missing, asyncpg.PostgresError) as exc:
                 if not isinstance(exc, self.missing) and not _refused_by_server(exc):
                     raise
                 result = None
-                await self._apply_one_by_one(conn, records, decisions, exc)
+                await _one_by_one(
+                    conn, self._dead, self.name, decisions, exc, missing=self.missing,
+                    apply=lambda r, d: self._store.apply_batch(conn, [d], {}),
+                    finish=lambda: self._store.apply_batch(conn, [], positions))
             await self.after_commit(conn, result)
+
+    def decoded(self, records: list[Record]) -> list[tuple[Record, object]]:
+        """The records this step may apply, decoded; the others are the owning step's to dead-letter."""
+        out = []
+        for r in records:
+            try:
+                out.append((r, decode_decision(r.value or b"")))
+            except InvalidEvent:
+                continue
+        return out
 
     async def after_commit(self, conn, result) -> None:
         """Derived caches, after the transaction (best effort: the read path falls back)."""
-
-    async def _apply_one_by_one(self, conn, records, decisions, batch_error) -> None:
-        await _one_by_one(
-            conn, self._dead, self.name, decisions, batch_error, missing=self.missing,
-            apply=lambda r, d: self._store.apply_batch(conn, [d], next_offsets([r])),
-            finish=lambda: self._store.apply_batch(conn, [], next_offsets(records)))
 
 
 class FactsProjection(_DecisionProjection):
@@ -192,7 +189,14 @@ class CommandsProjection(_DecisionProjection):
     """events -> reminders and identities (the commands hosts put on the log; turns are skipped)."""
 
     name, kinds, missing, store = "commands", COMMAND_TYPES, UnknownReminder, CommandStore
-    decode = staticmethod(decode_event)
+
+    def __init__(self, *, partitions: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self._partitions = partitions
+
+    def decoded(self, records: list[Record]) -> list[tuple[Record, object]]:
+        # The records formation admits, no others: it dead-letters the rest.
+        return admit(records, self.name, self._partitions)[0]
 
 
 class GraphProjection(_DecisionProjection):

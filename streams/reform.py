@@ -22,7 +22,7 @@ from memstream.config import Settings
 from memstream.embedding import default_embedder
 from memstream.schemas import FactDecision, GraphDecision, decode_decision, encode
 from memstream.streams.formation.graph import GraphView
-from memstream.streams.formation.step import Formation, MemoryView, decode_turns
+from memstream.streams.formation.step import Formation, MemoryView, decode_turns, nothing_decided
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record
@@ -114,9 +114,10 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                                   resolver=resolution, dead_letters=None, pool=None, barrier=None, relations=relations)
 
             async def form(batch: list[Record]) -> None:
-                turns, letters = decode_turns(batch, "reform")
+                turns, letters = decode_turns(batch, "reform", len(partitions))
                 counts["skipped"] += len(letters)
                 made = await formation.decide(turns, view, graph)
+                made += nothing_decided(batch, made)
                 futures = [await producer.send(topic, encode(d), key=r.key, partition=r.partition) for r, d in made]
                 await asyncio.gather(*futures)
                 counts["events"] += len(batch)

@@ -117,11 +117,11 @@ async def _replay(settings: Settings, consumer, pool, into: str, projections: li
     await consumer.seek_to_beginning(*tps)
     sink = SkippedLetters()
     available = {
-        "episodes": lambda: EpisodesProjection(pool=pool, redis=None, schema=into, events_topic=settings.events_topic,
-                                               dead_letters=sink, tier0_turns=settings.tier0_turns),
+        "episodes": lambda: EpisodesProjection(pool=pool, redis=None, schema=into, dead_letters=sink,
+                                               tier0_turns=settings.tier0_turns),
         "facts": lambda: FactsProjection(pool=pool, dead_letters=sink),
         "graph": lambda: GraphProjection(pool=pool, dead_letters=sink),
-        "commands": lambda: CommandsProjection(pool=pool, dead_letters=sink),
+        "commands": lambda: CommandsProjection(pool=pool, dead_letters=sink, partitions=len(tps)),
     }
     steps = [available[name]() for name in projections]
     remaining = {p for p, off in high.items() if off > 0}

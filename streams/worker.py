@@ -38,7 +38,7 @@ from memstream.streams.gate import RESEEK_AFTER_S, PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
 from memstream.streams.formation.step import Formation, ProjectionBarrier
-from memstream.streams.kafka_util import groupless_consumer
+from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.projecting import (CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection,
                                          transient)
 from memstream.streams.step import Step
@@ -78,26 +78,29 @@ class Runtime:
             await self.producer.start()
             dead = DeadLetters(self.producer, s.dead_letter_topic, s.max_dead_letters_per_1000)
             steps: list[Step] = []
+            self._offsets = groupless_consumer(s.kafka_bootstrap)
+            self.offsets = await self._offsets.__aenter__()
+            # A record on another partition than Kafka's default partitioner gives its user is
+            # dead-lettered (admission): that needs the events topic's partition count.
+            partitions = len(await partitions_of(self.offsets, s.events_topic)) or None
             if self.role == "formation":
                 embedder = await asyncio.to_thread(default_embedder, s.embed_threads, s.embedding_variant)
                 extractor, resolver, relations = llm_clients(s)
-                self._offsets = groupless_consumer(s.kafka_bootstrap)
-                self.offsets = await self._offsets.__aenter__()
                 self.barrier = ProjectionBarrier(self.pool, s.decisions_topic, self._end_offset)
                 steps.append(Formation(producer=self.producer, decisions_topic=s.decisions_topic,
                                        embedder=embedder, extractor=extractor, resolver=resolver,
                                        dead_letters=dead, pool=self.pool, barrier=self.barrier,
-                                       relations=relations, gate_observations=s.gate_observations))
+                                       relations=relations, gate_observations=s.gate_observations,
+                                       partitions=partitions))
                 log.info("formation ready: embedder=%s extractor=%s resolver=%s",
                          embedder.model_id, extractor.model_id, resolver.model_id)
             else:
                 steps.append(EpisodesProjection(pool=self.pool, redis=self.redis, schema=s.postgres_schema,
-                                                events_topic=s.events_topic, dead_letters=dead,
-                                                tier0_turns=s.tier0_turns))
+                                                dead_letters=dead, tier0_turns=s.tier0_turns))
                 steps.append(FactsProjection(pool=self.pool, dead_letters=dead, redis=self.redis,
                                              schema=s.postgres_schema))
                 steps.append(GraphProjection(pool=self.pool, dead_letters=dead))
-                steps.append(CommandsProjection(pool=self.pool, dead_letters=dead))
+                steps.append(CommandsProjection(pool=self.pool, dead_letters=dead, partitions=partitions))
             for step in steps:
                 self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek))
             log.info("%s ready: schema=%s", self.role, s.postgres_schema)

@@ -45,12 +45,3 @@ def apply(decision: EpisodeRecorded) -> EpisodeRow:
         embedding=decision.embedding,
         embedding_model=decision.embedding_model,
     )
-
-
-def source_watermarks(rows: list[EpisodeRow], events_topic: str) -> dict[tuple[str, int], int]:
-    """Next source-event offset per events partition that these rows cover."""
-    marks: dict[tuple[str, int], int] = {}
-    for r in rows:
-        key = (events_topic, r.source_partition)
-        marks[key] = max(marks.get(key, 0), r.source_offset + 1)
-    return marks

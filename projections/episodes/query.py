@@ -62,12 +62,3 @@ async def recent(conn, user_id: str, conversation_id: str, n: int) -> Sequence[a
 
 async def epoch(conn, projection: str = "episodes") -> int:
     return await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = $1", projection)
-
-
-async def applied_through(conn, projection: str, topic: str, partition: int) -> int:
-    """The next offset of ``topic``/``partition`` that ``projection`` has not yet applied."""
-    value = await conn.fetchval(
-        "SELECT next_offset FROM projection_positions WHERE projection = $1 AND topic = $2 AND partition = $3",
-        projection, topic, partition,
-    )
-    return value or 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-_SINGLE = ("name", "home", "origin", "employer", "role", "diet", "age", "partner")
+from memstream.schemas.attributes import SINGLE_VALUED
 _LISTS = {"allergy": "allergies", "likes": "likes", "dislikes": "dislikes", "pet": "pets"}
 _FAMILY = ("daughter", "son", "sister", "brother", "mother", "mom", "mum", "father", "dad", "friend",
            "grandmother", "grandfather")
@@ -18,7 +18,7 @@ def build_profile(facts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     profile: dict[str, Any] = {}
     for f in rows:
         attr, value = f["attribute"], f["value"]
-        if attr in _SINGLE:
+        if attr in SINGLE_VALUED:
             profile.setdefault(attr, value)
         elif attr in _LISTS:
             items = profile.setdefault(_LISTS[attr], [])

@@ -29,8 +29,9 @@ from memstream.projections.episodes import core as episodes
 from memstream.projections.facts import query as facts_q
 from memstream.projections.facts import store as facts_store
 from memstream.projections.facts.core import FactRow, fold
-from memstream.schemas import (Decision, EpisodeRecorded, FactChangeDeferred, FactDecision, InvalidEvent,
-                               LogPosition, TurnRecorded, decode_event, encode)
+from memstream.schemas import (SYSTEM_USER, Decision, EpisodeRecorded, FactChangeDeferred, FactDecision, InvalidEvent,
+                               LogPosition, NothingDecided, TurnRecorded, decode_event, encode)
+from memstream.streams.admission import admit
 from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
 from memstream.streams.formation.decide import Context, decide
@@ -53,22 +54,34 @@ def next_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
     return out
 
 
-def decode_turns(records: Sequence[Record], stage: str) -> tuple[list[tuple[Record, TurnRecorded]], list]:
-    """Turns to form, and ``(record, stage, reason)`` for records that must be dead-lettered."""
-    turns: list[tuple[Record, TurnRecorded]] = []
-    letters = []
-    for r in records:
+def decode_turns(records: Sequence[Record], stage: str, partitions: int | None = None
+                 ) -> tuple[list[tuple[Record, TurnRecorded]], list]:
+    """Turns to form, and ``(record, stage, reason)`` for records that must be dead-lettered
+    (``admission.admit``; ``partitions``: the events topic's partition count)."""
+    admitted, letters = admit(records, stage, partitions)
+    return [(r, e) for r, e in admitted if isinstance(e, TurnRecorded)], letters
+
+
+def nothing_decided(records: Sequence[Record], made: Sequence[tuple[Record, Decision]]
+                    ) -> list[tuple[Record, NothingDecided]]:
+    """A ``NothingDecided`` for each partition whose last record in ``records`` is not a turn
+    formed in ``made``, to be written after ``made``: without it the projections could not tell
+    that trailing commands or dead letters left nothing to apply (their lag never cleared)."""
+    formed = {id(r) for r, d in made if isinstance(d, EpisodeRecorded)}
+    last = {r.partition: r for r in records}
+    out = []
+    for _, r in sorted(last.items()):
+        if id(r) in formed:
+            continue
         try:
             event = decode_event(r.value or b"")
-        except InvalidEvent as exc:
-            letters.append((r, stage, f"undecodable event: {exc}"))
-            continue
-        if r.key != event.user_id.encode():
-            letters.append((r, stage, "record key does not match user_id: per-user order is not guaranteed"))
-            continue
-        if isinstance(event, TurnRecorded):
-            turns.append((r, event))
-    return turns, letters
+            user, event_id = event.user_id, event.event_id
+        except InvalidEvent:
+            user, event_id = SYSTEM_USER, uuid.uuid5(uuid.NAMESPACE_URL, f"memstream:{r.where}")
+        out.append((r, NothingDecided(decision_id=uuid.uuid5(event_id, "nothing-decided"), source_event_id=event_id,
+                                      source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
+                                      user_id=user)))
+    return out
 
 
 class ProjectionBarrier:
@@ -181,8 +194,8 @@ class Formation:
     def __init__(self, *, producer, decisions_topic: str, embedder: Embedder, extractor: ExtractionClient,
                  resolver: ResolutionClient, dead_letters, pool: asyncpg.Pool, barrier: ProjectionBarrier | None,
                  relations: RelationExtractionClient | None = None, gate_observations: int = 3,
-                 record_position: bool = True):
-        self._relations = relations
+                 record_position: bool = True, partitions: int | None = None):
+        self._relations, self._partitions = relations, partitions
         self._producer, self._topic, self._embedder = producer, decisions_topic, embedder
         self._extractor, self._resolver = extractor, resolver
         self._dead, self._pool, self._barrier = dead_letters, pool, barrier
@@ -191,11 +204,12 @@ class Formation:
         self._fact_vectors: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
 
     async def process(self, records: list[Record]) -> None:
-        turns, letters = decode_turns(records, self.name)
+        turns, letters = decode_turns(records, self.name, self._partitions)
         if self._barrier is not None:
             for partition in sorted({r.partition for r, _ in turns}):
                 await self._barrier.wait(partition)
         decisions = await self.decide(turns)
+        decisions += nothing_decided(records, decisions)
         futures = [await self._producer.send(self._topic, encode(d), key=r.key, partition=r.partition)
                    for r, d in decisions]
         metas = await asyncio.gather(*futures)
@@ -210,8 +224,9 @@ class Formation:
 
     async def decide(self, turns: list[tuple[Record, TurnRecorded]], view=None, graph: GraphView | None = None
                      ) -> list[tuple[Record, Decision]]:
-        """Every decision for ``turns``, in order. Facts are decided against ``view`` and edges
-        against ``graph`` (default: the projections under an overlay of this batch's decisions)."""
+        """Every decision for ``turns``, in order: each turn's fact and edge decisions, then its
+        ``EpisodeRecorded``. Facts are decided against ``view`` and edges against ``graph``
+        (default: the projections under an overlay of this batch's decisions)."""
         if not turns:
             return []
         vectors = await asyncio.to_thread(self._embedder.embed, [episode_text(t) for _, t in turns])
@@ -219,7 +234,7 @@ class Formation:
         graph = graph if graph is not None else GraphView(self._load_graph)
         out: list[tuple[Record, Decision]] = []
         for (r, turn), vector in zip(turns, vectors):
-            out.append((r, EpisodeRecorded(
+            episode = ((r, EpisodeRecorded(
                 decision_id=episodes.episode_id(turn.event_id), source_event_id=turn.event_id,
                 source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
                 user_id=turn.user_id, conversation_id=turn.conversation_id, occurred_at=turn.occurred_at,
@@ -229,6 +244,8 @@ class Formation:
                 out.append((r, decision))
             for decision in await self._edges(r, turn, graph):
                 out.append((r, decision))
+            # Last: a projection that has applied a turn's episode has seen all of its decisions.
+            out.append(episode)
         return out
 
     async def _load_graph(self, user_id: str):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 import random
 import string
 import uuid
@@ -257,3 +258,77 @@ async def _read_all(settings, topic, n, timeout=30):
         await asyncio.sleep(0)
         await consumer.stop()
     return sorted(got, key=lambda m: (m.partition, m.offset))
+
+
+def _crc32_partitioner(key, all_partitions, available):
+    # librdkafka's default for keyed records (kcat, confluent-kafka): CRC32 of the key.
+    return all_partitions[zlib.crc32(key) % len(all_partitions)]
+
+
+def _plain_turn(user: str, text: str) -> bytes:
+    """A turn as a host in another language writes it: hand-made JSON, no memstream code."""
+    return json.dumps({"type": "TurnRecorded", "schema_version": 1, "event_id": str(new_event_id()), "user_id": user,
+                       "conversation_id": "c1", "occurred_at": "2026-11-30T09:00:00Z", "user_message": text,
+                       "assistant_message": "ok"}).encode()
+
+
+async def test_a_turn_a_plain_client_put_on_another_partition_than_its_user_is_dead_lettered_saying_how_to_fix_it(
+        settings, conn, workers):
+    from memstream.streams.admission import expected_partition
+
+    w = workers()
+    await w.wait_assigned()
+    stray = next(u for u in (f"kcat-user-{i}" for i in range(100))
+                 if zlib.crc32(u.encode()) % settings.partitions != expected_partition(u.encode(), settings.partitions))
+    crc = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, partitioner=_crc32_partitioner)
+    murmur = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)  # Kafka's default partitioner
+    await crc.start()
+    await murmur.start()
+    try:
+        wrong = await crc.send_and_wait(settings.events_topic, _plain_turn(stray, "I live in Porto."), key=stray.encode())
+        await murmur.send_and_wait(settings.events_topic, _plain_turn("plain-user", "I live in Oslo."), key=b"plain-user")
+    finally:
+        await crc.stop()
+        await murmur.stop()
+    await wait_until(lambda: conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'plain-user'"),
+                     what="the plain client's well-placed turn")
+    [letter] = await _read_all(settings, settings.dead_letter_topic, 1)
+    reason = dict(letter.headers)["memstream.reason"].decode()
+    assert f"on partition {wrong.partition}" in reason and "murmur2" in reason
+    assert "-X partitioner=murmur2_random" in reason
+    assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = $1", stray) == 0
+
+
+async def test_positions_pass_dead_lettered_and_command_records_so_every_lag_returns_to_zero(settings, conn, dsn,
+                                                                                          workers):
+    from memstream.schemas import ReminderScheduled
+    from memstream.streams.status import projection_status
+
+    w = workers()
+    await w.wait_assigned()
+    good = turns(3, users=1, prefix="lag")
+    key = good[0].user_id.encode()
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for t in good:
+            await producer.send_and_wait(settings.events_topic, encode(t), key=key)
+        for bad in (b"{", b'{"type": "TurnRecorded"}', b"not json"):  # the partition ends on three dead letters
+            await producer.send_and_wait(settings.events_topic, bad, key=key)
+    finally:
+        await producer.stop()
+    async with TurnLog(settings) as log:  # and another partition ends on a command
+        await log.append(ReminderScheduled.new(user_id="lag-other", text="stretch", due_at=datetime.now(timezone.utc)))
+
+    async def lags():
+        lines = await projection_status(settings, dsn)
+        rows = [line.split() for line in lines[1:] if not line.startswith("dead letters")]
+        return {(r[0], r[1], int(r[2])): int(r[5]) for r in rows}
+
+    async def settled():
+        now = await lags()
+        events = {k: v for k, v in now.items() if k[1] == settings.events_topic}
+        covered = {k[0] for k in events}
+        return covered >= {"formation", "episodes", "facts", "graph", "commands"} and not any(now.values()) and now
+
+    await wait_until(settled, timeout=60, what="every projection's lag to return to 0")

@@ -59,7 +59,8 @@ async def _facts_caught_up(settings, conn):
         tps = [TopicPartition(settings.decisions_topic, p) for p in range(settings.partitions)]
         ends = await c.end_offsets(tps)
     rows = {r["partition"]: r["next_offset"] for r in await conn.fetch(
-        "SELECT partition, next_offset FROM projection_positions WHERE projection='facts'")}
+        "SELECT partition, next_offset FROM projection_positions WHERE projection='facts' AND topic = $1",
+        settings.decisions_topic)}
     return all(rows.get(tp.partition, 0) >= end for tp, end in ends.items())
 
 

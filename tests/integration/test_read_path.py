@@ -320,3 +320,65 @@ async def test_a_closed_reader_refuses_to_read_instead_of_degrading_every_sectio
     await reader.close()
     with pytest.raises(RuntimeError, match="closed"):
         await reader.read("liv", "c1", "where do I live?")
+
+
+async def test_after_waits_until_the_turns_facts_and_edges_are_applied_not_only_its_episode(settings, conn, dsn,
+                                                                                             workers, embedder):
+    w = workers()
+    await w.wait_assigned()
+    reader = await make_reader(dsn, settings, embedder)
+    blocker = await asyncpg.connect(dsn, server_settings={"search_path": f"{settings.postgres_schema},public"})
+    try:
+        # The graph projection applies its batch last: with its table locked, the turn's episode
+        # and fact land while its edge cannot.
+        held = blocker.transaction()
+        await held.start()
+        await blocker.execute("LOCK TABLE memory_edges IN EXCLUSIVE MODE")
+        async with TurnLog(settings) as log:
+            pos = await log.append(turn("rya", "I work at Acme.", 0))
+        await wait_until(lambda: conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'rya'"), what="the episode")
+        early = await reader.read("rya", "c1", "where do I work?", after=pos, wait_timeout=1.0)
+        assert not early.caught_up
+        await held.rollback()
+        ctx = await reader.read("rya", "c1", "where do I work?", after=pos, wait_timeout=30)
+        assert ctx.caught_up
+        assert any("Acme" in e.fact_sentence for e in ctx.edges) and any("Acme" in f.text for f in ctx.facts)
+    finally:
+        await blocker.close()
+        await reader.close()
+
+
+async def test_after_on_a_command_waits_for_the_commands_projection(settings, conn, dsn, workers, embedder):
+    w = workers()
+    await w.wait_assigned()
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        [pos] = await commands(settings, [ReminderScheduled.new(user_id="cmd", text="call the dentist",
+                                                                due_at=NOW - timedelta(minutes=1))])
+        ctx = await reader.read("cmd", "c1", "hello there", after=pos, wait_timeout=30)
+        assert ctx.caught_up and [r.text for r in ctx.due_reminders] == ["call the dentist"]
+    finally:
+        await reader.close()
+
+
+async def test_a_read_whose_channels_straddle_a_supersession_holds_one_home_not_two(settings, conn, dsn, workers,
+                                                                                     embedder, monkeypatch):
+    from memstream.projections.facts import query as facts_q
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("two", "I live in Porto.", 0)])
+    before_the_move = await facts_q.keyword(conn, "two", "Where do I live in Porto?", 20)
+    assert [r["value"] for r in before_the_move] == ["Porto"]
+    await append_and_wait(settings, conn, [turn("two", "I moved to Lisbon.", 1)])
+
+    async def keyword_statement_that_ran_before_the_commit(conn, user_id, text, k):
+        return before_the_move
+
+    monkeypatch.setattr(facts_q, "keyword", keyword_statement_that_ran_before_the_commit)
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        ctx = await reader.read("two", "c1", "Where do I live?")
+    finally:
+        await reader.close()
+    assert [f.value for f in ctx.facts if f.attribute == "home"] == ["Lisbon"]

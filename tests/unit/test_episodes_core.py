@@ -24,6 +24,16 @@ def test_apply_is_a_pure_function_of_the_decision():
     assert core.apply(d).episode_id == uuid.uuid5(d.source_event_id, "episode")
 
 
-def test_source_watermarks_are_the_next_offset_per_events_partition():
-    rows = [core.apply(decision(partition=p, offset=o)) for p, o in [(0, 3), (0, 9), (2, 4)]]
-    assert core.source_watermarks(rows, "ev") == {("ev", 0): 10, ("ev", 2): 5}
+def test_episodes_and_nothing_decided_mark_how_far_the_events_topic_is_covered_and_other_decisions_do_not():
+    from memstream.projections.positions import events_covered
+    from memstream.schemas import FactReinforced, NothingDecided
+
+    eid = new_event_id()
+    skipped = NothingDecided(decision_id=uuid.uuid5(eid, "nothing-decided"), source_event_id=eid,
+                             source=LogPosition("ev", 3, 11), recorded_at=datetime(2026, 1, 2, tzinfo=timezone.utc),
+                             user_id="u")
+    fact = FactReinforced(decision_id=uuid.uuid4(), source_event_id=eid, source=LogPosition("ev", 1, 50),
+                          recorded_at=datetime(2026, 1, 2, tzinfo=timezone.utc), user_id="u", extractor="x",
+                          resolver="x", confidence=1.0, explicit=True, reason="r", target=uuid.uuid4())
+    decisions = [decision(partition=p, offset=o) for p, o in [(0, 3), (0, 9), (2, 4)]] + [skipped, fact]
+    assert events_covered(decisions) == {("ev", 0): 10, ("ev", 2): 5, ("ev", 3): 12}

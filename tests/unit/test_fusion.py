@@ -113,3 +113,22 @@ def test_anchors_pass_on_their_own_relevance_whatever_the_order():
         rows = [{**ep("a"), "anchor": "b", "next": True}, {**ep("c"), "anchor": "a", "next": True}]
         return {c.key: c.fused for c in with_neighbours(cands, rows if order else rows[::-1], "episode_id", 0.5, 1.0)}
     assert run(True) == run(False) == {"a": 0.5, "b": 1.0, "c": 0.1}
+
+
+def version_of(key, lineage, version, attribute, recorded_days_ago, fused):
+    return Candidate(key, {"fact_id": key, "lineage_id": lineage, "version": version, "attribute": attribute,
+                           "recorded_at": NOW - timedelta(days=recorded_days_ago)}, fused=fused)
+
+
+def test_a_context_keeps_one_version_per_fact_and_one_fact_per_single_valued_attribute():
+    from memstream.read_client.fusion import latest_per_slot
+    from memstream.schemas.attributes import single_valued
+
+    cands = [version_of("porto-v1", "home-1", 1, "home", 3, 0.9),  # a statement saw it before its supersession
+             version_of("lisbon-v2", "home-1", 2, "home", 1, 0.4),
+             version_of("oslo", "home-2", 1, "home", 0.5, 0.2),    # another lineage filling the same slot
+             version_of("jazz", "likes-1", 1, "likes", 2, 0.7),     # many values at once
+             version_of("rock", "likes-2", 1, "likes", 1, 0.6)]
+    kept = latest_per_slot(cands, single_valued)
+    assert [c.key for c in kept] == ["oslo", "jazz", "rock"]
+    assert {c.key: c.fused for c in kept}["oslo"] == 0.9  # the message matched the slot: its best relevance stays
