@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Callable, Iterator, Sequence
 
-from memstream.llm.protocols import CandidateFact, ExistingFact, Operation, Resolution, single_valued
+from memstream.llm.protocols import CandidateFact, ExistingFact, Operation, Resolution
+from memstream.schemas.attributes import single_valued
 from memstream.schemas import TurnRecorded
 
 _MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}

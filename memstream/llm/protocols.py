@@ -83,11 +83,3 @@ class ResolutionClient(Protocol):
 
 class MalformedOutput(ValueError):
     """The model returned output that does not fit the expected structure."""
-
-
-# Attributes holding one value at a time: a new value supersedes the old one.
-SINGLE_VALUED = frozenset({"name", "home", "origin", "employer", "role", "diet", "age", "partner"})
-
-
-def single_valued(attribute: str) -> bool:
-    return attribute in SINGLE_VALUED or attribute.startswith("favourite_")
