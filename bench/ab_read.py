@@ -35,7 +35,6 @@ def child(root: str, schema: str, names: bool, uncached_tokens: bool) -> None:
     import redis.asyncio as aioredis
 
     from memstream.bench.read import QUESTIONS
-    from memstream.cli import resolve_dsn
     from memstream.config import Settings
     from memstream.embedding import default_embedder
     from memstream.projections.db import create_pool
@@ -43,10 +42,10 @@ def child(root: str, schema: str, names: bool, uncached_tokens: bool) -> None:
 
     async def serve() -> None:
         s = Settings().model_copy(update={"postgres_schema": schema})
-        pool = await create_pool(resolve_dsn(s), schema, min_size=4, max_size=24)
+        pool = await create_pool(s.dsn(), schema, min_size=4, max_size=24)
         extra = {"keyword_mode": "names"} if names else {}
         if "text_pool" in inspect.signature(MemoryReader).parameters:  # checkouts from 2026-11-30 on
-            extra["text_pool"] = await create_pool(resolve_dsn(s), schema, min_size=24, max_size=24, generic_plans=True,
+            extra["text_pool"] = await create_pool(s.dsn(), schema, min_size=24, max_size=24, generic_plans=True,
                                                    **({"prepare": MemoryReader.prepare_text_lane}
                                                       if hasattr(MemoryReader, "prepare_text_lane") else {}))
         reader = MemoryReader(pool=pool, redis=aioredis.from_url(s.redis_url), schema=schema,

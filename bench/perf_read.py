@@ -22,14 +22,13 @@ import subprocess
 import time
 
 from memstream.bench.read import QUESTIONS, ongoing_conversation
-from memstream.cli import resolve_dsn
 from memstream.config import Settings
 from memstream.read_client import MemoryReader
 
 
 async def profile(a: argparse.Namespace) -> None:
     s = Settings().model_copy(update={"postgres_schema": a.schema})
-    reader = await MemoryReader.connect(s, resolve_dsn(s))
+    reader = await MemoryReader.connect(s, s.dsn())
     try:
         conversation = await ongoing_conversation(reader._pool, reader._redis, a.schema, a.user, s.tier0_turns)
         for i in range(a.warmup):

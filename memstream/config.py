@@ -35,7 +35,7 @@ class Settings(BaseModel):
     replication_factor: int = Field(1, ge=1)
     group_id: str = "memstream-worker"
 
-    # None means "the local stack's Postgres" (resolved by the CLI, not by the library).
+    # None means "the local stack's Postgres under ``home``" (``dsn()``).
     postgres_dsn: str | None = None
     postgres_schema: str = "memstream"
     redis_url: str = "redis://127.0.0.1:16379/0"
@@ -86,6 +86,23 @@ class Settings(BaseModel):
         if unknown := sorted(set(value) - set(known)):
             raise ValueError(f"unknown fields {unknown}; known: {known}")
         return {**dataclasses.asdict(default), **value}
+
+    def dsn(self) -> str:
+        """``postgres_dsn``, or the Unix socket of the local stack's Postgres under ``home``
+        (``memstream stack up``). Raises ``LookupError`` when neither is there."""
+        if self.postgres_dsn:
+            return self.postgres_dsn
+        pgdata = Path(self.home).resolve() / "postgres"
+        try:
+            # postmaster.pid: pid, data dir, start time, port, socket dir, ... (Postgres' own layout)
+            lines = (pgdata / "postmaster.pid").read_text().splitlines()
+            socket_dir = lines[4].strip()
+        except (OSError, IndexError):
+            socket_dir = ""
+        if not socket_dir:
+            raise LookupError(f"no Postgres: set MEMSTREAM_POSTGRES_DSN, or start the local stack "
+                              f"(memstream stack up) under {self.home}")
+        return f"postgresql://postgres:@/postgres?host={socket_dir}"
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -146,7 +146,6 @@ async def _show_as_of(reader, user: str) -> None:
 
 
 async def run_demo(base: Settings, users: int = 3) -> None:
-    from memstream.cli import resolve_dsn
     from memstream.projections.db import migrate
     from memstream.read_client import MemoryReader
     from memstream.stack.launcher import stack_from_settings
@@ -164,7 +163,8 @@ async def run_demo(base: Settings, users: int = 3) -> None:
     stack.up()
     for s in stack.status():
         click.echo(f"    {s.name:<9} {'up' if s.answers else 'DOWN'}  {s.address}")
-    dsn = resolve_dsn(settings)
+    dsn = settings.dsn()
+    crash_mark = stack.postgres.log_size()
     click.secho("2/5 creating topics and migrating schema " + settings.postgres_schema, bold=True)
     await ensure_topics(settings)
     await migrate(dsn, settings.postgres_schema)
@@ -188,6 +188,10 @@ async def run_demo(base: Settings, users: int = 3) -> None:
                     ctx = await reader.read(user, conversation, question,
                                             after=last[user] if i == 0 else None, wait_timeout=120)
                     if not ctx.caught_up:
+                        if crashes := stack.postgres.crashes(since=crash_mark):
+                            raise click.ClickException(
+                                f"Postgres crashed while the worker projected {user}'s turns: " + "; ".join(crashes)
+                                + f" (server log: {stack.postgres.pgdata / 'log'})")
                         raise click.ClickException(f"the worker did not project {user}'s turns; see {worker.log_path}")
                     _show(ctx, question)
             await _show_history(reader, "maria", "home")

@@ -20,14 +20,13 @@ def isolated(base: Settings, prefix: str) -> tuple[Settings, str]:
 async def prepared(base: Settings, prefix: str) -> tuple[Settings, str, str]:
     """``isolated`` settings with the local stack up, topics created and the schema migrated.
     Returns the settings, the run's tag and the Postgres DSN."""
-    from memstream.cli import resolve_dsn
     from memstream.projections.db import migrate
     from memstream.stack.launcher import stack_from_settings
     from memstream.streams.topics import ensure_topics
 
     settings, tag = isolated(base, prefix)
     stack_from_settings(settings).up()
-    dsn = resolve_dsn(settings)
+    dsn = settings.dsn()
     await ensure_topics(settings)
     await migrate(dsn, settings.postgres_schema)
     return settings, tag, dsn

@@ -304,7 +304,6 @@ async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None
     """Ingest ``path`` through a fresh pipeline (own topics, group and schema), ask every question
     and score the evidence among the returned episodes. The schema is dropped and the worker
     stopped afterwards, whatever happens; the topics stay, as with ``bench ingest``."""
-    from memstream.cli import resolve_dsn
     from memstream.projections.db import drop_schema, migrate
     from memstream.read_client import MemoryReader
     from memstream.stack.launcher import stack_from_settings
@@ -316,7 +315,7 @@ async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None
     samples = select_samples(load_locomo(path), conv)
     settings, tag = isolated(base, "locomo")
     stack_from_settings(settings).up()
-    dsn = resolve_dsn(settings)
+    dsn = settings.dsn()
     worker = reader = None
     log.info("locomo eval %s: %d samples, k=%d, schema %s", path, len(samples), k, settings.postgres_schema)
     try:

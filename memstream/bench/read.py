@@ -281,7 +281,6 @@ async def load_corpus(pool, embedder, rows: int) -> dict:
 async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int = 32, reads: int = 300,
                          keep: bool = False, reuse: str | None = None) -> dict:
     """``reuse``: measure a corpus kept by an earlier ``keep=True`` run (same ``rows``) instead of loading one."""
-    from memstream.cli import resolve_dsn
     from memstream.embedding import default_embedder
     from memstream.projections.db import create_pool, drop_schema, migrate
     from memstream.read_client import MemoryReader
@@ -290,7 +289,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
 
     settings = base.model_copy(update={"postgres_schema": reuse or f"benchr_{uuid.uuid4().hex[:8]}"})
     stack_from_settings(settings).up()
-    dsn = resolve_dsn(settings)
+    dsn = settings.dsn()
     await migrate(dsn, settings.postgres_schema)
     embedder = default_embedder(settings.read_embed_threads, settings.embedding_variant)
     pool = await create_pool(dsn, settings.postgres_schema, min_size=4, max_size=24)
