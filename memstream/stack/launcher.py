@@ -224,6 +224,7 @@ def shared_buffers() -> str:
 # 384-d like the embedder's vectors: the distance kernels pgvector dispatches by CPU run on them.
 _SELF_CHECK = """
 \\set ON_ERROR_STOP on
+SET client_min_messages = warning;
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS vector;
 CREATE TEMP TABLE memstream_self_check (v vector(384));
