@@ -70,10 +70,10 @@ bench: stack-up
 	$(MEMSTREAM) bench ingest --turns 10000 --users 100
 
 # Mem0's search code with memstream's read path taking turns call by call, each on a corpus of the
-# same size, then Graphiti's; our embedder everywhere (bench/peers/README.md).
+# same size, then Graphiti's; our embedder everywhere (peers/README.md).
 bench-peers: stack-up $(PEERS_STAMP)
-	$(PEERS_PY) bench/peers/mem0_search.py --json $(PEERS_ARGS)
-	$(PEERS_PY) bench/peers/graphiti_search.py --json $(PEERS_ARGS)
+	$(PEERS_PY) peers/mem0_search.py --json $(PEERS_ARGS)
+	$(PEERS_PY) peers/graphiti_search.py --json $(PEERS_ARGS)
 
 clean: stack-down
 	rm -rf .memstream $(VENV) $(PEERS_VENV) *.egg-info

@@ -134,7 +134,7 @@ def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool) -> No
 def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: str | None, as_json: bool) -> None:
     """Replay PROJECTIONS (episodes, facts, or all) from offset 0 into SCHEMA, up to the
     high-water marks seen at start. Never calls an LLM or the embedder."""
-    from memstream.config import check_schema_name
+    from memstream.projections.schema_names import check_schema_name
     from memstream.streams.replay import PROJECTIONS, replay
 
     s = _settings(ctx)

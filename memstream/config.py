@@ -5,26 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
+from memstream.projections.schema_names import check_schema_name
 from memstream.read_settings import EPISODE_WEIGHTS, FACT_WEIGHTS, Budgets, Weights
-
-_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-
-
-def check_schema_name(name: str) -> str:
-    """A Postgres schema memstream may own: a plain lower-case identifier, never ``public``."""
-    if not _SCHEMA.match(name) or name == "public" or name.startswith("pg_"):
-        raise ValueError(
-            f"invalid Postgres schema {name!r}: use a lower-case identifier "
-            "(letters, digits, _), not 'public' or 'pg_*'"
-        )
-    return name
-
 
 class Settings(BaseModel):
     kafka_bootstrap: str = "127.0.0.1:19092"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from memstream.config import check_schema_name
+from memstream.projections.schema_names import check_schema_name
 
 # Tables each projection owns, compared on every column (generated ones included).
 TABLES = {"episodes": ["episodes", "episodes_terms"], "facts": ["memory_facts", "memory_facts_terms"],

@@ -22,6 +22,11 @@ async def load(conn: asyncpg.Connection | asyncpg.Pool, projection: str, topic: 
     return {r["partition"]: r["next_offset"] for r in rows}
 
 
+async def epoch(conn, projection: str) -> int:
+    """The projection's epoch: part of every Redis key it writes, so caches of another build are never read."""
+    return await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = $1", projection)
+
+
 async def applied_through(conn, projections: Sequence[str], topic: str, partition: int) -> int:
     """The next offset of ``topic``/``partition`` that some of ``projections`` has not applied
     (0 until each of them has a position there)."""

@@ -28,9 +28,9 @@ class TokenCounter:
     the full ``encode``."""
 
     def __init__(self, path: str | None = None):
-        from memstream.embedding import minilm
+        from memstream.embedding import TOKENIZER_PATH
 
-        self._tok = Tokenizer.from_file(str(path or minilm._TOKENIZER))
+        self._tok = Tokenizer.from_file(str(path or TOKENIZER_PATH))
         self._tok.no_truncation()
         self._tok.no_padding()
         self._model = self._tok.model

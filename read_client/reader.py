@@ -18,15 +18,15 @@ from memstream.projections.episodes import query as episodes_q
 from memstream.projections.facts import query as facts_q
 from memstream.projections.commands import query as commands_q
 from memstream.projections.graph import query as graph_q
-from memstream.projections.profile import store as profile_store
+from memstream.projections.profile import query as profile_q
 from memstream.read_client.budget import Budgets, TokenCounter, pack
-from memstream.read_client.gate import needs_retrieval
+from memstream.read_client.retrieval_gate import needs_retrieval
 from memstream.read_client.terms import keyword_terms
 from memstream.read_client.render import edge_line, episode_line, render_context
 from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse,
                                          latest_per_slot, rerank, with_neighbours)
 from memstream.schemas import LogPosition
-from memstream.schemas.attributes import single_valued
+from memstream.schemas.vocabulary import canonical, single_valued
 from memstream.schemas.errors import not_utf8
 from memstream.schemas.read_models import (AsOf, FactVersion, MemoryContext, RankedEdge, RankedEpisode, RankedFact,
                                            Reminder, Turn)
@@ -321,7 +321,7 @@ class MemoryReader:
         if self._redis is not None:
             try:
                 if self._epoch is None:
-                    self._epoch = await episodes_q.epoch(self._pool)
+                    self._epoch = await positions.epoch(self._pool, "episodes")
                 cached = await session_cache.recent_turns(self._redis, self._schema, self._epoch,
                                                           user_id, conversation_id, self._tier0)
                 if cached:
@@ -333,12 +333,12 @@ class MemoryReader:
 
     async def _profile(self, user_id: str) -> dict:
         if self._profile_epoch is None:
-            self._profile_epoch = await self._text_pool.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'profile'")
+            self._profile_epoch = await positions.epoch(self._text_pool, "profile")
         try:
-            return await profile_store.read(self._redis, self._text_pool, self._schema, self._profile_epoch, user_id)
+            return await profile_q.read(self._redis, self._text_pool, self._schema, self._profile_epoch, user_id)
         except Exception:
             log.exception("tier 1 cache unavailable; reading the profile from Postgres")
-            return await profile_store.read(None, self._text_pool, self._schema, self._profile_epoch, user_id)
+            return await profile_q.read(None, self._text_pool, self._schema, self._profile_epoch, user_id)
 
     async def _nearest(self, conn, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
         vec = await embedding
@@ -378,8 +378,6 @@ class MemoryReader:
 
     async def timeline(self, user_id: str, source_entity_id, relation: str) -> list[RankedEdge]:
         """Every edge of one (source, relation), in world-time order."""
-        from memstream.llm.relations import canonical
-
         rows = await graph_q.timeline(self._pool, user_id, source_entity_id, canonical(relation))
         return [_edge(r, hop=0, score=0.0, similarity=0.0) for r in rows]
 

@@ -12,7 +12,7 @@ import asyncpg
 
 from memstream.projections import session_cache
 from memstream.projections.episodes import core as episodes
-from memstream.projections.positions import events_covered
+from memstream.projections.positions import epoch, events_covered
 from memstream.projections.episodes.store import EpisodeStore
 from memstream.projections.facts.core import MissingTarget
 from memstream.projections.facts.store import FactStore
@@ -24,8 +24,7 @@ from memstream.projections.profile import store as profile_store
 from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, decode_decision
 from memstream.schemas.events import COMMAND_TYPES
 from memstream.streams.admission import admit
-from memstream.streams.formation.step import next_offsets
-from memstream.streams.records import Record
+from memstream.streams.records import Record, next_offsets
 
 log = logging.getLogger("memstream.projections")
 
@@ -114,7 +113,7 @@ class EpisodesProjection:
                     finish=lambda: self._store.apply_batch(conn, [], positions))
                 rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
             if self._epoch is None:
-                self._epoch = await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'episodes'")
+                self._epoch = await epoch(conn, "episodes")
         if self._redis is None or not rows:
             return
         try:
@@ -179,7 +178,7 @@ class FactsProjection(_DecisionProjection):
             return
         try:
             if self._epoch is None:
-                self._epoch = await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'profile'")
+                self._epoch = await epoch(conn, "profile")
             await profile_store.cache(self._redis, self._schema, self._epoch, profiles)
         except Exception:
             log.exception("tier 1 cache update failed for %d profiles", len(profiles))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +32,11 @@ def from_faust(event) -> Record:
         headers = tuple(headers.items())
     return Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(headers),
                   int(round((m.timestamp or 0) * 1000)))
+
+
+def next_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
+    """The position after ``records``: the next offset to apply per ``(topic, partition)``."""
+    out: dict[tuple[str, int], int] = {}
+    for r in records:
+        out[(r.topic, r.partition)] = max(out.get((r.topic, r.partition), 0), r.offset + 1)
+    return out

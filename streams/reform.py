@@ -19,10 +19,11 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from memstream.config import Settings
+from memstream.llm.clients import llm_clients
 from memstream.embedding import default_embedder
 from memstream.schemas import FactDecision, GraphDecision, decode_decision, encode
 from memstream.streams.formation.graph import GraphView
-from memstream.streams.formation.step import Formation, MemoryView, decode_turns, nothing_decided
+from memstream.streams.formation.forming import Formation, MemoryView, decode_turns, nothing_decided
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record
@@ -72,8 +73,6 @@ async def _drain(consumer, tps, high, handle) -> None:
 
 
 async def reform(settings: Settings, *, extractor: str, topic: str, since: datetime | None = None) -> ReformReport:
-    from memstream.streams.worker import llm_clients
-
     extraction, resolution, relations = llm_clients(settings.model_copy(update={"extractor": extractor}))
     embedder = await asyncio.to_thread(default_embedder, settings.embed_threads, settings.embedding_variant)
     producer = idempotent_producer(settings.kafka_bootstrap)

@@ -30,14 +30,15 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from memstream.config import Settings
 from memstream.embedding import default_embedder
+from memstream.llm.clients import llm_clients
 from memstream.llm.protocols import MalformedOutput
 from memstream.projections import db
 from memstream.projections import positions as pos
 from memstream.streams.dead_letter import DeadLetters
-from memstream.streams.gate import RESEEK_AFTER_S, PositionGate, align
+from memstream.streams.position_gate import RESEEK_AFTER_S, PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
-from memstream.streams.formation.step import Formation, ProjectionBarrier
+from memstream.streams.formation.forming import Formation, ProjectionBarrier
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.projecting import (CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection,
                                          transient)
@@ -164,24 +165,6 @@ class Runtime:
             log.critical("%s: unrecoverable error; stopping the worker without acknowledging", name, exc_info=True)
             logging.shutdown()
             os._exit(EXIT_FATAL)
-
-
-def llm_clients(settings: Settings):
-    """The fact extraction, resolution and relation extraction clients named by ``settings.extractor``."""
-    if settings.extractor in ("offline", "offline-strict"):
-        from memstream.llm.offline import OfflineExtractor, OfflineResolver, StrictOfflineExtractor
-        from memstream.llm.offline_relations import OfflineRelationExtractor
-
-        extractor = StrictOfflineExtractor() if settings.extractor == "offline-strict" else OfflineExtractor()
-        return extractor, OfflineResolver(), OfflineRelationExtractor()
-    if settings.extractor == "bedrock":
-        from memstream.llm.bedrock import BedrockExtractor, BedrockRelationExtractor, BedrockResolver, bedrock_client
-
-        client = bedrock_client(settings.bedrock_region)
-        return (BedrockExtractor(client, settings.bedrock_extraction_model),
-                BedrockResolver(client, settings.bedrock_resolution_model),
-                BedrockRelationExtractor(client, settings.bedrock_extraction_model))
-    raise ValueError(f"unknown extractor {settings.extractor!r} (offline | offline-strict | bedrock)")
 
 
 ROLES = ("formation", "projections")

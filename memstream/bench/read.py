@@ -155,14 +155,14 @@ def _pcts(values: list[float]) -> dict[str, float]:
 async def ongoing_conversation(pool, redis, schema: str, user: str, keep: int) -> str:
     """The user's newest conversation, its last ``keep`` turns pushed to Tier 0 as the session-cache
     projection leaves them for a conversation in progress; reads then find them in Redis."""
-    from memstream.projections import session_cache
+    from memstream.projections import positions, session_cache
     from memstream.projections.episodes import query as episodes_q
     from memstream.projections.episodes.core import EpisodeRow
 
     conversation = await pool.fetchval("SELECT conversation_id FROM episodes WHERE user_id = $1 "
                                        "ORDER BY occurred_at DESC, episode_id DESC LIMIT 1", user)
     rows = await episodes_q.recent(pool, user, conversation, keep)
-    await session_cache.push_turns(redis, schema, await episodes_q.epoch(pool), [
+    await session_cache.push_turns(redis, schema, await positions.epoch(pool, "episodes"), [
         EpisodeRow(episode_id=r["episode_id"], source_event_id=r["episode_id"], user_id=user, conversation_id=conversation,
                    occurred_at=r["occurred_at"], recorded_at=r["occurred_at"], source_partition=0, source_offset=0,
                    user_message=r["user_message"], assistant_message=r["assistant_message"], metadata=None,

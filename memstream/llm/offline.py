@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Callable, Iterator, Sequence
 
 from memstream.llm.protocols import CandidateFact, ExistingFact, Operation, Resolution
-from memstream.schemas.attributes import single_valued
+from memstream.schemas.vocabulary import single_valued
 from memstream.schemas import TurnRecorded
 
 _MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}

@@ -1,8 +1,7 @@
-"""Relation extraction for the graph: the protocol, and the vocabulary that makes phrasings of
-one relationship the same relation (so a new edge supersedes instead of running in parallel)."""
+"""Relation extraction for the graph: the candidate and the client protocol. The vocabulary that
+makes phrasings of one relationship the same relation is ``schemas.vocabulary``'s."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, Sequence
@@ -10,46 +9,6 @@ from typing import Protocol, Sequence
 from memstream.schemas import TurnRecorded
 
 USER = "I"  # how an extractor names the user as a source or target
-
-# canonical relation -> phrasings that mean the same thing
-_SYNONYMS: dict[str, tuple[str, ...]] = {
-    "works_at": ("employed_by", "works_for", "employee_of", "job_at", "employer"),
-    "managed_by": ("has_manager", "reports_to", "manager", "boss", "supervised_by", "has_boss"),
-    "lives_in": ("resides_in", "based_in", "home", "lives_at", "home_city"),
-    "married_to": ("spouse_of", "has_spouse", "has_wife", "has_husband", "wife", "husband", "partner_of",
-                   "has_partner", "partner"),
-    "has_child": ("parent_of", "has_daughter", "has_son", "daughter", "son", "child"),
-    "has_sibling": ("sibling_of", "has_sister", "has_brother", "sister", "brother"),
-    "has_parent": ("child_of", "has_mother", "has_father", "mother", "father", "mom", "mum", "dad"),
-    "friend_of": ("has_friend", "friends_with", "friend"),
-    "has_pet": ("owns_pet", "has_dog", "has_cat", "pet", "dog", "cat"),
-    "from": ("is_from", "born_in", "origin", "comes_from"),
-    "studies_at": ("student_at", "attends", "enrolled_at"),
-}
-CANONICAL = {alias: name for name, aliases in _SYNONYMS.items() for alias in (name, *aliases)}
-# Relations that may hold for several targets at once; every other relation is single-valued
-# per (source, relation): a new target closes the current edge.
-MULTI_VALUED = frozenset({"has_child", "has_sibling", "has_parent", "friend_of", "has_pet", "knows", "likes"})
-
-_SENTENCES = {
-    "works_at": "{s} works at {t}", "managed_by": "{s} is managed by {t}", "lives_in": "{s} lives in {t}",
-    "married_to": "{s} is married to {t}", "has_child": "{s} has a child named {t}",
-    "has_sibling": "{s} has a sibling named {t}", "has_parent": "{s} has a parent named {t}",
-    "friend_of": "{s} is friends with {t}", "has_pet": "{s} has a pet named {t}", "from": "{s} is from {t}",
-    "studies_at": "{s} studies at {t}",
-}
-
-
-def canonical(relation: str) -> str:
-    """The canonical name of ``relation``; unknown relations are kept (normalised)."""
-    key = re.sub(r"[^a-z0-9]+", "_", relation.strip().lower()).strip("_")
-    return CANONICAL.get(key, key)
-
-
-def fact_sentence(source: str, relation: str, target: str) -> str:
-    template = _SENTENCES.get(relation, "{s} " + relation.replace("_", " ") + " {t}")
-    return template.format(s=source, t=target)
-
 
 @dataclass(frozen=True)
 class RelationCandidate:

@@ -58,7 +58,3 @@ async def neighbours(conn, user_id: str, anchors: Sequence) -> Sequence[asyncpg.
 
 async def recent(conn, user_id: str, conversation_id: str, n: int) -> Sequence[asyncpg.Record]:
     return await conn.fetch(_RECENT, user_id, conversation_id, n)
-
-
-async def epoch(conn, projection: str = "episodes") -> int:
-    return await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = $1", projection)

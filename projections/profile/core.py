@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from memstream.schemas.attributes import SINGLE_VALUED
+from memstream.schemas.vocabulary import SINGLE_VALUED
 _LISTS = {"allergy": "allergies", "likes": "likes", "dislikes": "dislikes", "pet": "pets"}
 _FAMILY = ("daughter", "son", "sister", "brother", "mother", "mom", "mum", "father", "dad", "friend",
            "grandmother", "grandfather")
@@ -35,3 +35,8 @@ def build_profile(facts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             if len(plans) < LIST_LIMIT:
                 plans.append(f["text"])
     return profile
+
+
+def profile_key(schema: str, epoch: int, user_id: str) -> str:
+    """The profile's Redis key; the epoch changes with a rebuild, so a stale cache is never read."""
+    return f"memstream:{schema}:e{epoch}:t1:{len(user_id)}:{user_id}"

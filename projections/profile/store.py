@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from memstream.projections.profile.core import build_profile
+from memstream.projections.profile.core import build_profile, profile_key
 
 
 async def refresh(conn, user_ids: Iterable[str]) -> dict[str, dict]:
@@ -26,25 +26,8 @@ async def refresh(conn, user_ids: Iterable[str]) -> dict[str, dict]:
     return profiles
 
 
-def profile_key(schema: str, epoch: int, user_id: str) -> str:
-    return f"memstream:{schema}:e{epoch}:t1:{len(user_id)}:{user_id}"
-
-
 async def cache(redis, schema: str, epoch: int, profiles: dict[str, dict]) -> None:
     pipe = redis.pipeline(transaction=False)
     for user, profile in profiles.items():
         pipe.set(profile_key(schema, epoch, user), json.dumps(profile, sort_keys=True))
     await pipe.execute()
-
-
-async def read(redis, pool, schema: str, epoch: int, user_id: str) -> dict:
-    """O(1): one Redis GET; on a miss, one Postgres row (written back to the cache)."""
-    if redis is not None:
-        cached = await redis.get(profile_key(schema, epoch, user_id))
-        if cached is not None:
-            return json.loads(cached)
-    value = await pool.fetchval("SELECT profile FROM profiles WHERE user_id = $1", user_id)
-    profile = (json.loads(value) if isinstance(value, str) else value) or {}
-    if redis is not None and value is not None:
-        await redis.set(profile_key(schema, epoch, user_id), json.dumps(profile, sort_keys=True))
-    return profile

@@ -16,7 +16,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from memstream.llm.relations import MULTI_VALUED, USER, RelationCandidate, canonical, fact_sentence
+from memstream.llm.relations import USER, RelationCandidate
+from memstream.schemas.vocabulary import MULTI_VALUED, canonical, fact_sentence
 from memstream.projections.graph.core import EdgeRow, EntityRow, Row, fold
 from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated, TurnRecorded
 

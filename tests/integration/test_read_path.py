@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from memstream.embedding import default_embedder
 from memstream.projections.compare import diff_counts
 from memstream.projections.db import create_pool, drop_schema
-from memstream.projections.profile.store import profile_key
+from memstream.projections.profile.core import profile_key
 from memstream.projections.session_cache import tier0_key
 from memstream.read_client import Budgets, MemoryReader, render_prompt
 from memstream.read_settings import FACT_WEIGHTS

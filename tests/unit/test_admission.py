@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from memstream.schemas import EpisodeRecorded, LogPosition, NothingDecided, ReminderScheduled, TurnRecorded, encode
 from memstream.streams.admission import admit, expected_partition
-from memstream.streams.formation.step import nothing_decided
+from memstream.streams.formation.forming import nothing_decided
 from memstream.streams.records import Record
 
 

@@ -1,6 +1,7 @@
 import pytest
 
-from memstream.config import Settings, check_schema_name
+from memstream.config import Settings
+from memstream.projections.schema_names import check_schema_name
 
 
 @pytest.mark.parametrize("name", ["public", "Public", "pg_catalog", "1abc", "a-b", "", "x" * 64])

@@ -122,7 +122,7 @@ def version_of(key, lineage, version, attribute, recorded_days_ago, fused):
 
 def test_a_context_keeps_one_version_per_fact_and_one_fact_per_single_valued_attribute():
     from memstream.read_client.fusion import latest_per_slot
-    from memstream.schemas.attributes import single_valued
+    from memstream.schemas.vocabulary import single_valued
 
     cands = [version_of("porto-v1", "home-1", 1, "home", 3, 0.9),  # a statement saw it before its supersession
              version_of("lisbon-v2", "home-1", 2, "home", 1, 0.4),

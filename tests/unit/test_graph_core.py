@@ -5,7 +5,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from memstream.llm.relations import RelationCandidate, canonical, fact_sentence
+from memstream.llm.relations import RelationCandidate
+from memstream.schemas.vocabulary import canonical, fact_sentence
 from memstream.projections.graph.core import EdgeRow, EntityRow, MissingGraphTarget, apply
 from memstream.schemas import EdgeClosed, EdgeOpened, EntityCreated, LogPosition, TurnRecorded
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView, user_entity_id

@@ -9,7 +9,7 @@ import pytest
 from memstream.projections.commands.core import UnknownReminder, apply
 from memstream.projections.profile.core import build_profile
 from memstream.read_client.budget import TokenCounter, pack
-from memstream.read_client.gate import needs_retrieval
+from memstream.read_client.retrieval_gate import needs_retrieval
 from memstream.read_client.render import render_prompt
 from memstream.schemas import ExpertIdentityDeleted, ReminderResolved, ReminderScheduled
 from memstream.schemas.events import new_event_id

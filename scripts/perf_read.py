@@ -5,7 +5,7 @@ reader, its Postgres backends, Redis and Kafka as they share the cores during re
 else. Needs `perf` (Debian: linux-perf) and a kept `memstream bench read` corpus:
 
     .venv/bin/memstream bench read --rows 1000000 --keep --json
-    .venv/bin/python bench/perf_read.py --schema benchr_<id> [--reads 1500] [--call-graph]
+    .venv/bin/python scripts/perf_read.py --schema benchr_<id> [--reads 1500] [--call-graph]
     perf report -i perf-read.data --sort comm,dso            # by process and library
     perf report -i perf-read.data --comm postgres --sort sym  # Postgres' hot symbols
     perf report -i perf-read.data --comm postgres --children --sort sym   # with --call-graph

@@ -1,7 +1,7 @@
 """The position gate keeps each partition contiguous with what the store has applied."""
 
-from memstream.streams import gate as gate_mod
-from memstream.streams.gate import PositionGate, align
+from memstream.streams import position_gate as gate_mod
+from memstream.streams.position_gate import PositionGate, align
 from memstream.streams.records import Record
 
 

@@ -36,7 +36,7 @@ from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
 from memstream.streams.formation.decide import Context, decide
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
-from memstream.streams.records import Record
+from memstream.streams.records import Record, next_offsets
 
 log = logging.getLogger("memstream.formation")
 
@@ -45,13 +45,6 @@ NEIGHBOURS = 10  # nearest current facts shown to the resolver, besides same-att
 
 def episode_text(turn: TurnRecorded) -> str:
     return f"{turn.user_message}\n{turn.assistant_message}".strip()
-
-
-def next_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
-    out: dict[tuple[str, int], int] = {}
-    for r in records:
-        out[(r.topic, r.partition)] = max(out.get((r.topic, r.partition), 0), r.offset + 1)
-    return out
 
 
 def decode_turns(records: Sequence[Record], stage: str, partitions: int | None = None

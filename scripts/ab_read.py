@@ -7,7 +7,7 @@ questions; each prints its latencies.
 
     git worktree add /tmp/before <rev>
     .venv/bin/memstream bench read --rows 1000000 --keep --json      # or reuse a kept corpus
-    .venv/bin/python bench/ab_read.py --before /tmp/before --schema benchr_<id> [--user heavy] [--reads 300] [--names]
+    .venv/bin/python scripts/ab_read.py --before /tmp/before --schema benchr_<id> [--user heavy] [--reads 300] [--names]
 
 Needs the editable install (`make install`): each child points memstream's import mapping at
 its checkout. Both checkouts must read the same schema version (a newer migration is harmless

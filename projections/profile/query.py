@@ -1,0 +1,19 @@
+"""Tier 1, the query side: one user's profile, from Redis or Postgres."""
+from __future__ import annotations
+
+import json
+
+from memstream.projections.profile.core import profile_key
+
+
+async def read(redis, pool, schema: str, epoch: int, user_id: str) -> dict:
+    """O(1): one Redis GET; on a miss, one Postgres row (written back to the cache)."""
+    if redis is not None:
+        cached = await redis.get(profile_key(schema, epoch, user_id))
+        if cached is not None:
+            return json.loads(cached)
+    value = await pool.fetchval("SELECT profile FROM profiles WHERE user_id = $1", user_id)
+    profile = (json.loads(value) if isinstance(value, str) else value) or {}
+    if redis is not None and value is not None:
+        await redis.set(profile_key(schema, epoch, user_id), json.dumps(profile, sort_keys=True))
+    return profile

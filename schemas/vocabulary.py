@@ -1,0 +1,54 @@
+"""What a fact's ``attribute`` and an edge's ``relation`` mean, for every part that reads them:
+formation (an UPDATE supersedes; a new target closes a single-valued relation's edge), the
+profile, and the read path (one current value per single-valued slot)."""
+from __future__ import annotations
+
+import re
+
+# Attributes holding one value at a time: a new value supersedes the old one. Every
+# ``favourite_*`` attribute does too (one favourite book at a time).
+SINGLE_VALUED = frozenset({"name", "home", "origin", "employer", "role", "diet", "age", "partner"})
+
+
+def single_valued(attribute: str) -> bool:
+    return attribute in SINGLE_VALUED or attribute.startswith("favourite_")
+
+
+# canonical relation -> phrasings that mean the same thing
+_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "works_at": ("employed_by", "works_for", "employee_of", "job_at", "employer"),
+    "managed_by": ("has_manager", "reports_to", "manager", "boss", "supervised_by", "has_boss"),
+    "lives_in": ("resides_in", "based_in", "home", "lives_at", "home_city"),
+    "married_to": ("spouse_of", "has_spouse", "has_wife", "has_husband", "wife", "husband", "partner_of",
+                   "has_partner", "partner"),
+    "has_child": ("parent_of", "has_daughter", "has_son", "daughter", "son", "child"),
+    "has_sibling": ("sibling_of", "has_sister", "has_brother", "sister", "brother"),
+    "has_parent": ("child_of", "has_mother", "has_father", "mother", "father", "mom", "mum", "dad"),
+    "friend_of": ("has_friend", "friends_with", "friend"),
+    "has_pet": ("owns_pet", "has_dog", "has_cat", "pet", "dog", "cat"),
+    "from": ("is_from", "born_in", "origin", "comes_from"),
+    "studies_at": ("student_at", "attends", "enrolled_at"),
+}
+CANONICAL = {alias: name for name, aliases in _SYNONYMS.items() for alias in (name, *aliases)}
+# Relations that may hold for several targets at once; every other relation is single-valued
+# per (source, relation): a new target closes the current edge.
+MULTI_VALUED = frozenset({"has_child", "has_sibling", "has_parent", "friend_of", "has_pet", "knows", "likes"})
+
+_SENTENCES = {
+    "works_at": "{s} works at {t}", "managed_by": "{s} is managed by {t}", "lives_in": "{s} lives in {t}",
+    "married_to": "{s} is married to {t}", "has_child": "{s} has a child named {t}",
+    "has_sibling": "{s} has a sibling named {t}", "has_parent": "{s} has a parent named {t}",
+    "friend_of": "{s} is friends with {t}", "has_pet": "{s} has a pet named {t}", "from": "{s} is from {t}",
+    "studies_at": "{s} studies at {t}",
+}
+
+
+def canonical(relation: str) -> str:
+    """The canonical name of ``relation``; unknown relations are kept (normalised)."""
+    key = re.sub(r"[^a-z0-9]+", "_", relation.strip().lower()).strip("_")
+    return CANONICAL.get(key, key)
+
+
+def fact_sentence(source: str, relation: str, target: str) -> str:
+    template = _SENTENCES.get(relation, "{s} " + relation.replace("_", " ") + " {t}")
+    return template.format(s=source, t=target)

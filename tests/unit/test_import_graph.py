@@ -1,0 +1,149 @@
+"""The import graph, computed from the code: no cycles, and dependencies only in the directions
+DESIGN.md sets (``schemas`` imports nothing of ours; ``projections`` only ``schemas``; the read
+client only ``schemas``, the query side of ``projections`` and the embedder's public interface;
+nothing imports the CLI; only the CLI, the demo and the benchmarks start the local stack).
+Every import counts, at module level or inside a function: a lazy import is still a dependency."""
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ("memstream.cli", "memstream.demo", "memstream.bench")  # entry points: may use anything but the CLI
+# layer -> the layers it may import (besides itself)
+ALLOWED = {
+    "memstream.schemas": (),
+    "memstream.read_settings": (),
+    "memstream.embedding": (),
+    "memstream.projections": ("memstream.schemas",),
+    "memstream.llm": ("memstream.schemas",),
+    "memstream.config": ("memstream.read_settings", "memstream.projections.schema_names"),
+    "memstream.stack": ("memstream.config",),
+    "memstream.streams": ("memstream.schemas", "memstream.projections", "memstream.llm", "memstream.embedding",
+                          "memstream.config"),
+    "memstream.read_client": ("memstream.schemas", "memstream.read_settings", "memstream.projections",
+                              "memstream.embedding"),
+}
+# The read client reads: it may not reach the write side of projections, nor into the embedder.
+READ_SIDE = ("memstream.projections.db", "memstream.projections.positions", "memstream.projections.session_cache")
+NO_IO_IN_CORES = ("asyncpg", "redis", "aiokafka", "faust", "boto3", "socket", "time", "random", "numpy")
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the distribution, named as installed (pyproject's ``package-dir``)."""
+    dirs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found: dict[str, Path] = {}
+    for package, folder in dirs.items():
+        for path in (root / folder).rglob("*.py"):
+            parts = list(path.relative_to(root / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found.setdefault(".".join([package, *parts]), path)
+    return found
+
+
+def imports(mods: dict[str, Path]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """``(ours, third_party)``: per module, the modules of ours it imports and the top-level
+    names of the others. ``from pkg import sub`` imports ``pkg.sub`` and ``pkg`` itself (its
+    ``__init__`` runs first: a submodule importing its own package that way is a cycle)."""
+    ours: dict[str, set[str]] = {m: set() for m in mods}
+    others: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods]
+            else:
+                continue
+            for t in targets:
+                if t.split(".")[0] == "memstream":
+                    ours[name].add(next(m for m in (t, t.rpartition(".")[0]) if m in mods))
+                else:
+                    others[name].add(t.split(".")[0])
+        ours[name].discard(name)
+    return ours, others
+
+
+def layer(module: str) -> str:
+    return max((p for p in (*ALLOWED, *TOOLS) if module == p or module.startswith(p + ".")), key=len, default=module)
+
+
+def wrong_way(ours: dict[str, set[str]], others: dict[str, set[str]]) -> list[str]:
+    found = []
+    for m, targets in sorted(ours.items()):
+        for t in sorted(targets):
+            if t == "memstream.cli" and m != "memstream.cli":
+                found.append(f"{m} -> {t}: nothing imports the CLI")
+            elif t.startswith("memstream.stack") and layer(m) not in TOOLS + ("memstream.stack",):
+                found.append(f"{m} -> {t}: only the CLI, the demo and the benchmarks start the local stack")
+            elif layer(m) in ALLOWED and layer(t) != layer(m) and not any(
+                    t == a or t.startswith(a + ".") for a in ALLOWED[layer(m)]):
+                found.append(f"{m} -> {t}: {layer(m)} may import only {ALLOWED[layer(m)] or 'nothing of ours'}")
+            elif layer(m) == "memstream.read_client" and t.startswith("memstream.projections.") and not (
+                    t.endswith(".query") or t in READ_SIDE or t.count(".") == 2):
+                found.append(f"{m} -> {t}: the read client uses only the query side of projections")
+            elif layer(m) == "memstream.read_client" and t.startswith("memstream.embedding."):
+                found.append(f"{m} -> {t}: the read client uses only the embedder's public interface")
+    for m, names in sorted(others.items()):
+        if layer(m) == "memstream.read_client" and names & {"faust", "aiokafka", "mode"}:
+            found.append(f"{m} imports {sorted(names & {'faust', 'aiokafka', 'mode'})}: a host that only reads pulls no stream processor")
+        if m.endswith(".core") and m.startswith("memstream.projections") and names & set(NO_IO_IN_CORES):
+            found.append(f"{m} imports {sorted(names & set(NO_IO_IN_CORES))}: a pure core has no I/O, clock or randomness")
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            component.append(v)
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_has_no_cycle():
+    ours, _ = imports(modules())
+    assert cycles(ours) == []
+
+
+def test_every_import_points_the_way_the_design_says():
+    assert wrong_way(*imports(modules())) == []
+
+
+def test_the_checks_see_a_cycle_and_a_wrong_way_import():
+    graph = {"memstream.schemas.a": {"memstream.schemas.b"}, "memstream.schemas.b": {"memstream.schemas.a"}}
+    assert cycles(graph) == [["memstream.schemas.a", "memstream.schemas.b"]]
+    assert wrong_way({"memstream.read_client.reader": {"memstream.streams.worker", "memstream.projections.facts.store"},
+                      "memstream.schemas.events": {"memstream.cli"}}, {}) == [
+        "memstream.read_client.reader -> memstream.projections.facts.store: the read client uses only the query side of projections",
+        "memstream.read_client.reader -> memstream.streams.worker: memstream.read_client may import only "
+        "('memstream.schemas', 'memstream.read_settings', 'memstream.projections', 'memstream.embedding')",
+        "memstream.schemas.events -> memstream.cli: nothing imports the CLI"]
