@@ -91,6 +91,18 @@ class Settings(BaseModel):
                               f"(memstream stack up) under {self.home}")
         return f"postgresql://postgres:@/postgres?host={socket_dir}"
 
+    def to_env(self) -> dict[str, str]:
+        """Every setting as the ``MEMSTREAM_<FIELD>`` variable ``from_env`` reads back (a setting
+        left ``None`` has none): how a process hands its settings to a child worker."""
+        env = {}
+        for name, value in self:
+            if value is None:
+                continue
+            if dataclasses.is_dataclass(value):
+                value = json.dumps(dataclasses.asdict(value))
+            env[f"MEMSTREAM_{name.upper()}"] = str(value)
+        return env
+
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
         """Read ``MEMSTREAM_<FIELD>`` variables (e.g. ``MEMSTREAM_POSTGRES_SCHEMA``)."""

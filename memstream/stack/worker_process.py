@@ -9,17 +9,12 @@ from pathlib import Path
 
 from memstream.config import Settings
 
-_FIELDS = ("kafka_bootstrap", "events_topic", "decisions_topic", "dead_letter_topic", "group_id",
-           "postgres_schema", "postgres_dsn", "redis_url", "partitions", "home", "embed_threads")
-
-
 def worker_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    for name in _FIELDS:
-        value = getattr(settings, name)
-        if value is not None:
-            env[f"MEMSTREAM_{name.upper()}"] = str(value)
-    return env
+    """This process's environment with every setting of ``settings`` (``Settings.to_env``), and
+    none of the ``MEMSTREAM_*`` settings it inherited: a child worker runs exactly ``settings``."""
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("MEMSTREAM_") and k.removeprefix("MEMSTREAM_").lower() in Settings.model_fields)}
+    return {**env, **settings.to_env()}
 
 
 class WorkerProcess:

@@ -137,3 +137,28 @@ async def test_turns_appended_while_the_worker_joins_are_all_formed_and_projecte
         return episodes == len(batch) and formed == len(batch)
 
     await wait_until(all_there, timeout=90, what="every turn formed and projected")
+
+
+async def test_a_child_worker_runs_with_every_setting_it_was_given(settings, conn, tmp_path):
+    import redis.asyncio as aioredis
+
+    from memstream.projections import positions, session_cache
+
+    from .conftest import Worker
+
+    w = Worker(settings.model_copy(update={"extractor": "offline-strict", "tier0_turns": 2}), tmp_path / "w.log")
+    try:
+        await w.wait_assigned()
+        async with TurnLog(settings) as log:
+            await log.append_many([TurnRecorded.new(user_id="cfg", conversation_id="c1", user_message=f"turn {i}",
+                                                    assistant_message="ok", occurred_at=BASE) for i in range(4)])
+        await wait_until(lambda: conn.fetchval("SELECT count(*) = 4 FROM episodes WHERE user_id = 'cfg'"), what="4 episodes")
+        assert "extractor=offline-rules-v1-strict" in w.log()
+        redis = aioredis.from_url(settings.redis_url)
+        try:
+            epoch = await positions.epoch(conn, "episodes")
+            assert len(await session_cache.recent_turns(redis, settings.postgres_schema, epoch, "cfg", "c1", 10)) == 2
+        finally:
+            await redis.aclose()
+    finally:
+        w.stop()

@@ -45,3 +45,24 @@ def test_a_negative_token_budget_is_refused(monkeypatch):
     monkeypatch.setenv("MEMSTREAM_READ_BUDGETS", '{"episodes": -5}')
     with pytest.raises(ValueError, match="episodes budget must be a whole number of tokens >= 0"):
         Settings.from_env()
+
+
+def test_every_setting_survives_the_trip_to_a_child_workers_environment(monkeypatch):
+    from pathlib import Path
+
+    from memstream.read_settings import Budgets
+    from memstream.stack.worker_process import worker_env
+
+    s = Settings(kafka_bootstrap="k:1", partitions=7, postgres_dsn="postgresql://x/y", postgres_schema="other",
+                 home=Path("/tmp/h"), tier0_turns=3, batch_size=9, batch_seconds=0.5, embed_threads=2,
+                 embedding_variant="weights", extractor="offline-strict", gate_observations=5,
+                 read_budgets=Budgets(facts=10, episodes=20, edges=30), read_keyword_mode="names",
+                 read_fact_weights=Settings().read_fact_weights.__class__(recency=0.3))
+    monkeypatch.setenv("MEMSTREAM_REDIS_URL", "redis://stale:1/0")  # inherited, but not this run's
+    env = worker_env(s.model_copy(update={"redis_url": "redis://fresh:2/0"}))
+    for name in list(env):
+        if name.startswith("MEMSTREAM_"):
+            monkeypatch.setenv(name, env[name])
+    assert Settings.from_env() == s.model_copy(update={"redis_url": "redis://fresh:2/0"})
+    assert sorted(n for n in Settings.model_fields if getattr(s, n) is not None) == sorted(
+        k.removeprefix("MEMSTREAM_").lower() for k in s.to_env())
