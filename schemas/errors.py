@@ -1,7 +1,33 @@
-"""Typed errors raised at the edge when a record or a command is not acceptable."""
+"""The errors memstream raises on purpose, and the typed errors of the edge.
+
+Every one derives from ``MemstreamError``, and its kind says what a worker does with a batch in
+which it was raised (``streams.worker``: one ``except`` per kind):
+
+* ``Retryable`` — a passing condition (a broker or database out of reach, a projection that
+  lags, a model's malformed answer): the same batch is retried in place, nothing acknowledged;
+* ``Refused`` — this record can never be applied as it is (undecodable, invalid, naming a row
+  the store does not hold): it goes to the dead-letter topic with the reason, the rest of the
+  batch is applied;
+* anything else — a bug or a broken deployment: the worker stops without acknowledging.
+
+Errors of other libraries are translated into these kinds at one seam
+(``streams.errors.as_retryable``), so no decision is made by matching names.
+"""
 
 
-class InvalidEvent(ValueError):
+class MemstreamError(Exception):
+    """The root of every error memstream raises on purpose."""
+
+
+class Retryable(MemstreamError):
+    """The same work will succeed later: retry it, never skip it."""
+
+
+class Refused(MemstreamError):
+    """This record cannot be applied: dead-letter it with this error's message as the reason."""
+
+
+class InvalidEvent(Refused, ValueError):
     """An event failed validation. ``field`` is a JSON path such as ``$.user_id``."""
 
     def __init__(self, reason: str, field: str | None = None):

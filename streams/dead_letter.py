@@ -8,12 +8,13 @@ import logging
 
 from aiokafka import AIOKafkaProducer
 
+from memstream.schemas.errors import MemstreamError
 from memstream.streams.records import Record
 
 log = logging.getLogger("memstream.streams")
 
 
-class TooManyDeadLetters(RuntimeError):
+class TooManyDeadLetters(MemstreamError, RuntimeError):
     """The dead-letter rate passed its limit; the worker stops instead of draining the log."""
 
 

@@ -1,5 +1,35 @@
-"""Errors raised to hosts at the producer edge."""
+"""The stream side's errors, and the one seam where other libraries' errors become ours."""
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+from aiokafka.errors import KafkaError
+
+from memstream.schemas.errors import MemstreamError, Retryable
+
+# Postgres conditions that pass: the connection, the server restarting or too busy, a lock
+# conflict resolved by retrying the transaction, a statement cancelled by a timeout.
+_PASSING_POSTGRES = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
+                     asyncpg.TooManyConnectionsError, asyncpg.SerializationError, asyncpg.DeadlockDetectedError,
+                     asyncpg.QueryCanceledError, asyncpg.AdminShutdownError)
 
 
-class BrokerUnavailable(ConnectionError):
+class BrokerUnavailable(Retryable, ConnectionError):
     """Kafka could not be reached (or did not acknowledge) within the configured timeout."""
+
+
+class Transient(Retryable):
+    """Another library's passing error (its original is the ``__cause__``)."""
+
+
+def as_retryable(exc: BaseException) -> BaseException:
+    """``exc`` as memstream sees it: ours as they are; another library's passing condition (a
+    Postgres connection or lock conflict, a Kafka error Kafka itself marks retriable, a socket
+    error or timeout) as ``Transient``; anything else unchanged (the worker stops on it)."""
+    if isinstance(exc, MemstreamError):
+        return exc
+    if (isinstance(exc, _PASSING_POSTGRES) or (isinstance(exc, KafkaError) and exc.retriable)
+            or isinstance(exc, (ConnectionError, OSError, asyncio.TimeoutError))):
+        return Transient(f"{type(exc).__name__}: {exc}")
+    return exc

@@ -14,14 +14,12 @@ from memstream.projections import session_cache
 from memstream.projections.episodes import core as episodes
 from memstream.projections.positions import epoch, events_covered
 from memstream.projections.episodes.store import EpisodeStore
-from memstream.projections.facts.core import MissingTarget
 from memstream.projections.facts.store import FactStore
-from memstream.projections.graph.core import MissingGraphTarget
 from memstream.projections.graph.store import GraphStore
-from memstream.projections.commands.core import UnknownReminder
 from memstream.projections.commands.store import CommandStore
 from memstream.projections.profile import store as profile_store
 from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, decode_decision
+from memstream.schemas.errors import Refused
 from memstream.schemas.events import COMMAND_TYPES
 from memstream.streams.admission import admit
 from memstream.streams.records import Record, next_offsets
@@ -38,12 +36,12 @@ def _refused_by_server(exc: BaseException) -> bool:
             and (state[:2] in ("22", "23") or state == "54000"))
 
 
-async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseException, *, apply, finish,
-                      missing: type[Exception] | tuple = ()) -> set[int]:
+async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseException, *, apply, finish
+                      ) -> set[int]:
     """A batch the store or the database refused: each ``(record, item)`` applied on its own
     savepoint, inside one transaction that also moves the positions past the whole batch
-    (``finish``). The ones refused (``missing``: the store lacks a row they name; or the database
-    refuses their rows) are dead-lettered with the reason, and the letters are durable before
+    (``finish``). The ones refused (``Refused``: e.g. the store lacks a row they name; or the
+    database refuses their rows) are dead-lettered with the reason, and the letters are durable before
     that transaction commits: a position never passes a record whose letter could be lost.
     When the database refuses every one of several items alike, that is our bug or our schema,
     not bad records: the batch's error is raised instead. Returns the ``id()`` of the records refused."""
@@ -52,7 +50,7 @@ async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseEx
         for r, item in items:
             try:
                 await apply(r, item)
-            except missing as exc:
+            except Refused as exc:
                 refused.append((r, stage, str(exc)))
             except asyncpg.PostgresError as exc:
                 if not _refused_by_server(exc):
@@ -64,14 +62,6 @@ async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseEx
         await finish()
         await dead_letters.send(refused)
     return {id(r) for r, *_ in refused}
-
-
-def transient(exc: BaseException) -> bool:
-    return isinstance(exc, (
-        asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
-        asyncpg.TooManyConnectionsError, asyncpg.SerializationError, asyncpg.DeadlockDetectedError,
-        asyncpg.QueryCanceledError, asyncpg.AdminShutdownError,
-    ))
 
 
 class EpisodesProjection:
@@ -130,7 +120,6 @@ class _DecisionProjection:
 
     name: str
     kinds: tuple[type, ...]
-    missing: type[Exception]
 
     def __init__(self, *, pool: asyncpg.Pool, dead_letters, redis=None, schema: str | None = None):
         self._pool, self._dead, self._redis, self._schema = pool, dead_letters, redis, schema
@@ -143,12 +132,12 @@ class _DecisionProjection:
         async with self._pool.acquire() as conn:
             try:
                 result = await self._store.apply_batch(conn, [d for _, d in decisions], positions)
-            except (self.missing, asyncpg.PostgresError) as exc:
-                if not isinstance(exc, self.missing) and not _refused_by_server(exc):
+            except (Refused, asyncpg.PostgresError) as exc:
+                if not isinstance(exc, Refused) and not _refused_by_server(exc):
                     raise
                 result = None
                 await _one_by_one(
-                    conn, self._dead, self.name, decisions, exc, missing=self.missing,
+                    conn, self._dead, self.name, decisions, exc,
                     apply=lambda r, d: self._store.apply_batch(conn, [d], {}),
                     finish=lambda: self._store.apply_batch(conn, [], positions))
             await self.after_commit(conn, result)
@@ -170,7 +159,7 @@ class _DecisionProjection:
 class FactsProjection(_DecisionProjection):
     """decisions -> memory_facts (every version, with history) and Tier 1 profiles."""
 
-    name, kinds, missing, store = "facts", (FactDecision,), MissingTarget, FactStore
+    name, kinds, store = "facts", (FactDecision,), FactStore
     _epoch: int | None = None
 
     async def after_commit(self, conn, profiles) -> None:
@@ -187,7 +176,7 @@ class FactsProjection(_DecisionProjection):
 class CommandsProjection(_DecisionProjection):
     """events -> reminders and identities (the commands hosts put on the log; turns are skipped)."""
 
-    name, kinds, missing, store = "commands", COMMAND_TYPES, UnknownReminder, CommandStore
+    name, kinds, store = "commands", COMMAND_TYPES, CommandStore
 
     def __init__(self, *, partitions: int | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -201,4 +190,4 @@ class CommandsProjection(_DecisionProjection):
 class GraphProjection(_DecisionProjection):
     """decisions -> entities and bi-temporal memory_edges."""
 
-    name, kinds, missing, store = "graph", (GraphDecision,), MissingGraphTarget, GraphStore
+    name, kinds, store = "graph", (GraphDecision,), GraphStore

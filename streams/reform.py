@@ -20,6 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from memstream.config import Settings
 from memstream.llm.clients import llm_clients
+from memstream.schemas.errors import MemstreamError
 from memstream.embedding import default_embedder
 from memstream.schemas import FactDecision, GraphDecision, decode_decision, encode
 from memstream.streams.formation.graph import GraphView
@@ -32,8 +33,8 @@ from memstream.streams.topics import FOREVER
 log = logging.getLogger("memstream.reform")
 
 
-class ReformError(RuntimeError):
-    pass
+class ReformError(MemstreamError, RuntimeError):
+    """A reform that cannot start as asked (its topic is the live one, or already holds decisions)."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from aiokafka import TopicPartition
 
 from memstream.config import Settings
+from memstream.schemas.errors import MemstreamError
 from memstream.projections import db
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.records import Record
@@ -23,8 +24,8 @@ from memstream.streams.projecting import CommandsProjection, EpisodesProjection,
 log = logging.getLogger("memstream.replay")
 
 
-class ReplayError(RuntimeError):
-    pass
+class ReplayError(MemstreamError, RuntimeError):
+    """A replay that cannot start as asked (unknown projection, live or non-empty target schema)."""
 
 
 class SkippedLetters:

@@ -11,8 +11,10 @@ consumer could deadlock under a backlog. ``memstream worker`` runs both roles as
 processes; each role can also be run and scaled on its own.
 
 Agents consume raw bytes and hand batches to ``Step.process`` through ``run_batch``, which
-retries transient infrastructure errors in place and *stops the process* on anything else: a
-Faust agent that raises would acknowledge the batch, so raising is never an option.
+retries a ``Retryable`` error in place (other libraries' passing errors are translated into one
+by ``streams.errors.as_retryable``) and *stops the process* on anything else: a Faust agent
+that raises would acknowledge the batch, so raising is never an option. Records a step cannot
+apply (``Refused``) never reach it: the step dead-letters them and applies the rest.
 """
 from __future__ import annotations
 
@@ -24,24 +26,23 @@ from typing import Sequence
 
 import faust
 import redis.asyncio as aioredis
-from aiokafka.errors import KafkaError
 from faust.types import TP
-from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from memstream.config import Settings
 from memstream.embedding import default_embedder
 from memstream.llm.clients import llm_clients
-from memstream.llm.protocols import MalformedOutput
 from memstream.projections import db
 from memstream.projections import positions as pos
+from memstream.schemas.errors import Retryable
 from memstream.streams.dead_letter import DeadLetters
+from memstream.streams.errors import as_retryable
 from memstream.streams.position_gate import RESEEK_AFTER_S, PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
 from memstream.streams.formation.forming import Formation, ProjectionBarrier
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
-from memstream.streams.projecting import (CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection,
-                                         transient)
+from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
 from memstream.streams.step import Step
 
 log = logging.getLogger("memstream.worker")
@@ -49,14 +50,14 @@ log = logging.getLogger("memstream.worker")
 EXIT_FATAL = 70
 
 
-def _retryable(exc: BaseException) -> bool:
-    # A malformed LLM answer is retried (logged each time) rather than guessed at or skipped:
-    # formation stalls visibly until the model or the prompt is fixed.
-    if isinstance(exc, MalformedOutput):
-        return True
-    if isinstance(exc, KafkaError):
-        return getattr(exc, "retriable", False) or "Connection" in type(exc).__name__
-    return transient(exc) or isinstance(exc, (ConnectionError, OSError, asyncio.TimeoutError))
+async def _process(step: Step, records) -> None:
+    """``step.process``, with other libraries' passing errors raised as ``Retryable``."""
+    try:
+        await step.process(records)
+    except Exception as exc:
+        if (ours := as_retryable(exc)) is exc:
+            raise
+        raise ours from exc
 
 
 class Runtime:
@@ -152,16 +153,17 @@ class Runtime:
             if not records:
                 return
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retryable), wait=wait_exponential(multiplier=0.2, max=10),
-                before_sleep=lambda rs: log.warning("%s: transient error, retrying: %r", name, rs.outcome.exception()),
+                retry=retry_if_exception_type(Retryable), wait=wait_exponential(multiplier=0.2, max=10),
+                before_sleep=lambda rs: log.warning("%s: retrying: %r", name, rs.outcome.exception()),
                 reraise=True,
             ):
                 with attempt:
-                    await step.process(records)
+                    await _process(step, records)
         except asyncio.CancelledError:
             raise
         except BaseException:
-            # Not acknowledging is the only safe move: exit before Faust's finally can ack.
+            # Not Retryable, or a Refused a step should have dead-lettered: our bug or a broken
+            # deployment. Not acknowledging is the only safe move: exit before Faust's finally can ack.
             log.critical("%s: unrecoverable error; stopping the worker without acknowledging", name, exc_info=True)
             logging.shutdown()
             os._exit(EXIT_FATAL)

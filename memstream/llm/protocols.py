@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Protocol, Sequence
 
 from memstream.schemas import TurnRecorded
+from memstream.schemas.errors import Retryable
 
 # Categories whose facts define who the user is or what must never be violated: changing or
 # removing them needs an explicit statement or repeated observation (the safety gate).
@@ -81,5 +82,7 @@ class ResolutionClient(Protocol):
         ...
 
 
-class MalformedOutput(ValueError):
-    """The model returned output that does not fit the expected structure."""
+class MalformedOutput(Retryable, ValueError):
+    """The model returned output that does not fit the expected structure. Retried, logged each
+    time, rather than guessed at or skipped: formation stalls visibly until the model or the
+    prompt is fixed."""

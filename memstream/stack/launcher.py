@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from memstream.schemas.errors import MemstreamError
+
 log = logging.getLogger("memstream.stack")
 
 
-class StackError(RuntimeError):
+class StackError(MemstreamError, RuntimeError):
     """A service could not be installed, started or stopped; the message says what to do."""
 
 

@@ -6,11 +6,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Mapping
 
+from memstream.schemas.errors import Refused
 from memstream.schemas import (Event, ExpertIdentityDeleted, ExpertIdentityUpserted, PersonIdentitySet,
                                ReminderResolved, ReminderScheduled)
 
 
-class UnknownReminder(LookupError):
+class UnknownReminder(Refused, LookupError):
     """A ReminderResolved names a reminder never scheduled: the host's bug, dead-lettered."""
 
 

@@ -19,9 +19,10 @@ from typing import Iterable, Mapping
 
 from memstream.schemas import (Decision, FactAdded, FactChangeDeferred, FactDecision, FactDeleted,
                                FactReinforced, FactUpdated)
+from memstream.schemas.errors import Refused
 
 
-class MissingTarget(LookupError):
+class MissingTarget(Refused, LookupError):
     """A decision names a fact this projection does not hold: the decisions log is inconsistent."""
 
 

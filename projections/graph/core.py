@@ -13,9 +13,10 @@ from datetime import datetime
 from typing import Iterable, Union
 
 from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated
+from memstream.schemas.errors import Refused
 
 
-class MissingGraphTarget(LookupError):
+class MissingGraphTarget(Refused, LookupError):
     """A decision names an entity or edge this projection does not hold."""
 
 

@@ -31,6 +31,7 @@ from memstream.projections.facts import store as facts_store
 from memstream.projections.facts.core import FactRow, fold
 from memstream.schemas import (SYSTEM_USER, Decision, EpisodeRecorded, FactChangeDeferred, FactDecision, InvalidEvent,
                                LogPosition, NothingDecided, TurnRecorded, decode_event, encode)
+from memstream.schemas.errors import Retryable
 from memstream.streams.admission import admit
 from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
@@ -77,6 +78,10 @@ def nothing_decided(records: Sequence[Record], made: Sequence[tuple[Record, Deci
     return out
 
 
+class ProjectionLagging(Retryable, TimeoutError):
+    """The projections formation reads have not caught up with what it produced (retried)."""
+
+
 class ProjectionBarrier:
     """Waits until the projections formation reads (facts, graph) have applied what formation
     produced to a partition."""
@@ -109,8 +114,8 @@ class ProjectionBarrier:
             if applied >= needed:
                 return
             if asyncio.get_running_loop().time() > deadline:
-                # Retryable: the facts projection may be restarting or on another worker.
-                raise TimeoutError(f"facts/graph projections are at {self._topic}/{partition}@{applied}, formation needs {needed}")
+                # The facts projection may be restarting or on another worker.
+                raise ProjectionLagging(f"facts/graph projections are at {self._topic}/{partition}@{applied}, formation needs {needed}")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
 

@@ -19,7 +19,7 @@ ALLOWED = {
     "memstream.projections": ("memstream.schemas",),
     "memstream.llm": ("memstream.schemas",),
     "memstream.config": ("memstream.read_settings", "memstream.projections.schema_names"),
-    "memstream.stack": ("memstream.config",),
+    "memstream.stack": ("memstream.config", "memstream.schemas"),
     "memstream.streams": ("memstream.schemas", "memstream.projections", "memstream.llm", "memstream.embedding",
                           "memstream.config"),
     "memstream.read_client": ("memstream.schemas", "memstream.read_settings", "memstream.projections",
