@@ -143,3 +143,26 @@ def rerank(cands: list[Candidate], now: datetime, w: Weights, *, time_key: str =
         out.append(Scored(c, score, rel, rec, imp, typ))
     out.sort(key=lambda s: (-s.score, -s.cand.row[time_key].timestamp(), str(s.cand.key)))
     return out
+
+
+HOP_DISCOUNT = 0.5  # an expanded edge scores at most half its best connected direct match
+
+
+def rank_edges(rows: Sequence[Mapping[str, Any]], k: int) -> list[tuple[float, int, Mapping[str, Any]]]:
+    """The best ``k`` of the direct matches (``hop`` 0, scored by similarity) and the one-hop
+    expansion around their entities (``hop`` 1), as ``(score, hop, row)``. An expanded edge is
+    reranked, not equally relevant: bounded by the best direct match it is connected to, plus a
+    share of its own similarity."""
+    direct, hops = [r for r in rows if r["hop"] == 0], [r for r in rows if r["hop"] == 1]
+    scored = [(1.0 - float(r["distance"]), 0, r) for r in direct]
+    best_via: dict[Any, float] = {}
+    for r in direct:
+        for e in (r["source_entity_id"], r["target_entity_id"]):
+            if e is not None:
+                best_via[e] = max(best_via.get(e, 0.0), 1.0 - float(r["distance"]))
+    for r in hops:
+        via = max(best_via.get(r["source_entity_id"], 0.0), best_via.get(r["target_entity_id"], 0.0))
+        scored.append((HOP_DISCOUNT * via * (0.5 + 0.5 * max(0.0, 1.0 - float(r["distance"]))), 1, r))
+    # Rounded as RankedEdge rounds it, so the order is the one its fields show.
+    scored.sort(key=lambda t: (-round(t[0], 6), t[1], str(t[2]["edge_id"])))
+    return scored[:k]

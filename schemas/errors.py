@@ -27,6 +27,14 @@ class Refused(MemstreamError):
     """This record cannot be applied: dead-letter it with this error's message as the reason."""
 
 
+class InvalidArgument(MemstreamError, ValueError):
+    """A call's argument is not acceptable; the message names it and says why. Raised before any I/O."""
+
+
+class ReaderClosed(MemstreamError, RuntimeError):
+    """A read on a ``MemoryReader`` after ``close()``."""
+
+
 class InvalidEvent(Refused, ValueError):
     """An event failed validation. ``field`` is a JSON path such as ``$.user_id``."""
 

@@ -1,0 +1,53 @@
+"""``read``'s arguments, refused before any I/O with what is wrong: a bad one would otherwise
+surface as degraded sections (a non-string id, a NUL character or a lone surrogate in the
+message), a silently wrong result (a negative k) or an exception from the middle of ranking (a
+naive ``now``)."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from memstream.read_client.budget import Budgets
+from memstream.schemas import LogPosition
+from memstream.schemas.errors import InvalidArgument, not_utf8
+from memstream.schemas.read_models import AsOf
+
+
+def check_read(user_id, conversation_id, message, *, after, k, k_facts, k_edges, wait_timeout, now, as_of,
+               identity_id, budgets) -> None:
+    for name, value in (("user_id", user_id), ("conversation_id", conversation_id)):
+        if not isinstance(value, str) or not value:
+            raise InvalidArgument(f"{name} is required: a non-empty string, not {value!r}")
+    if not isinstance(message, str):
+        raise InvalidArgument(f"message must be a string, not {type(message).__name__}")
+    for name, value in (("user_id", user_id), ("conversation_id", conversation_id), ("message", message),
+                        ("identity_id", identity_id)):
+        if isinstance(value, str):
+            storable(name, value)
+    for name, value, least in (("k", k, 1), ("k_facts", k_facts, 0), ("k_edges", k_edges, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise InvalidArgument(f"{name} must be an integer >= {least}, not {value!r}")
+    if after is not None and not isinstance(after, LogPosition):
+        raise InvalidArgument(f"after must be the LogPosition an append returned, not {type(after).__name__}")
+    if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float)) or not wait_timeout >= 0:
+        raise InvalidArgument(f"wait_timeout must be a number of seconds >= 0, not {wait_timeout!r}")
+    times = [("now", now)]
+    if isinstance(as_of, AsOf):
+        times += [("as_of.valid_time", as_of.valid_time), ("as_of.recorded_time", as_of.recorded_time)]
+    elif as_of is not None:
+        times.append(("as_of", as_of))
+    for name, value in times:
+        if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+            # A naive time would be read in some zone nobody chose: off by hours on both time axes.
+            raise InvalidArgument(f"{name} must be a timezone-aware datetime, not {value!r}")
+    if identity_id is not None and (not isinstance(identity_id, str) or not identity_id):
+        raise InvalidArgument(f"identity_id must be a non-empty string or None, not {identity_id!r}")
+    if budgets is not None and not isinstance(budgets, Budgets):
+        raise InvalidArgument(f"budgets must be a Budgets, not {type(budgets).__name__}")
+
+
+def storable(name: str, text: str) -> None:
+    """What Postgres text and the tokenizer can take: the same rule as the producer's for turns."""
+    if "\x00" in text:
+        raise InvalidArgument(f"{name} must not contain NUL characters")
+    if why := not_utf8(text):
+        raise InvalidArgument(f"{name} is not valid Unicode: {why}")

@@ -1,0 +1,54 @@
+"""The read client's two Postgres pools: one planning every statement for its parameters, one
+of kept connections whose generic plans are made when they open."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+
+import asyncpg
+
+from memstream.projections import db
+from memstream.projections.commands import query as commands_q
+from memstream.projections.episodes import query as episodes_q
+from memstream.projections.facts import query as facts_q
+
+log = logging.getLogger("memstream.read")
+
+
+async def connect_pools(dsn: str, schema: str) -> tuple[asyncpg.Pool, asyncpg.Pool]:
+    """``(pool, text_pool)`` as ``MemoryReader`` takes them."""
+    # A read has a latency budget: a statement stuck behind a lock fails its channel, not the read.
+    pool = await db.create_pool(dsn, schema, min_size=2, max_size=8, statement_timeout_ms=1000)
+    # Fixed size and planned at connect: a new connection's first keyword statements cost
+    # ~50 ms of planning, which no read should wait for.
+    try:
+        text_pool = await db.create_pool(dsn, schema, min_size=8, max_size=8, statement_timeout_ms=1000,
+                                         generic_plans=True, prepare=prepare_text_lane)
+    except BaseException:
+        await pool.close()
+        raise
+    return pool, text_pool
+
+
+async def prepare_text_lane(conn: asyncpg.Connection) -> None:
+    """Runs the text lane's statements once on a new ``text_pool`` connection (``create_pool``'s
+    ``prepare``): with generic plans each is planned at its first execution, the keyword ones
+    over every partition (~50 ms), and a read should not be that first execution. Best
+    effort: a statement that cannot be planned now (its table locked, say) is left to the
+    first read that runs it, and the connection is used all the same."""
+    statements = [("facts keyword", facts_q.keyword, "", "memory", 1),
+                  ("episodes keyword", episodes_q.keyword, "", "memory", 1),
+                  ("person identity", commands_q.person_identity, ""),
+                  ("due reminders", commands_q.due_reminders, "", datetime.now(timezone.utc)),
+                  ("expert identity", commands_q.expert_identity, ""),
+                  ("adjacent turns", episodes_q.neighbours, "", []),
+                  ("recent turns", episodes_q.recent, "", "", 1)]
+    await conn.execute("SET lock_timeout = '50ms'")
+    try:
+        for name, fn, *args in statements:
+            try:
+                await fn(conn, *args)
+            except asyncpg.PostgresError as exc:
+                log.info("%s not planned ahead on a new connection: %s", name, exc)
+    finally:
+        await conn.execute("RESET lock_timeout")
