@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from memstream.schemas.facts import FactContent
+
 
 class Turn(BaseModel):
     """One recent turn of the current conversation (Tier 0)."""
@@ -32,16 +34,10 @@ class RankedEpisode(BaseModel):
     channels: list[str] = Field(description="channels that retrieved it: vector, keyword")
 
 
-class RankedFact(BaseModel):
-    """A current fact about the user, with how it scored for the message."""
+class RankedFact(BaseModel, FactContent):
+    """A current fact about the user (what it says: ``FactContent``), with how it scored for the message."""
 
     fact_id: uuid.UUID
-    text: str
-    category: str
-    attribute: str
-    value: str
-    confidence: float
-    explicit: bool
     observation_count: int
     valid_from: datetime
     recorded_at: datetime

@@ -14,6 +14,7 @@ from typing import Protocol, Sequence
 
 from memstream.schemas import TurnRecorded
 from memstream.schemas.errors import Retryable
+from memstream.schemas.facts import FactContent
 
 # Categories whose facts define who the user is or what must never be violated: changing or
 # removing them needs an explicit statement or repeated observation (the safety gate).
@@ -22,21 +23,10 @@ CATEGORIES = ("identity", "location", "work", "preference", "constraint", "relat
 
 
 @dataclass(frozen=True)
-class CandidateFact:
-    """One fact the extractor read in a turn.
+class CandidateFact(FactContent):
+    """One fact the extractor read in a turn (what it says: ``FactContent``). ``valid_at`` is
+    the world time the fact refers to, when the turn says so."""
 
-    ``attribute`` names the slot the fact fills (``home``, ``employer``, ``likes``...), and
-    ``value`` its value; two facts with one single-valued attribute contradict each other.
-    ``explicit`` is True when the user said it outright, False when it was inferred.
-    ``valid_at`` is the world time the fact refers to, when the turn says so.
-    """
-
-    text: str
-    category: str
-    attribute: str
-    value: str
-    confidence: float
-    explicit: bool
     valid_at: datetime | None = None
     negated: bool = False  # "I no longer have a car": the fact stops being true
 

@@ -20,6 +20,7 @@ from typing import Iterable, Mapping
 from memstream.schemas import (Decision, FactAdded, FactChangeDeferred, FactDecision, FactDeleted,
                                FactReinforced, FactUpdated)
 from memstream.schemas.errors import Refused
+from memstream.schemas.facts import FactContent
 
 
 class MissingTarget(Refused, LookupError):
@@ -27,17 +28,14 @@ class MissingTarget(Refused, LookupError):
 
 
 @dataclass(frozen=True)
-class FactRow:
+class FactRow(FactContent):
+    """One version of a fact (what it says: ``FactContent``), with its lineage, both time axes,
+    observations, safety-gate deferrals and provenance."""
+
     fact_id: uuid.UUID
     lineage_id: uuid.UUID
     version: int
     user_id: str
-    text: str
-    category: str
-    attribute: str
-    value: str
-    confidence: float
-    explicit: bool
     status: str
     valid_from: datetime
     valid_to: datetime | None
