@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from typing import Protocol, Sequence
 
 from aiokafka import AIOKafkaProducer
 
@@ -18,7 +19,40 @@ class TooManyDeadLetters(MemstreamError, RuntimeError):
     """The dead-letter rate passed its limit; the worker stops instead of draining the log."""
 
 
-class DeadLetters:
+Letter = tuple[Record, str, str]  # (record, stage that refused it, reason)
+
+
+class DeadLetterSink(Protocol):
+    """Where a step puts the records it cannot apply, as ``(record, stage, reason)`` letters.
+
+    ``send(letters)`` accounts for every letter of the call exactly once before it returns:
+    durably (``DeadLetters``: the dead-letter topic acknowledged it) or, where the letters were
+    already sent once (``SkippedLetters``, replay), counted and logged. A letter is never dropped
+    silently; a call never accounts again for the letters of an earlier one, and the same record
+    sent in two calls is two letters. A step moves its positions past a record only after
+    ``send`` returned for its letter (``projecting._one_by_one`` sends inside the transaction
+    that moves them), so a return is the promise the record is not lost. An empty list is a
+    no-op: nothing sent, nothing counted.
+
+    A sink with a rate limit raises ``TooManyDeadLetters`` from ``send`` once the letters in
+    its window of recent records pass the limit — after the call's letters are accounted for —
+    and the worker stops rather than drain the log into the dead-letter topic. Any other error
+    propagates, its batch unacknowledged (a broker out of reach: the step retries the batch), so
+    a letter may be accounted for more than once across retries — at least once, never zero.
+
+    ``observe(n_ok)``: ``n_ok`` records went through without a letter. A rate-limited sink
+    counts them in its window (the rate is letters per record seen); nothing is sent or
+    counted as a letter.
+    """
+
+    async def send(self, letters: Sequence[Letter]) -> None:
+        ...
+
+    def observe(self, n_ok: int) -> None:
+        ...
+
+
+class DeadLetters(DeadLetterSink):
     def __init__(self, producer: AIOKafkaProducer, topic: str, max_per_1000: int):
         self._producer, self.topic, self._max = producer, topic, max_per_1000
         self._window: collections.deque[bool] = collections.deque(maxlen=1000)
@@ -26,8 +60,8 @@ class DeadLetters:
     def observe(self, n_ok: int) -> None:
         self._window.extend([False] * min(n_ok, 1000))
 
-    async def send(self, letters: list[tuple[Record, str, str]]) -> None:
-        """Send ``(record, stage, reason)`` triples; returns once Kafka acknowledged all."""
+    async def send(self, letters: Sequence[Letter]) -> None:
+        """Sends each letter to ``topic``; returns once Kafka acknowledged all."""
         if not letters:
             return
         futures = []

@@ -16,6 +16,7 @@ from memstream.projections.positions import epoch, events_covered
 from memstream.projections.episodes.store import EpisodeStore
 from memstream.projections.facts.store import FactStore
 from memstream.projections.graph.store import GraphStore
+from memstream.projections.commands.core import Logged
 from memstream.projections.commands.store import CommandStore
 from memstream.projections.profile import store as profile_store
 from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, decode_decision
@@ -47,6 +48,9 @@ async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseEx
     not bad records: the batch's error is raised instead. Returns the ``id()`` of the records refused."""
     refused, by_database = [], 0
     async with conn.transaction():
+        # Deferred constraints (the edges' overlap, the foreign keys) checked at each item, not
+        # at the commit: else one item's violation fails the commit and stops the projection for good.
+        await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
         for r, item in items:
             try:
                 await apply(r, item)
@@ -127,7 +131,7 @@ class _DecisionProjection:
 
     async def process(self, records: list[Record]) -> None:
         decoded = self.decoded(records)
-        decisions = [(r, d) for r, d in decoded if isinstance(d, self.kinds)]
+        decisions = [(r, self.item(r, d)) for r, d in decoded if isinstance(d, self.kinds)]
         positions = {**next_offsets(records), **events_covered(d for _, d in decoded)}
         async with self._pool.acquire() as conn:
             try:
@@ -141,6 +145,10 @@ class _DecisionProjection:
                     apply=lambda r, d: self._store.apply_batch(conn, [d], {}),
                     finish=lambda: self._store.apply_batch(conn, [], positions))
             await self.after_commit(conn, result)
+
+    def item(self, r: Record, d):
+        """What the store applies for ``d`` (decoded from ``r``)."""
+        return d
 
     def decoded(self, records: list[Record]) -> list[tuple[Record, object]]:
         """The records this step may apply, decoded; the others are the owning step's to dead-letter."""
@@ -185,6 +193,9 @@ class CommandsProjection(_DecisionProjection):
     def decoded(self, records: list[Record]) -> list[tuple[Record, object]]:
         # The records formation admits, no others: it dead-letters the rest.
         return admit(records, self.name, self._partitions)[0]
+
+    def item(self, r: Record, e) -> Logged:
+        return Logged(r.offset, e)  # identities are replaced in log order
 
 
 class GraphProjection(_DecisionProjection):

@@ -24,7 +24,8 @@ from memstream.schemas.errors import MemstreamError
 from memstream.embedding import default_embedder
 from memstream.schemas import FactDecision, GraphDecision, decode_decision, encode
 from memstream.streams.formation.graph import GraphView
-from memstream.streams.formation.forming import Formation, MemoryView, decode_turns, nothing_decided
+from memstream.streams.formation.forming import Formation, decode_turns, nothing_decided
+from memstream.streams.formation.views import MemoryView
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record

@@ -17,6 +17,7 @@ from aiokafka import TopicPartition
 from memstream.config import Settings
 from memstream.schemas.errors import MemstreamError
 from memstream.projections import db
+from memstream.streams.dead_letter import DeadLetterSink
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.records import Record
 from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
@@ -28,7 +29,7 @@ class ReplayError(MemstreamError, RuntimeError):
     """A replay that cannot start as asked (unknown projection, live or non-empty target schema)."""
 
 
-class SkippedLetters:
+class SkippedLetters(DeadLetterSink):
     """Replay's dead-letter sink: records that were dead-lettered live are skipped again,
     counted and logged, but not sent twice."""
 

@@ -28,11 +28,21 @@ class ReminderRow:
 
 
 @dataclass(frozen=True)
+class Logged:
+    """A command and its offset on its events partition: identities are replaced in log order
+    (``source_offset``), whatever order their statements are applied in."""
+
+    offset: int
+    event: Event
+
+
+@dataclass(frozen=True)
 class PersonIdentityRow:
     user_id: str
     attributes: Mapping[str, Any]
     updated_at: datetime
     source_event_id: uuid.UUID
+    source_offset: int
 
 
 @dataclass(frozen=True)
@@ -43,21 +53,27 @@ class ExpertIdentityRow:
     attributes: Mapping[str, Any] | None
     updated_at: datetime
     source_event_id: uuid.UUID
+    source_offset: int
 
 
 @dataclass(frozen=True)
 class ExpertIdentityGone:
     identity_id: str
+    updated_at: datetime
+    source_event_id: uuid.UUID
+    source_offset: int
 
 
 Row = ReminderRow | PersonIdentityRow | ExpertIdentityRow | ExpertIdentityGone
 
 
-def reminder_targets(e: Event) -> list[uuid.UUID]:
+def reminder_targets(logged: Logged) -> list[uuid.UUID]:
+    e = logged.event
     return [e.reminder_id] if isinstance(e, (ReminderScheduled, ReminderResolved)) else []
 
 
-def apply(reminders: Mapping[uuid.UUID, ReminderRow], e: Event) -> list[Row]:
+def apply(reminders: Mapping[uuid.UUID, ReminderRow], logged: Logged) -> list[Row]:
+    e, at = logged.event, logged.offset
     if isinstance(e, ReminderScheduled):
         if e.reminder_id in reminders:
             return []
@@ -70,9 +86,9 @@ def apply(reminders: Mapping[uuid.UUID, ReminderRow], e: Event) -> list[Row]:
             return []
         return [replace(r, status=e.status, resolved_at=e.occurred_at)]
     if isinstance(e, PersonIdentitySet):
-        return [PersonIdentityRow(e.user_id, dict(e.attributes), e.occurred_at, e.event_id)]
+        return [PersonIdentityRow(e.user_id, dict(e.attributes), e.occurred_at, e.event_id, at)]
     if isinstance(e, ExpertIdentityUpserted):
-        return [ExpertIdentityRow(e.identity_id, e.name, e.instructions, e.attributes, e.occurred_at, e.event_id)]
+        return [ExpertIdentityRow(e.identity_id, e.name, e.instructions, e.attributes, e.occurred_at, e.event_id, at)]
     if isinstance(e, ExpertIdentityDeleted):
-        return [ExpertIdentityGone(e.identity_id)]
+        return [ExpertIdentityGone(e.identity_id, e.occurred_at, e.event_id, at)]
     return []

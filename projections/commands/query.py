@@ -20,8 +20,8 @@ async def person_identity(conn, user_id: str) -> dict[str, Any] | None:
 
 
 async def expert_identity(conn, identity_id: str) -> dict[str, Any] | None:
-    r = await conn.fetchrow("SELECT identity_id, name, instructions, attributes FROM expert_identities WHERE identity_id = $1",
-                            identity_id)
+    r = await conn.fetchrow("SELECT identity_id, name, instructions, attributes FROM expert_identities "
+                            "WHERE identity_id = $1 AND NOT deleted", identity_id)
     if r is None:
         return None
     out = dict(r)
@@ -30,4 +30,5 @@ async def expert_identity(conn, identity_id: str) -> dict[str, Any] | None:
 
 
 async def expert_identities(conn) -> list[dict[str, Any]]:
-    return [dict(r) for r in await conn.fetch("SELECT identity_id, name FROM expert_identities ORDER BY identity_id")]
+    return [dict(r) for r in await conn.fetch(
+        "SELECT identity_id, name FROM expert_identities WHERE NOT deleted ORDER BY identity_id")]

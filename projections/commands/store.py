@@ -7,9 +7,8 @@ from typing import Sequence
 import asyncpg
 
 from memstream.projections import positions as pos
-from memstream.projections.commands.core import (ExpertIdentityGone, ExpertIdentityRow, PersonIdentityRow,
+from memstream.projections.commands.core import (ExpertIdentityGone, ExpertIdentityRow, Logged, PersonIdentityRow,
                                                  ReminderRow, Row, apply, reminder_targets)
-from memstream.schemas import Event
 
 
 async def _load_reminders(conn, ids) -> dict:
@@ -28,25 +27,42 @@ async def _write(conn, row: Row) -> None:
             row.source_event_id)
     elif isinstance(row, PersonIdentityRow):
         await conn.execute(
-            """INSERT INTO person_identities VALUES ($1, $2::jsonb, $3, $4) ON CONFLICT (user_id) DO UPDATE
-               SET attributes = EXCLUDED.attributes, updated_at = EXCLUDED.updated_at, source_event_id = EXCLUDED.source_event_id""",
-            row.user_id, json.dumps(row.attributes, sort_keys=True), row.updated_at, row.source_event_id)
+            f"""INSERT INTO person_identities AS t (user_id, attributes, updated_at, source_event_id, source_offset)
+                VALUES ($1, $2::jsonb, $3, $4, $5) ON CONFLICT (user_id) DO UPDATE
+                SET attributes = EXCLUDED.attributes, updated_at = EXCLUDED.updated_at,
+                    source_event_id = EXCLUDED.source_event_id, source_offset = EXCLUDED.source_offset
+                WHERE {_NEWER}""",
+            row.user_id, json.dumps(row.attributes, sort_keys=True), row.updated_at, row.source_event_id,
+            row.source_offset)
     elif isinstance(row, ExpertIdentityRow):
-        await conn.execute(
-            """INSERT INTO expert_identities VALUES ($1, $2, $3, $4::jsonb, $5, $6) ON CONFLICT (identity_id) DO UPDATE
-               SET name = EXCLUDED.name, instructions = EXCLUDED.instructions, attributes = EXCLUDED.attributes,
-                   updated_at = EXCLUDED.updated_at, source_event_id = EXCLUDED.source_event_id""",
-            row.identity_id, row.name, row.instructions,
-            None if row.attributes is None else json.dumps(row.attributes, sort_keys=True), row.updated_at,
-            row.source_event_id)
+        await _expert(conn, row.identity_id, row.name, row.instructions,
+                      None if row.attributes is None else json.dumps(row.attributes, sort_keys=True), row.updated_at,
+                      row.source_event_id, row.source_offset, False)
     elif isinstance(row, ExpertIdentityGone):
-        await conn.execute("DELETE FROM expert_identities WHERE identity_id = $1", row.identity_id)
+        # A tombstone, text blanked: an older upsert applied again must not bring the persona back.
+        await _expert(conn, row.identity_id, "", "", None, row.updated_at, row.source_event_id, row.source_offset, True)
+
+
+# The latest statement on the log wins, in whatever order statements are applied: a redelivered
+# older one changes nothing.
+_NEWER = "EXCLUDED.source_offset >= t.source_offset"
+
+
+async def _expert(conn, *values) -> None:
+    await conn.execute(
+        f"""INSERT INTO expert_identities AS t (identity_id, name, instructions, attributes, updated_at, source_event_id,
+                                                 source_offset, deleted)
+            VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8) ON CONFLICT (identity_id) DO UPDATE
+            SET name = EXCLUDED.name, instructions = EXCLUDED.instructions, attributes = EXCLUDED.attributes,
+                updated_at = EXCLUDED.updated_at, source_event_id = EXCLUDED.source_event_id,
+                source_offset = EXCLUDED.source_offset, deleted = EXCLUDED.deleted
+            WHERE {_NEWER}""", *values)
 
 
 class CommandStore:
     name = "commands"
 
-    async def apply_batch(self, conn: asyncpg.Connection, events: Sequence[Event], positions: pos.Positions) -> None:
+    async def apply_batch(self, conn: asyncpg.Connection, events: Sequence[Logged], positions: pos.Positions) -> None:
         async with conn.transaction():
             state = await _load_reminders(conn, [t for e in events for t in reminder_targets(e)])
             for e in events:

@@ -22,13 +22,10 @@ from typing import Awaitable, Callable, Sequence
 import asyncpg
 import numpy as np
 
-from memstream.embedding import Embedder, from_bytes, to_bytes
-from memstream.llm.protocols import ExistingFact, ExtractionClient, ResolutionClient
+from memstream.embedding import Embedder, to_bytes
+from memstream.llm.protocols import ExtractionClient, ResolutionClient
 from memstream.projections import positions as pos
 from memstream.projections.episodes import core as episodes
-from memstream.projections.facts import query as facts_q
-from memstream.projections.facts import store as facts_store
-from memstream.projections.facts.core import FactRow, fold
 from memstream.schemas import (SYSTEM_USER, Decision, EpisodeRecorded, FactChangeDeferred, FactDecision, InvalidEvent,
                                LogPosition, NothingDecided, TurnRecorded, decode_event, encode)
 from memstream.schemas.errors import Retryable
@@ -37,11 +34,10 @@ from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
 from memstream.streams.formation.decide import Context, decide
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
+from memstream.streams.formation.views import FactView, PostgresView
 from memstream.streams.records import Record, next_offsets
 
 log = logging.getLogger("memstream.formation")
-
-NEIGHBOURS = 10  # nearest current facts shown to the resolver, besides same-attribute facts
 
 
 def episode_text(turn: TurnRecorded) -> str:
@@ -120,72 +116,6 @@ class ProjectionBarrier:
             delay = min(delay * 2, 0.05)
 
 
-class PostgresView:
-    """Current facts as the facts projection will hold them once this batch's decisions apply:
-    the projection's rows (same SQL as the read path) under an overlay of the batch's decisions."""
-
-    def __init__(self, pool: asyncpg.Pool, model_id: str):
-        self._pool, self._model = pool, model_id
-        self.rows: dict[uuid.UUID, FactRow] = {}
-        self._touched: set[uuid.UUID] = set()
-
-    async def ensure(self, fact_ids) -> None:
-        missing = [f for f in fact_ids if f not in self.rows]
-        if missing:
-            async with self._pool.acquire() as conn:
-                self.rows.update(await facts_store.load(conn, missing))
-
-    def apply(self, decision: Decision) -> None:
-        self._touched.update(fold(self.rows, [decision]))
-
-    async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
-        async with self._pool.acquire() as conn:
-            near = await facts_q.nearest(conn, user_id, vector, NEIGHBOURS, self._model)
-            same = await facts_q.current_by_attribute(conn, user_id, [attribute])
-        found: dict[uuid.UUID, ExistingFact] = {}
-        for rec in near:
-            found[rec["fact_id"]] = ExistingFact(rec["fact_id"], rec["text"], rec["category"], rec["attribute"],
-                                                 rec["value"], 1.0 - float(rec["distance"]))
-        for rec in same:
-            emb = np.asarray(rec["embedding"].to_numpy(), dtype=np.float32)
-            found.setdefault(rec["fact_id"], ExistingFact(rec["fact_id"], rec["text"], rec["category"],
-                                                          rec["attribute"], rec["value"], float(emb @ vector)))
-        for fid in self._touched:
-            row = self.rows[fid]
-            if row.user_id == user_id and row.current and row.embedding_model == self._model:
-                found[fid] = _existing(row, vector)
-        stale = {f for f in found if f in self.rows and not self.rows[f].current}
-        return sorted((f for fid, f in found.items() if fid not in stale), key=lambda f: -f.similarity)
-
-
-class MemoryView:
-    """Every fact in memory, for backfills that run formation over the whole log (``reform``)."""
-
-    def __init__(self, model_id: str):
-        self._model = model_id
-        self.rows: dict[uuid.UUID, FactRow] = {}
-        self._by_user: dict[str, set[uuid.UUID]] = {}
-
-    async def ensure(self, fact_ids) -> None:
-        pass
-
-    def apply(self, decision: Decision) -> None:
-        for fid, row in fold(self.rows, [decision]).items():
-            self._by_user.setdefault(row.user_id, set()).add(fid)
-
-    async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
-        current = [self.rows[f] for f in self._by_user.get(user_id, ()) if self.rows[f].current
-                   and self.rows[f].embedding_model == self._model]
-        scored = sorted((_existing(r, vector) for r in current), key=lambda f: (-f.similarity, f.fact_id))
-        near = scored[:NEIGHBOURS]
-        return near + [f for f in scored[NEIGHBOURS:] if f.attribute == attribute]
-
-
-def _existing(row: FactRow, vector: np.ndarray) -> ExistingFact:
-    return ExistingFact(row.fact_id, row.text, row.category, row.attribute, row.value,
-                        float(from_bytes(row.embedding) @ vector))
-
-
 class Formation:
     name = "formation"
 
@@ -220,8 +150,8 @@ class Formation:
             async with self._pool.acquire() as conn, conn.transaction():
                 await pos.save(conn, self.name, next_offsets(records))
 
-    async def decide(self, turns: list[tuple[Record, TurnRecorded]], view=None, graph: GraphView | None = None
-                     ) -> list[tuple[Record, Decision]]:
+    async def decide(self, turns: list[tuple[Record, TurnRecorded]], view: FactView | None = None,
+                     graph: GraphView | None = None) -> list[tuple[Record, Decision]]:
         """Every decision for ``turns``, in order: each turn's fact and edge decisions, then its
         ``EpisodeRecorded``. Facts are decided against ``view`` and edges against ``graph``
         (default: the projections under an overlay of this batch's decisions)."""
@@ -294,7 +224,7 @@ class Formation:
         out = []
         for n, (cand, vector) in enumerate(zip(candidates, vectors)):
             neighbours = await overlay.neighbours(turn.user_id, cand.attribute, vector)
-            await overlay.ensure([nb.fact_id for nb in neighbours])
+            await overlay.ensure(turn.user_id, [nb.fact_id for nb in neighbours])
             resolution = await self._resolver.resolve(cand, neighbours)
             decision = decide(ctx, n, cand, vector, resolution, neighbours, overlay.rows)
             _log(turn, cand, resolution, decision)

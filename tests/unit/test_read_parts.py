@@ -6,7 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from memstream.projections.commands.core import UnknownReminder, apply
+from memstream.projections.commands.core import Logged, UnknownReminder
+from memstream.projections.commands.core import apply as apply_logged
 from memstream.projections.profile.core import build_profile
 from memstream.read_client.budget import TokenCounter, pack
 from memstream.read_client.retrieval_gate import needs_retrieval
@@ -65,6 +66,10 @@ def test_the_profile_is_small_deterministic_and_prefers_repeated_facts():
                  "favourites": {"book": "Dune"}, "family": {"daughter": ["Lily"]}, "plans": ["Plans a trip to Kyoto"]}
     assert build_profile(reversed(facts)) == p
     assert len(build_profile([fact("likes", f"thing {i}") for i in range(20)])["likes"]) == 5
+
+
+def apply(state, event, offset: int = 0):
+    return apply_logged(state, Logged(offset, event))
 
 
 def test_reminders_resolve_once_and_unknown_ones_are_refused():

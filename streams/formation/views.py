@@ -1,0 +1,139 @@
+"""Formation's views of current facts: the contract (``FactView``) and its two implementations,
+``PostgresView`` (live formation) and ``MemoryView`` (``memstream reform``).
+
+The contract suite ``tests/contracts/test_fact_views.py`` runs the same behaviour against both.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Iterable, Mapping, Protocol
+
+import asyncpg
+import numpy as np
+
+from memstream.embedding import from_bytes
+from memstream.llm.protocols import ExistingFact
+from memstream.projections.facts import query as facts_q
+from memstream.projections.facts import store as facts_store
+from memstream.projections.facts.core import FactRow, fold
+from memstream.schemas import Decision
+
+NEIGHBOURS = 10  # nearest current facts shown to the resolver, besides same-attribute facts
+
+
+class FactView(Protocol):
+    """One embedding model's current facts as the facts projection will hold them once every
+    decision made so far applies: those of earlier batches (already in the view's store) and
+    those of this batch (given to ``apply`` as formation makes them). Formation asks it, per
+    candidate fact, which facts the resolver is shown (``neighbours``) and which rows a
+    decision may target (``rows``).
+
+    ``rows`` maps fact id -> ``FactRow``, each in its current state exactly as the facts
+    projection's core folds it (``projections.facts.core.fold``): a version superseded or
+    deleted in this batch reads as such. It holds every fact this view's ``apply`` changed and
+    every fact ``ensure`` found; it may hold others (``MemoryView`` holds all of them), so a fact
+    missing from ``rows`` is not thereby unknown — ``ensure`` it first.
+
+    ``ensure(user_id, fact_ids)``: afterwards ``rows`` holds each of ``user_id``'s ``fact_ids``
+    the store or this batch holds (never another user's: the store is read by user and id).
+    Ids nobody holds are ignored, not an error. It only loads: a row already in ``rows`` keeps
+    this batch's state and is not read again from the store.
+
+    ``apply(decision)``: folds one decision into ``rows`` with the facts core, as the projection
+    will. The rows it targets (``core.targets``) must be in ``rows`` — applied earlier or
+    ensured — else it raises ``MissingTarget`` (``PostgresView`` does even when Postgres holds the
+    row: it never loads on its own). Idempotent like the core: a decision applied again, or one
+    the store already holds, changes nothing; any other kind of decision changes nothing. Local
+    and synchronous: nothing is written; the projection writes the decision when it comes back
+    from the log.
+
+    ``neighbours(user_id, attribute, vector)``: ``user_id``'s current facts (after this batch's
+    decisions) embedded by the view's model, as ``ExistingFact`` whose ``similarity`` is the
+    cosine of the fact's embedding with ``vector`` (embeddings are unit vectors), highest first.
+    It includes the ``NEIGHBOURS`` most similar such facts — exactly in ``MemoryView``; in
+    ``PostgresView`` as the HNSW index finds them, which for a user with thousands of facts may
+    miss some (BENCHMARKS.md) — and every such fact that fills ``attribute``; it may include more
+    (``PostgresView``: every fact this batch touched). Each fact at most once. Never another
+    user's fact, a superseded or deleted version, or a fact of another embedding model. The
+    order of equal similarities is unspecified.
+    """
+
+    rows: Mapping[uuid.UUID, FactRow]
+
+    async def ensure(self, user_id: str, fact_ids: Iterable[uuid.UUID]) -> None:
+        ...
+
+    def apply(self, decision: Decision) -> None:
+        ...
+
+    async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
+        ...
+
+
+class PostgresView(FactView):
+    """Current facts as the facts projection will hold them once this batch's decisions apply:
+    the projection's rows (same SQL as the read path) under an overlay of the batch's decisions."""
+
+    def __init__(self, pool: asyncpg.Pool, model_id: str):
+        self._pool, self._model = pool, model_id
+        self.rows: dict[uuid.UUID, FactRow] = {}
+        self._touched: set[uuid.UUID] = set()
+
+    async def ensure(self, user_id: str, fact_ids) -> None:
+        missing = [(user_id, f) for f in fact_ids if f not in self.rows]
+        if missing:
+            async with self._pool.acquire() as conn:
+                self.rows.update(await facts_store.load(conn, missing))
+
+    def apply(self, decision: Decision) -> None:
+        self._touched.update(fold(self.rows, [decision]))
+
+    async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
+        # Facts this batch ended still sit in Postgres: ask for as many more, so the nearest that
+        # are still current are NEIGHBOURS whatever the batch did.
+        ended = sum(1 for f in self._touched if self.rows[f].user_id == user_id and not self.rows[f].current)
+        async with self._pool.acquire() as conn:
+            near = await facts_q.nearest(conn, user_id, vector, NEIGHBOURS + ended, self._model)
+            same = await facts_q.current_by_attribute(conn, user_id, [attribute], self._model)
+        found: dict[uuid.UUID, ExistingFact] = {}
+        for rec in near:
+            found[rec["fact_id"]] = ExistingFact(rec["fact_id"], rec["text"], rec["category"], rec["attribute"],
+                                                 rec["value"], 1.0 - float(rec["distance"]))
+        for rec in same:
+            emb = np.asarray(rec["embedding"].to_numpy(), dtype=np.float32)
+            found.setdefault(rec["fact_id"], ExistingFact(rec["fact_id"], rec["text"], rec["category"],
+                                                          rec["attribute"], rec["value"], float(emb @ vector)))
+        for fid in self._touched:
+            row = self.rows[fid]
+            if row.user_id == user_id and row.current and row.embedding_model == self._model:
+                found[fid] = _existing(row, vector)
+        stale = {f for f in found if f in self.rows and not self.rows[f].current}
+        return sorted((f for fid, f in found.items() if fid not in stale), key=lambda f: -f.similarity)
+
+
+class MemoryView(FactView):
+    """Every fact in memory, for backfills that run formation over the whole log (``reform``)."""
+
+    def __init__(self, model_id: str):
+        self._model = model_id
+        self.rows: dict[uuid.UUID, FactRow] = {}
+        self._by_user: dict[str, set[uuid.UUID]] = {}
+
+    async def ensure(self, user_id: str, fact_ids) -> None:
+        pass
+
+    def apply(self, decision: Decision) -> None:
+        for fid, row in fold(self.rows, [decision]).items():
+            self._by_user.setdefault(row.user_id, set()).add(fid)
+
+    async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
+        current = [self.rows[f] for f in self._by_user.get(user_id, ()) if self.rows[f].current
+                   and self.rows[f].embedding_model == self._model]
+        scored = sorted((_existing(r, vector) for r in current), key=lambda f: (-f.similarity, f.fact_id))
+        near = scored[:NEIGHBOURS]
+        return near + [f for f in scored[NEIGHBOURS:] if f.attribute == attribute]
+
+
+def _existing(row: FactRow, vector: np.ndarray) -> ExistingFact:
+    return ExistingFact(row.fact_id, row.text, row.category, row.attribute, row.value,
+                        float(from_bytes(row.embedding) @ vector))
