@@ -7,20 +7,28 @@ from __future__ import annotations
 from datetime import datetime
 
 from memstream.read_client.budget import Budgets
-from memstream.schemas import LogPosition
+from memstream.schemas import SYSTEM_USER, LogPosition
 from memstream.schemas.errors import InvalidArgument, not_utf8
 from memstream.schemas.read_models import AsOf
 
 
+def check_user(user_id) -> None:
+    """A user's id as the log takes it: a non-empty string, storable, not the host-wide key."""
+    if not isinstance(user_id, str) or not user_id:
+        raise InvalidArgument(f"user_id is required: a non-empty string, not {user_id!r}")
+    storable("user_id", user_id)
+    if user_id == SYSTEM_USER:
+        raise InvalidArgument(f"user_id {SYSTEM_USER!r} is the host-wide key, not a user: nobody's memory is under it")
+
+
 def check_read(user_id, conversation_id, message, *, after, k, k_facts, k_edges, wait_timeout, now, as_of,
                identity_id, budgets) -> None:
-    for name, value in (("user_id", user_id), ("conversation_id", conversation_id)):
-        if not isinstance(value, str) or not value:
-            raise InvalidArgument(f"{name} is required: a non-empty string, not {value!r}")
+    check_user(user_id)
+    if not isinstance(conversation_id, str) or not conversation_id:
+        raise InvalidArgument(f"conversation_id is required: a non-empty string, not {conversation_id!r}")
     if not isinstance(message, str):
         raise InvalidArgument(f"message must be a string, not {type(message).__name__}")
-    for name, value in (("user_id", user_id), ("conversation_id", conversation_id), ("message", message),
-                        ("identity_id", identity_id)):
+    for name, value in (("conversation_id", conversation_id), ("message", message), ("identity_id", identity_id)):
         if isinstance(value, str):
             storable(name, value)
     for name, value, least in (("k", k, 1), ("k_facts", k_facts, 0), ("k_edges", k_edges, 0)):

@@ -18,7 +18,8 @@ from memstream.projections.facts import query as facts_q
 from memstream.projections.commands import query as commands_q
 from memstream.projections.graph import query as graph_q
 from memstream.projections.profile import query as profile_q
-from memstream.read_client.arguments import check_read
+from memstream.read_client.memories import check_page, memory_page, memory_stats
+from memstream.read_client.arguments import check_read, check_user
 from memstream.read_client.budget import Budgets, TokenCounter, pack
 from memstream.read_client.lanes import Channels
 from memstream.read_client.pools import connect_pools, prepare_text_lane
@@ -30,8 +31,8 @@ from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights
 from memstream.schemas import LogPosition
 from memstream.schemas.vocabulary import canonical, single_valued
 from memstream.schemas.errors import InvalidArgument, ReaderClosed
-from memstream.schemas.read_models import (AsOf, FactVersion, MemoryContext, RankedEdge, RankedEpisode, RankedFact,
-                                           Reminder, Turn)
+from memstream.schemas.read_models import (AsOf, FactVersion, MemoryContext, MemoryPage, MemoryStats, RankedEdge,
+                                           RankedEpisode, RankedFact, Reminder, Turn)
 
 log = logging.getLogger("memstream.read")
 
@@ -300,6 +301,22 @@ class MemoryReader:
     async def current_facts(self, user_id: str) -> list[asyncpg.Record]:
         """Every fact currently believed about the user (for memory views and tools)."""
         return list(await facts_q.current(self._pool, user_id))
+
+    async def memories(self, user_id: str, kind: str = "facts", *, include_history: bool = False,
+                       limit: int = 50, cursor: str | None = None) -> MemoryPage:
+        """One page of what memstream holds about the user, oldest first: ``kind`` is ``facts``
+        (current versions, or every version with ``include_history``), ``episodes`` (every
+        remembered turn) or ``edges`` (current relationships, or closed ones too). At most
+        ``limit`` items (1..500); pass the page's ``next_cursor`` for the next one. Bad arguments
+        raise ``InvalidArgument`` before any I/O."""
+        check_page(user_id, kind, limit, cursor)
+        return await memory_page(self._pool, user_id, kind, include_history, limit, cursor)
+
+    async def stats(self, user_id: str) -> MemoryStats:
+        """Counts of the user's facts, episodes and edges by status, the oldest and newest of
+        each, their entities and conversations, and when their memory last changed."""
+        check_user(user_id)
+        return await memory_stats(self._pool, user_id)
 
     async def fact_history(self, user_id: str, fact_id) -> list[FactVersion]:
         """Every version of the fact's lineage, oldest first: what was believed, when and why."""

@@ -45,11 +45,21 @@ class LogPosition(msgspec.Struct, frozen=True):
     offset: int
 
 
+SYSTEM_USER = "__memstream__"  # the log key of host-wide commands (expert identities), and only theirs
+
+
 def _check_envelope(ev: Event) -> None:
     if ev.event_id.version != 7:
         raise InvalidEvent("event_id must be a UUIDv7", "$.event_id")
     if ev.occurred_at.tzinfo is None:
         raise InvalidEvent("occurred_at must carry a timezone offset", "$.occurred_at")
+    # Host-wide records only under the host-wide key, and nothing of a user's under it: its
+    # records share one partition, so their order (and a replay) is defined, and no user id
+    # can reach what every user's read receives.
+    if (ev.user_id == SYSTEM_USER) != isinstance(ev, HOST_WIDE_TYPES):
+        raise InvalidEvent(f"{type(ev).__name__} is host-wide: user_id must be {SYSTEM_USER!r}"
+                           if isinstance(ev, HOST_WIDE_TYPES) else
+                           f"{SYSTEM_USER!r} is the host-wide key, not a user id", "$.user_id")
 
 
 class Event(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
@@ -110,7 +120,6 @@ class TurnRecorded(Event, tag="TurnRecorded", kw_only=True, frozen=True):
         )
 
 
-SYSTEM_USER = "__memstream__"  # the log key of host-wide commands (expert identities)
 ReminderStatus = Literal["done", "dismissed"]
 
 
@@ -161,8 +170,9 @@ class PersonIdentitySet(Event, tag="PersonIdentitySet", kw_only=True, frozen=Tru
 
 
 class ExpertIdentityUpserted(Event, tag="ExpertIdentityUpserted", kw_only=True, frozen=True):
-    """A host-authored persona, selected explicitly per read (``identity_id``). Logged under
-    ``user_id = SYSTEM_USER``: expert identities are host-wide, not a user's memory."""
+    """A host-authored persona, selected explicitly per read (``identity_id``). Only under
+    ``user_id = SYSTEM_USER`` (refused otherwise, at the producer and in the projection): expert
+    identities are host-wide, not a user's memory."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
@@ -352,6 +362,7 @@ class NothingDecided(Decision, tag="NothingDecided", kw_only=True, frozen=True):
 EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded, ReminderScheduled, ReminderResolved, PersonIdentitySet,
                                          ExpertIdentityUpserted, ExpertIdentityDeleted)
 COMMAND_TYPES = EVENT_TYPES[1:]
+HOST_WIDE_TYPES = (ExpertIdentityUpserted, ExpertIdentityDeleted)
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
                                                FactReinforced, FactChangeDeferred, EntityCreated, AliasAdded,
                                                EdgeOpened, EdgeClosed, NothingDecided)

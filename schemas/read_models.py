@@ -19,8 +19,8 @@ class Turn(BaseModel):
     assistant_message: str
 
 
-class RankedEpisode(BaseModel):
-    """A past turn retrieved for the message, with how it scored."""
+class Episode(BaseModel):
+    """One remembered turn."""
 
     episode_id: uuid.UUID
     conversation_id: str
@@ -28,6 +28,26 @@ class RankedEpisode(BaseModel):
     user_message: str
     assistant_message: str
     metadata: dict[str, Any] | None = None
+
+
+class Edge(BaseModel):
+    """One relationship edge with both time axes: true from ``valid_from`` to ``valid_to`` (world
+    time), believed from ``recorded_at`` until ``closed_at`` recorded its end (system time)."""
+
+    edge_id: uuid.UUID
+    relation: str
+    source: str
+    target: str
+    fact_sentence: str
+    valid_from: datetime
+    valid_to: datetime | None
+    recorded_at: datetime
+    closed_at: datetime | None
+
+
+class RankedEpisode(Episode):
+    """A past turn retrieved for the message, with how it scored."""
+
     score: float
     relevance: float
     recency: float
@@ -49,19 +69,10 @@ class RankedFact(BaseModel, FactContent):
     channels: list[str]
 
 
-class RankedEdge(BaseModel):
-    """A relationship edge with its validity; ``hop`` is 0 for a direct match of the message and
-    1 for an edge reached through a matched edge's entities (one-hop expansion)."""
+class RankedEdge(Edge):
+    """A relationship edge retrieved for the message; ``hop`` is 0 for a direct match of the
+    message, 1 for an edge reached from one by one-hop expansion."""
 
-    edge_id: uuid.UUID
-    fact_sentence: str
-    relation: str
-    source: str
-    target: str
-    valid_from: datetime
-    valid_to: datetime | None
-    recorded_at: datetime
-    closed_at: datetime | None
     hop: int
     score: float
     similarity: float
@@ -85,13 +96,13 @@ class AsOf(BaseModel):
     recorded_time: datetime | None = None
 
 
-class FactVersion(BaseModel):
-    """One version in a fact's history: what was believed, from when, until when and why."""
+class FactVersion(BaseModel, FactContent):
+    """One version in a fact's history (what it says: ``FactContent``): what was believed, from
+    when, until when and why."""
 
     fact_id: uuid.UUID
+    lineage_id: uuid.UUID
     version: int
-    text: str
-    value: str
     status: str = Field(description="current, superseded or deleted")
     valid_from: datetime
     valid_to: datetime | None
@@ -128,3 +139,32 @@ class MemoryContext(BaseModel):
     as_of: AsOf | None = None
     timings_ms: dict[str, float] = Field(default_factory=dict)
     tokens: dict[str, int] = Field(default_factory=dict, description="tokens used per budgeted section")
+
+
+class MemoryPage(BaseModel):
+    """One page of what memstream holds about a user (``MemoryReader.memories``). Pass
+    ``next_cursor`` back for the next page; ``None`` means this was the last."""
+
+    kind: str = Field(description="facts, episodes or edges")
+    items: list[FactVersion] | list[Episode] | list[Edge]
+    next_cursor: str | None
+
+
+class KindStats(BaseModel):
+    """How many of one kind of memory, by status, and the oldest and newest of them."""
+
+    by_status: dict[str, int]
+    oldest: datetime | None
+    newest: datetime | None
+
+
+class MemoryStats(BaseModel):
+    """What memstream holds about a user, in numbers (``MemoryReader.stats``)."""
+
+    user_id: str
+    facts: KindStats
+    episodes: KindStats
+    edges: KindStats
+    entities: int
+    conversations: int
+    last_recorded: datetime | None = Field(description="system time of the latest change to this user's memory")

@@ -58,3 +58,20 @@ async def neighbours(conn, user_id: str, anchors: Sequence) -> Sequence[asyncpg.
 
 async def recent(conn, user_id: str, conversation_id: str, n: int) -> Sequence[asyncpg.Record]:
     return await conn.fetch(_RECENT, user_id, conversation_id, n)
+
+
+_PAGE = f"""
+SELECT {_COLS} FROM episodes WHERE user_id = $1 AND (occurred_at, episode_id) > ($2, $3)
+ORDER BY occurred_at, episode_id LIMIT $4
+"""
+
+
+async def page(conn, user_id: str, after: tuple, limit: int) -> Sequence[asyncpg.Record]:
+    """Up to ``limit`` of the user's episodes after the ``(occurred_at, episode_id)`` key ``after``."""
+    return await conn.fetch(_PAGE, user_id, *after, limit)
+
+
+async def counts(conn, user_id: str) -> asyncpg.Record:
+    return await conn.fetchrow(
+        "SELECT count(*) AS n, min(occurred_at) AS oldest, max(occurred_at) AS newest, max(recorded_at) AS last_recorded, "
+        "count(DISTINCT conversation_id) AS conversations FROM episodes WHERE user_id = $1", user_id)

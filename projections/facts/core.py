@@ -1,7 +1,8 @@
 """Facts, the pure core: fold fact decisions into versioned fact rows.
 
 ``apply(state, decision)`` returns the rows the decision creates or changes; ``state`` must hold
-every row the decision targets (``targets(decision)``). No clock, no I/O: system time is the
+every row the decision targets (``targets(decision)``), and a decision may only touch rows of
+its own user (``ForeignTarget`` otherwise). No clock, no I/O: system time is the
 decision's ``recorded_at`` (the source event's log timestamp). A version never ends before it
 began (``valid_to >= valid_from``), whatever the decision says. Every decision is idempotent:
 re-applying a FactAdded or FactUpdated whose version exists, a FactDeleted of a deleted fact,
@@ -25,6 +26,11 @@ from memstream.schemas.facts import FactContent
 
 class MissingTarget(Refused, LookupError):
     """A decision names a fact this projection does not hold: the decisions log is inconsistent."""
+
+
+class ForeignTarget(MissingTarget):
+    """A decision names a fact of another user: refused, whatever the log says, so one user's
+    decisions can never change another's memory."""
 
 
 @dataclass(frozen=True)
@@ -93,17 +99,21 @@ def _target(state: Mapping[uuid.UUID, FactRow], fid: uuid.UUID, d: Decision) -> 
     row = state.get(fid)
     if row is None:
         raise MissingTarget(f"{type(d).__name__} {d.decision_id} targets unknown fact {fid}")
+    if row.user_id != d.user_id:
+        raise ForeignTarget(f"{type(d).__name__} {d.decision_id} for user {d.user_id!r} targets fact {fid} "
+                            "of another user")
     return row
 
 
 def apply(state: Mapping[uuid.UUID, FactRow], d: Decision) -> list[FactRow]:
     if not isinstance(d, FactDecision):
         return []
+    if isinstance(d, (FactAdded, FactUpdated)) and d.fact_id in state:
+        _target(state, d.fact_id, d)  # a redelivery changes nothing; another user's id is refused
+        return []
     if isinstance(d, FactAdded):
-        return [] if d.fact_id in state else [_new(d, d.fact_id, 1)]
+        return [_new(d, d.fact_id, 1)]
     if isinstance(d, FactUpdated):
-        if d.fact_id in state:
-            return []
         old = _target(state, d.supersedes, d)
         # An update dated before the old version began ("I moved to Lisbon last week", a minute
         # after "I live in Porto") ends the old one at its own start: an empty interval, never a negative one.

@@ -26,7 +26,7 @@ _KEYWORD = fulltext.keyword_sql(table="memory_facts", key="fact_id", time_col="r
 
 _BY_ATTRIBUTE = f"""
 SELECT {_COLS}, embedding FROM memory_facts
-WHERE user_id = $1 AND status = 'current' AND attribute = ANY($2::text[])
+WHERE user_id = $1 AND status = 'current' AND attribute = ANY($2::text[]) AND embedding_model = $3
 ORDER BY recorded_at, fact_id
 """
 
@@ -39,6 +39,19 @@ ORDER BY version
 _CURRENT = f"SELECT {_COLS} FROM memory_facts WHERE user_id = $1 AND status = 'current' ORDER BY category, attribute, recorded_at"
 
 
+# A page of the user's facts in the order they were recorded, from a (recorded_at, fact_id) key on.
+_PAGE = f"""
+SELECT {_COLS}, superseded_by, end_reason, reason FROM memory_facts
+WHERE user_id = $1 AND ($2 OR status = 'current') AND (recorded_at, fact_id) > ($3, $4)
+ORDER BY recorded_at, fact_id LIMIT $5
+"""
+
+_COUNTS = """
+SELECT status, count(*) AS n, min(recorded_at) AS oldest, max(greatest(recorded_at, superseded_at)) AS newest
+FROM memory_facts WHERE user_id = $1 GROUP BY status
+"""
+
+
 async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str) -> Sequence[asyncpg.Record]:
     return await conn.fetch(_NEAREST, user_id, embedding, k, model)
 
@@ -47,8 +60,10 @@ async def keyword(conn, user_id: str, text: str, k: int) -> Sequence[asyncpg.Rec
     return await fulltext.search(conn, _KEYWORD, user_id, text, k)
 
 
-async def current_by_attribute(conn, user_id: str, attributes: Sequence[str]) -> Sequence[asyncpg.Record]:
-    return await conn.fetch(_BY_ATTRIBUTE, user_id, list(attributes))
+async def current_by_attribute(conn, user_id: str, attributes: Sequence[str], model: str) -> Sequence[asyncpg.Record]:
+    """The user's current facts filling ``attributes``, embedded by ``model`` (vectors of other
+    models are not comparable)."""
+    return await conn.fetch(_BY_ATTRIBUTE, user_id, list(attributes), model)
 
 
 async def history(conn, user_id: str, fact_id: uuid.UUID) -> Sequence[asyncpg.Record]:
@@ -58,3 +73,14 @@ async def history(conn, user_id: str, fact_id: uuid.UUID) -> Sequence[asyncpg.Re
 
 async def current(conn, user_id: str) -> Sequence[asyncpg.Record]:
     return await conn.fetch(_CURRENT, user_id)
+
+
+async def page(conn, user_id: str, include_history: bool, after: tuple, limit: int) -> Sequence[asyncpg.Record]:
+    """Up to ``limit`` of the user's facts recorded after the ``(recorded_at, fact_id)`` key
+    ``after``; every version with ``include_history``, else the current ones."""
+    return await conn.fetch(_PAGE, user_id, include_history, *after, limit)
+
+
+async def counts(conn, user_id: str) -> Sequence[asyncpg.Record]:
+    """Per status: how many versions, the oldest recorded and the newest recorded or ended."""
+    return await conn.fetch(_COUNTS, user_id)

@@ -14,7 +14,9 @@ from memstream.projections.facts.core import COLUMNS, FactRow, fold, targets
 from memstream.projections.profile import store as profile_store
 from memstream.schemas import Decision
 
-_SELECT = f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE fact_id = ANY($1::uuid[])"
+# By (user, id), like every load: a decision naming another user's fact finds nothing to change.
+_SELECT = (f"SELECT {', '.join('f.' + c for c in COLUMNS)} FROM unnest($1::text[], $2::uuid[]) k(user_id, fact_id) "
+           "JOIN memory_facts f ON f.user_id = k.user_id AND f.fact_id = k.fact_id")
 _CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "version": "int", "user_id": "text", "text": "text", "category": "text",
           "attribute": "text", "value": "text", "confidence": "real", "explicit": "boolean", "status": "text",
           "valid_from": "timestamptz", "valid_to": "timestamptz", "recorded_at": "timestamptz",
@@ -51,10 +53,12 @@ def _column(rows: Sequence[FactRow], c: str) -> list:
     return [getattr(r, c) for r in rows]
 
 
-async def load(conn, fact_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, FactRow]:
-    if not fact_ids:
+async def load(conn, keys: Sequence[tuple[str, uuid.UUID]]) -> dict[uuid.UUID, FactRow]:
+    """The fact rows of these ``(user_id, fact_id)`` keys."""
+    if not keys:
         return {}
-    return {r["fact_id"]: from_record(r) for r in await conn.fetch(_SELECT, list(set(fact_ids)))}
+    users, ids = zip(*set(keys))
+    return {r["fact_id"]: from_record(r) for r in await conn.fetch(_SELECT, list(users), list(ids))}
 
 
 async def upsert(conn, rows: Sequence[FactRow]) -> None:
@@ -69,7 +73,7 @@ class FactStore:
         """Also rebuilds the Tier 1 profile of every user whose facts changed, in the same
         transaction; returns those profiles (for the Redis cache)."""
         async with conn.transaction():
-            state = await load(conn, [t for d in decisions for t in targets(d)])
+            state = await load(conn, [(d.user_id, t) for d in decisions for t in targets(d)])
             changed = fold(state, decisions)
             await upsert(conn, list(changed.values()))
             profiles = await profile_store.refresh(conn, {r.user_id for r in changed.values()})

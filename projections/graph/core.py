@@ -16,6 +16,11 @@ from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, Enti
 from memstream.schemas.errors import Refused
 
 
+class ForeignGraphTarget(Refused, LookupError):
+    """A decision names an entity or edge of another user: refused, so one user's decisions can
+    never change, or link to, another's graph."""
+
+
 class MissingGraphTarget(Refused, LookupError):
     """A decision names an entity or edge this projection does not hold."""
 
@@ -68,27 +73,45 @@ Row = Union[EntityRow, EdgeRow]
 
 
 def targets(d: Decision) -> list[uuid.UUID]:
+    """Ids of the rows ``apply`` needs in ``state`` for this decision (an edge's entities too)."""
     if isinstance(d, (EntityCreated, AliasAdded)):
         return [d.entity_id]
-    if isinstance(d, (EdgeOpened, EdgeClosed)):
+    if isinstance(d, EdgeOpened):
+        return [d.edge_id, d.source_entity_id] + ([d.target_entity_id] if d.target_entity_id else [])
+    if isinstance(d, EdgeClosed):
         return [d.edge_id]
     return []
 
 
+def _own(state: dict[uuid.UUID, Row], key: uuid.UUID, kind: type, d: Decision) -> Row:
+    row = state.get(key)
+    if not isinstance(row, kind):
+        raise MissingGraphTarget(f"{type(d).__name__} {d.decision_id} targets unknown {kind.__name__[:-3].lower()} {key}")
+    if row.user_id != d.user_id:
+        raise ForeignGraphTarget(f"{type(d).__name__} {d.decision_id} for user {d.user_id!r} targets "
+                                 f"{kind.__name__[:-3].lower()} {key} of another user")
+    return row
+
+
 def apply(state: dict[uuid.UUID, Row], d: Decision) -> list[Row]:
+    """The rows ``d`` creates or changes. A decision may only touch, or link to, rows of its own
+    user: ``ForeignGraphTarget`` otherwise (``MissingGraphTarget`` for rows the state lacks)."""
     if isinstance(d, EntityCreated):
         if d.entity_id in state:
+            _own(state, d.entity_id, EntityRow, d)  # a redelivery changes nothing
             return []
         return [EntityRow(d.entity_id, d.user_id, d.name, (), d.is_user, d.recorded_at, d.source_event_id)]
     if isinstance(d, AliasAdded):
-        ent = state.get(d.entity_id)
-        if not isinstance(ent, EntityRow):
-            raise MissingGraphTarget(f"AliasAdded {d.decision_id} targets unknown entity {d.entity_id}")
+        ent = _own(state, d.entity_id, EntityRow, d)
         if d.alias.casefold() in ent.names():
             return []
         return [replace(ent, aliases=ent.aliases + (d.alias,))]
     if isinstance(d, EdgeOpened):
+        for entity in (d.source_entity_id, d.target_entity_id):
+            if entity is not None:
+                _own(state, entity, EntityRow, d)
         if d.edge_id in state:
+            _own(state, d.edge_id, EdgeRow, d)
             return []
         return [EdgeRow(
             edge_id=d.edge_id, user_id=d.user_id, source_entity_id=d.source_entity_id, relation=d.relation,
@@ -98,9 +121,7 @@ def apply(state: dict[uuid.UUID, Row], d: Decision) -> list[Row]:
             source_event_id=d.source_event_id, extractor=d.extractor, reason=d.reason, close_reason=None,
             embedding=d.embedding, embedding_model=d.embedding_model)]
     if isinstance(d, EdgeClosed):
-        edge = state.get(d.edge_id)
-        if not isinstance(edge, EdgeRow):
-            raise MissingGraphTarget(f"EdgeClosed {d.decision_id} targets unknown edge {d.edge_id}")
+        edge = _own(state, d.edge_id, EdgeRow, d)
         if edge.valid_to is not None:
             return []
         return [replace(edge, valid_to=max(d.valid_to, edge.valid_from), closed_at=d.recorded_at,

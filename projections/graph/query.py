@@ -14,7 +14,9 @@ _COLUMNS = ("edge_id", "source_entity_id", "relation", "target_entity_id", "targ
 _COLS = ", ".join(_COLUMNS)
 _EDGE = (", ".join(f"e.{c}" for c in _COLUMNS)
          + ", s.name AS source_name, coalesce(t.name, e.target_value) AS target_name")
-_JOIN = "memory_edges e JOIN entities s ON s.entity_id = e.source_entity_id LEFT JOIN entities t ON t.entity_id = e.target_entity_id"
+# Entities by (user, id), like every lookup: an edge names only its own user's entities.
+_JOIN = ("memory_edges e JOIN entities s ON s.entity_id = e.source_entity_id AND s.user_id = e.user_id "
+         "LEFT JOIN entities t ON t.entity_id = e.target_entity_id AND t.user_id = e.user_id")
 
 # The nearest current edges (hop 0) and, in the same statement, a bounded set of other current
 # edges touching their entities other than the user (hop 1), nearest first: one round trip and
@@ -31,15 +33,16 @@ WITH c AS MATERIALIZED (
 -- Not through the user's own entity: every fact about the user touches it, so a hop through it
 -- would be the user's whole graph (all of a heavy user's edges sorted by distance), not a neighbourhood.
 ends AS (SELECT array_agg(DISTINCT v.e) AS e FROM c, LATERAL (VALUES (c.source_entity_id), (c.target_entity_id)) v(e)
-         WHERE NOT (SELECT en.is_user FROM entities en WHERE en.entity_id = v.e)),
+         WHERE NOT (SELECT en.is_user FROM entities en WHERE en.entity_id = v.e AND en.user_id = $1)),
 h AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges
     WHERE user_id = $1 AND valid_to IS NULL AND NOT (edge_id = ANY((SELECT array_agg(edge_id) FROM c)::uuid[]))
       AND (source_entity_id = ANY((SELECT e FROM ends)::uuid[]) OR target_entity_id = ANY((SELECT e FROM ends)::uuid[]))
     ORDER BY embedding <=> $2, edge_id LIMIT $5),
 found AS (SELECT 0 AS hop, * FROM c UNION ALL SELECT 1, * FROM h)
-SELECT b.*, (SELECT s.name FROM entities s WHERE s.entity_id = b.source_entity_id) AS source_name,
-       coalesce((SELECT t.name FROM entities t WHERE t.entity_id = b.target_entity_id), b.target_value) AS target_name
+SELECT b.*, (SELECT s.name FROM entities s WHERE s.entity_id = b.source_entity_id AND s.user_id = $1) AS source_name,
+       coalesce((SELECT t.name FROM entities t WHERE t.entity_id = b.target_entity_id AND t.user_id = $1),
+                b.target_value) AS target_name
 FROM found b ORDER BY b.hop, b.distance, b.edge_id
 """
 
@@ -79,7 +82,7 @@ WITH RECURSIVE walk(entity_id, depth, path) AS (
     WHERE w.depth < $3
       AND NOT (CASE WHEN e.source_entity_id = w.entity_id THEN e.target_entity_id ELSE e.source_entity_id END = ANY(w.path))
 )
-SELECT en.entity_id, en.name, min(w.depth) AS depth FROM walk w JOIN entities en ON en.entity_id = w.entity_id
+SELECT en.entity_id, en.name, min(w.depth) AS depth FROM walk w JOIN entities en ON en.entity_id = w.entity_id AND en.user_id = $1
 WHERE w.depth > 0 GROUP BY en.entity_id, en.name ORDER BY depth, en.name
 """
 
@@ -114,3 +117,23 @@ async def entities(conn, user_id: str) -> Sequence[asyncpg.Record]:
 
 async def user_entity(conn, user_id: str) -> uuid.UUID | None:
     return await conn.fetchval("SELECT entity_id FROM entities WHERE user_id = $1 AND is_user", user_id)
+
+
+_PAGE = f"""
+SELECT {_EDGE} FROM {_JOIN}
+WHERE e.user_id = $1 AND ($2 OR e.valid_to IS NULL) AND (e.recorded_at, e.edge_id) > ($3, $4)
+ORDER BY e.recorded_at, e.edge_id LIMIT $5
+"""
+
+
+async def page(conn, user_id: str, include_history: bool, after: tuple, limit: int) -> Sequence[asyncpg.Record]:
+    """Up to ``limit`` of the user's edges recorded after the ``(recorded_at, edge_id)`` key
+    ``after``; closed ones too with ``include_history``."""
+    return await conn.fetch(_PAGE, user_id, include_history, *after, limit)
+
+
+async def counts(conn, user_id: str) -> asyncpg.Record:
+    return await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE valid_to IS NULL) AS current, count(*) FILTER (WHERE valid_to IS NOT NULL) AS closed, "
+        "min(recorded_at) AS oldest, max(greatest(recorded_at, closed_at)) AS newest, "
+        "(SELECT count(*) FROM entities WHERE user_id = $1) AS entities FROM memory_edges WHERE user_id = $1", user_id)

@@ -50,14 +50,23 @@ def edge_from(r) -> EdgeRow:
     return EdgeRow(**values)
 
 
-async def load(conn, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Row]:
-    if not ids:
+_BY_KEY = ("SELECT {cols} FROM unnest($1::text[], $2::uuid[]) k(user_id, id) "
+           "JOIN {table} r ON r.{id} = k.id AND r.user_id = k.user_id")
+
+
+async def load(conn, keys: Sequence[tuple[str, uuid.UUID]]) -> dict[uuid.UUID, Row]:
+    """The entities and edges of these ``(user_id, id)`` keys: a row is found only under its own
+    user, so a decision naming another user's row finds nothing to change."""
+    if not keys:
         return {}
-    ids = list(set(ids))
+    users, ids = zip(*set(keys))
     out: dict[uuid.UUID, Row] = {}
-    for r in await conn.fetch(f"SELECT {', '.join(ENTITY_COLUMNS)} FROM entities WHERE entity_id = ANY($1::uuid[])", ids):
+    cols = lambda names: ", ".join(f"r.{c}" for c in names)  # noqa: E731
+    for r in await conn.fetch(_BY_KEY.format(cols=cols(ENTITY_COLUMNS), table="entities", id="entity_id"),
+                              list(users), list(ids)):
         out[r["entity_id"]] = entity_from(r)
-    for r in await conn.fetch(f"SELECT {', '.join(EDGE_COLUMNS)} FROM memory_edges WHERE edge_id = ANY($1::uuid[])", ids):
+    for r in await conn.fetch(_BY_KEY.format(cols=cols(EDGE_COLUMNS), table="memory_edges", id="edge_id"),
+                              list(users), list(ids)):
         out[r["edge_id"]] = edge_from(r)
     return out
 
@@ -87,7 +96,7 @@ class GraphStore:
 
     async def apply_batch(self, conn: asyncpg.Connection, decisions: Sequence[Decision], positions: pos.Positions) -> None:
         async with conn.transaction():
-            state = await load(conn, [t for d in decisions for t in targets(d)])
+            state = await load(conn, [(d.user_id, t) for d in decisions for t in targets(d)])
             changed = fold(state, decisions)
             await upsert(conn, list(changed.values()))
             await pos.save(conn, self.name, positions)

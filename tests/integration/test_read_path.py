@@ -382,3 +382,41 @@ async def test_a_read_whose_channels_straddle_a_supersession_holds_one_home_not_
     finally:
         await reader.close()
     assert [f.value for f in ctx.facts if f.attribute == "home"] == ["Lisbon"]
+
+
+async def test_memories_pages_through_facts_episodes_and_edges_and_stats_counts_them(settings, conn, dsn, workers,
+                                                                                     embedder):
+    from memstream.schemas.errors import InvalidArgument
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("mem", "I live in Porto.", 0), turn("mem", "I work at Acme.", 1),
+                                           turn("mem", "I like jazz.", 2), turn("mem", "I moved to Lisbon.", 3),
+                                           turn("other", "I live in Oslo.", 4)])
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        first = await reader.memories("mem", "facts", limit=2)
+        rest = await reader.memories("mem", "facts", limit=2, cursor=first.next_cursor)
+        assert rest.next_cursor is None
+        current = first.items + rest.items
+        assert sorted(f.text for f in current) == ["Likes jazz", "Lives in Lisbon", "Works at Acme"]
+        history = (await reader.memories("mem", "facts", include_history=True)).items
+        homes = sorted((f.version, f.value, f.status) for f in history if f.attribute == "home")
+        assert homes == [(1, "Porto", "superseded"), (2, "Lisbon", "current")]
+        episodes = (await reader.memories("mem", "episodes")).items
+        assert [e.user_message for e in episodes][0] == "I live in Porto." and len(episodes) == 4
+        edges = await reader.memories("mem", "edges", include_history=True)
+        assert {(e.relation, e.target, e.valid_to is None) for e in edges.items} >= {("lives_in", "Porto", False),
+                                                                                      ("lives_in", "Lisbon", True)}
+        stats = await reader.stats("mem")
+        assert stats.facts.by_status == {"current": 3, "superseded": 1} and stats.episodes.by_status == {"recorded": 4}
+        assert stats.conversations == 1 and stats.entities >= 2 and stats.last_recorded is not None
+        assert (await reader.stats("nobody")).facts.by_status == {}
+        for bad in ({"kind": "secrets"}, {"limit": 0}, {"limit": 501}, {"cursor": "not-a-cursor"},
+                    {"kind": "episodes", "cursor": first.next_cursor}):
+            with pytest.raises(InvalidArgument):
+                await reader.memories("mem", **bad)
+        with pytest.raises(InvalidArgument, match="host-wide key"):
+            await reader.stats("__memstream__")
+    finally:
+        await reader.close()

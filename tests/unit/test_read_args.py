@@ -47,6 +47,7 @@ GOOD = {"user_id": "u", "conversation_id": "c", "message": "where do I live?"}
     ({"as_of": AsOf(valid_time=AWARE, recorded_time=NAIVE)}, "as_of.recorded_time must be a timezone-aware"),
     ({"identity_id": 7}, "identity_id must be a non-empty string"),  # was a degraded section
     ({"budgets": {"facts": 10}}, "budgets must be a Budgets"),
+    ({"user_id": "__memstream__"}, "is the host-wide key, not a user"),  # every user's expert personas live there
 ])
 def test_a_bad_argument_is_refused_before_any_io_naming_what_is_wrong(reader, change, says):
     args = {**GOOD, **change}

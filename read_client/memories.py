@@ -1,0 +1,86 @@
+"""What memstream holds about a user, page by page and in numbers: the view a person (or the
+host acting for them) needs to see, correct and forget their memory. Bounded: a page holds at
+most ``MAX_PAGE`` items, walked by keyset cursors, so a heavy user's memory is never one query."""
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from datetime import datetime, timezone
+
+from memstream.projections.episodes import query as episodes_q
+from memstream.projections.facts import query as facts_q
+from memstream.projections.graph import query as graph_q
+from memstream.read_client.arguments import check_user
+from memstream.schemas.errors import InvalidArgument
+from memstream.schemas.read_models import Edge, Episode, FactVersion, KindStats, MemoryPage, MemoryStats
+
+KINDS = ("facts", "episodes", "edges")
+MAX_PAGE = 500
+_START = (datetime.min.replace(tzinfo=timezone.utc), uuid.UUID(int=0))
+
+
+def _cursor(kind: str, at: datetime, key: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(json.dumps([kind, at.isoformat(), str(key)]).encode()).decode()
+
+
+def _after(kind: str, cursor: str | None) -> tuple[datetime, uuid.UUID]:
+    if cursor is None:
+        return _START
+    try:
+        was, at, key = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        after = datetime.fromisoformat(at), uuid.UUID(key)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise InvalidArgument(f"cursor is not one a page of memories returned ({exc})") from None
+    if was != kind:
+        raise InvalidArgument(f"cursor belongs to a page of {was}, not of {kind}")
+    return after
+
+
+def check_page(user_id, kind, limit, cursor) -> None:
+    check_user(user_id)
+    if kind not in KINDS:
+        raise InvalidArgument(f"kind must be one of {KINDS}, not {kind!r}")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidArgument(f"limit must be an integer from 1 to {MAX_PAGE}, not {limit!r}")
+    if cursor is not None and not isinstance(cursor, str):
+        raise InvalidArgument(f"cursor must be the string a page returned, not {type(cursor).__name__}")
+
+
+async def memory_page(conn, user_id: str, kind: str, include_history: bool, limit: int, cursor: str | None) -> MemoryPage:
+    after = _after(kind, cursor)
+    if kind == "facts":
+        rows = await facts_q.page(conn, user_id, include_history, after, limit + 1)
+        items = [FactVersion(**{k: r[k] for k in FactVersion.model_fields}) for r in rows[:limit]]
+        keys = [(r["recorded_at"], r["fact_id"]) for r in rows[:limit]]
+    elif kind == "episodes":
+        rows = await episodes_q.page(conn, user_id, after, limit + 1)
+        items = [Episode(**{**dict(r), "metadata": json.loads(r["metadata"]) if isinstance(r["metadata"], str)
+                            else r["metadata"]}) for r in rows[:limit]]
+        keys = [(r["occurred_at"], r["episode_id"]) for r in rows[:limit]]
+    else:
+        rows = await graph_q.page(conn, user_id, include_history, after, limit + 1)
+        items = [Edge(**{k: r[k] for k in Edge.model_fields if k in r}, source=r["source_name"], target=r["target_name"])
+                 for r in rows[:limit]]
+        keys = [(r["recorded_at"], r["edge_id"]) for r in rows[:limit]]
+    more = len(rows) > limit
+    return MemoryPage(kind=kind, items=items, next_cursor=_cursor(kind, *keys[-1]) if more else None)
+
+
+async def memory_stats(conn, user_id: str) -> MemoryStats:
+    facts = await facts_q.counts(conn, user_id)
+    episodes = await episodes_q.counts(conn, user_id)
+    edges = await graph_q.counts(conn, user_id)
+    newest = [t for t in (max((r["newest"] for r in facts), default=None), episodes["last_recorded"], edges["newest"])
+              if t is not None]
+    return MemoryStats(
+        user_id=user_id,
+        facts=KindStats(by_status={r["status"]: r["n"] for r in facts},
+                        oldest=min((r["oldest"] for r in facts), default=None),
+                        newest=max((r["newest"] for r in facts), default=None)),
+        episodes=KindStats(by_status={"recorded": episodes["n"]} if episodes["n"] else {},
+                           oldest=episodes["oldest"], newest=episodes["newest"]),
+        edges=KindStats(by_status={k: edges[k] for k in ("current", "closed") if edges[k]},
+                        oldest=edges["oldest"], newest=edges["newest"]),
+        entities=edges["entities"], conversations=episodes["conversations"],
+        last_recorded=max(newest, default=None))
