@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import sys
+import uuid
 from pathlib import Path
 
 import click
@@ -183,6 +184,188 @@ def demo(ctx: click.Context, users: int) -> None:
     from memstream.demo import run_demo
 
     asyncio.run(run_demo(_settings(ctx), users=users))
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a {what} id (a UUID)") from None
+
+
+def _control(ctx: click.Context, act) -> object:
+    """Runs ``act(log, reader)`` on the settings' stores; typed errors become usage errors."""
+    from memstream.control import NotFound
+    from memstream.read_client import MemoryReader
+    from memstream.schemas.errors import InvalidArgument, InvalidEvent
+    from memstream.streams.producer import TurnLog
+
+    s = _settings(ctx)
+
+    async def run():
+        reader = await MemoryReader.connect(s, resolve_dsn(s))
+        try:
+            async with TurnLog(s) as log:
+                return await act(log, reader)
+        finally:
+            await reader.close()
+
+    try:
+        return asyncio.run(run())
+    except (NotFound, InvalidArgument, InvalidEvent) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _echo(value, as_json: bool, lines) -> None:
+    if as_json:
+        click.echo(json.dumps(value, indent=2, default=str))
+    else:
+        for line in lines:
+            click.echo(line)
+
+
+@main.group()
+def memories() -> None:
+    """See, correct and forget what memstream holds about a user (commands on their log)."""
+
+
+@memories.command("list")
+@click.argument("user")
+@click.option("--kind", type=click.Choice(["facts", "episodes", "edges"]), default="facts", show_default=True)
+@click.option("--history", is_flag=True, help="every version of facts, closed edges too")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 500))
+@click.option("--cursor", help="the next_cursor of the page before")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def memories_list(ctx, user: str, kind: str, history: bool, limit: int, cursor: str | None, as_json: bool) -> None:
+    """One page of the user's facts, episodes or edges, oldest first."""
+    page = _control(ctx, lambda log, reader: reader.memories(user, kind, include_history=history, limit=limit,
+                                                             cursor=cursor))
+    def line(item) -> str:
+        if kind == "facts":
+            return f"{item.fact_id}  {item.status:<10} {item.text}"
+        if kind == "episodes":
+            return f"{item.episode_id}  {item.occurred_at:%Y-%m-%d %H:%M} {item.conversation_id}: {item.user_message}"
+        return f"{item.edge_id}  {'current' if item.valid_to is None else 'closed':<8} {item.fact_sentence}"
+    _echo(page.model_dump(mode="json"), as_json,
+          [line(i) for i in page.items] + ([f"next page: --cursor {page.next_cursor}"] if page.next_cursor else []))
+
+
+@memories.command("history")
+@click.argument("user")
+@click.argument("fact_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def memories_history(ctx, user: str, fact_id: str, as_json: bool) -> None:
+    """Every version of a fact: what was believed, when, and why it changed (and who changed it)."""
+    fid = _uuid(fact_id, "fact")
+    versions = _control(ctx, lambda log, reader: reader.fact_history(user, fid))
+    if not versions:
+        raise click.ClickException(f"no fact {fact_id} of user {user!r}")
+    _echo([v.model_dump(mode="json") for v in versions], as_json,
+          [f"v{v.version} {v.status:<10} {v.text}  (recorded because: {v.reason}"
+           + (f"; ended because: {v.end_reason})" if v.end_reason else ")") for v in versions])
+
+
+@memories.command("correct")
+@click.argument("user")
+@click.argument("fact_id")
+@click.argument("value")
+@click.option("--text", help="the fact as a sentence (default: the old text with the new value)")
+@click.option("--actor", type=click.Choice(["user", "host", "operator"]), default="operator", show_default=True)
+@click.option("--reason", default="", help="why, for the history")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def memories_correct(ctx, user, fact_id, value, text, actor, reason, as_json) -> None:
+    """Correct a fact: a new, explicit version (it passes the safety gate)."""
+    from memstream.control import correct_fact
+
+    fid = _uuid(fact_id, "fact")
+    pos = _control(ctx, lambda log, reader: correct_fact(log, reader, user, fid, value, text=text, actor=actor,
+                                                         reason=reason))
+    _echo({"appended": _position(pos)}, as_json,
+          [f"correction appended at {_where(pos)}; the facts projection applies it in a moment"])
+
+
+@memories.command("forget")
+@click.argument("user")
+@click.option("--fact", "fact_id", help="a fact id")
+@click.option("--episode", "episode_id", help="an episode id")
+@click.option("--edge", "edge_id", help="an edge id")
+@click.option("--actor", type=click.Choice(["user", "host", "operator"]), default="operator", show_default=True)
+@click.option("--reason", default="", help="why, for the history")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def memories_forget(ctx, user, fact_id, episode_id, edge_id, actor, reason, as_json) -> None:
+    """Forget one fact, episode or edge of the user."""
+    from memstream import control
+
+    given = [(k, v) for k, v in (("fact", fact_id), ("episode", episode_id), ("edge", edge_id)) if v]
+    if len(given) != 1:
+        raise click.UsageError("name exactly one of --fact, --episode, --edge")
+    kind, raw = given[0]
+    target = _uuid(raw, kind)
+    forget = {"fact": control.forget_fact, "episode": control.forget_episode, "edge": control.forget_edge}[kind]
+    pos = _control(ctx, lambda log, reader: forget(log, reader, user, target, actor=actor, reason=reason))
+    _echo({"appended": _position(pos)}, as_json, [f"forget {kind} appended at {_where(pos)}"])
+
+
+@main.command("forget-user")
+@click.argument("user")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.option("--actor", type=click.Choice(["user", "host", "operator"]), default="operator", show_default=True)
+@click.option("--reason", default="", help="why, for the log")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def forget_user(ctx, user, yes, actor, reason, as_json) -> None:
+    """Forget everything of a user: every row and cache key, in every projection."""
+    from memstream.control import forget_user as forget
+
+    if not yes:
+        click.confirm(f"Forget everything memstream holds about {user!r}? This cannot be undone", abort=True)
+    pos = _control(ctx, lambda log, reader: forget(log, user, actor=actor, reason=reason))
+    _echo({"appended": _position(pos)}, as_json, [f"forget-user appended at {_where(pos)}"])
+
+
+@main.command("export")
+@click.argument("user")
+@click.option("-o", "--output", "path", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def export_cmd(ctx, user: str, path: Path, as_json: bool) -> None:
+    """Write USER's log (events and decisions, unsealed) as a versioned JSONL archive."""
+    from memstream.portability import export_user
+    from memstream.schemas.errors import InvalidArgument
+
+    try:
+        header = asyncio.run(export_user(_settings(ctx), user, path))
+    except InvalidArgument as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo(header, as_json, [f"{header['events']} events and {header['decisions']} decisions of {user!r} -> {path}"])
+
+
+@main.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def import_cmd(ctx, path: Path, as_json: bool) -> None:
+    """Append an exported user's log to this deployment's topics (formation decides nothing again)."""
+    from memstream.portability import import_user
+    from memstream.schemas.errors import InvalidArgument
+
+    try:
+        done = asyncio.run(import_user(_settings(ctx), path))
+    except InvalidArgument as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo(done, as_json, [f"imported {done['events']} events and {done['decisions']} decisions of {done['user_id']!r}"])
+
+
+def _position(pos) -> dict:
+    return {"topic": pos.topic, "partition": pos.partition, "offset": pos.offset}
+
+
+def _where(pos) -> str:
+    return f"{pos.topic}/{pos.partition}@{pos.offset}"
 
 
 @main.group()

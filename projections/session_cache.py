@@ -19,11 +19,14 @@ def tier0_key(schema: str, epoch: int, user_id: str, conversation_id: str) -> st
 
 
 def turn_member(row: EpisodeRow) -> str:
-    return json.dumps(
-        {"episode_id": str(row.episode_id), "occurred_at": row.occurred_at.isoformat(),
-         "user_message": row.user_message, "assistant_message": row.assistant_message},
-        sort_keys=True, separators=(",", ":"),
-    )
+    return member(row.episode_id, row.occurred_at, row.user_message, row.assistant_message)
+
+
+def member(episode_id, occurred_at, user_message: str, assistant_message: str) -> str:
+    """A turn as Tier 0 holds it: canonical JSON, so the same turn is always the same member."""
+    return json.dumps({"episode_id": str(episode_id), "occurred_at": occurred_at.isoformat(),
+                       "user_message": user_message, "assistant_message": assistant_message},
+                      sort_keys=True, separators=(",", ":"))
 
 
 async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow], keep: int) -> None:
@@ -42,3 +45,19 @@ async def recent_turns(redis, schema: str, epoch: int, user_id: str, conversatio
     """The last ``n`` turns of the conversation, oldest first."""
     members = await redis.zrange(tier0_key(schema, epoch, user_id, conversation_id), -n, -1)
     return [json.loads(m) for m in members]
+
+
+
+async def forget(redis, schema: str, epoch: int, episodes: Sequence, users: Sequence[str]) -> None:
+    """Tier 0 without these turns (rows with episode_id, user_id, conversation_id, occurred_at and
+    the messages) and without any conversation of these users."""
+    pipe = redis.pipeline(transaction=False)
+    for e in episodes:
+        key = tier0_key(schema, epoch, e["user_id"], e["conversation_id"])
+        pipe.zrem(key, member(e["episode_id"], e["occurred_at"], e["user_message"], e["assistant_message"]))
+    await pipe.execute()
+    for user in users:
+        # Glob characters in a user id match only themselves.
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in tier0_key(schema, epoch, user, "")) + "*"
+        async for key in redis.scan_iter(match=pattern, count=1000):
+            await redis.delete(key)

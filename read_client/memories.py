@@ -80,7 +80,7 @@ async def memory_stats(conn, user_id: str) -> MemoryStats:
                         newest=max((r["newest"] for r in facts), default=None)),
         episodes=KindStats(by_status={"recorded": episodes["n"]} if episodes["n"] else {},
                            oldest=episodes["oldest"], newest=episodes["newest"]),
-        edges=KindStats(by_status={k: edges[k] for k in ("current", "closed") if edges[k]},
+        edges=KindStats(by_status={k: edges[k] for k in ("current", "closed", "forgotten") if edges[k]},
                         oldest=edges["oldest"], newest=edges["newest"]),
         entities=edges["entities"], conversations=episodes["conversations"],
         last_recorded=max(newest, default=None))

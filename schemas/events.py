@@ -188,6 +188,68 @@ class ExpertIdentityDeleted(Event, tag="ExpertIdentityDeleted", kw_only=True, fr
     identity_id: Id
 
 
+Actor = Literal["user", "host", "operator"]
+Reason = Annotated[str, msgspec.Meta(max_length=1000)]
+
+
+class _Control(Event, kw_only=True, frozen=True):
+    """What the person remembered (``actor="user"``), the host on their behalf, or an operator
+    asked of their memory, and why; recorded with the changes it causes, so history says who."""
+
+    actor: Actor
+    reason: Reason = ""
+
+
+class FactCorrected(_Control, tag="FactCorrected", kw_only=True, frozen=True):
+    """``fact_id`` is wrong: its lineage gets a new version saying ``text`` (default: the old
+    text with the new value in place of the old) with ``value``. Explicit: it passes the safety
+    gate."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    fact_id: uuid.UUID
+    value: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
+    text: Annotated[str, msgspec.Meta(min_length=1, max_length=1000)] | None = None
+
+
+class FactForgotten(_Control, tag="FactForgotten", kw_only=True, frozen=True):
+    """Forget ``fact_id``: it ends (status ``forgotten``) and no replay or reform learns it again
+    from the turns it came from; a later statement may learn it anew. ``attribute`` and ``value``
+    (filled by ``memstream.control``) find it again when a reform with another extractor gave
+    it another id."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    fact_id: uuid.UUID
+    attribute: Annotated[str, msgspec.Meta(max_length=100)] | None = None
+    value: Annotated[str, msgspec.Meta(max_length=500)] | None = None
+
+
+class EpisodeForgotten(_Control, tag="EpisodeForgotten", kw_only=True, frozen=True):
+    """Forget the turn appended as event ``turn_event_id``: its episode leaves episodes, Tier 0
+    and the keyword postings; facts and edges whose only evidence it is are forgotten with it,
+    others keep a note that one of their sources is gone."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    turn_event_id: uuid.UUID
+
+
+class EdgeForgotten(_Control, tag="EdgeForgotten", kw_only=True, frozen=True):
+    """Forget relationship ``edge_id``: it ends, and the graph no longer shows it, now or as of
+    any date."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    edge_id: uuid.UUID
+
+
+class UserForgotten(_Control, tag="UserForgotten", kw_only=True, frozen=True):
+    """Forget the user: every row and cache key of theirs is deleted, by every projection."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+
 class Decision(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
     """Envelope of every record on the decisions topic.
 
@@ -347,6 +409,20 @@ class EdgeClosed(GraphDecision, tag="EdgeClosed", kw_only=True, frozen=True):
     valid_to: datetime
 
 
+class MemoryForgotten(Decision, tag="MemoryForgotten", kw_only=True, frozen=True):
+    """What formation made of a forget command (``FactForgotten``, ``EpisodeForgotten``,
+    ``EdgeForgotten``, ``UserForgotten``), for every projection to apply its part: ``kind`` is
+    ``fact``, ``episode``, ``edge`` or ``user``; ``target`` the fact id, the turn's event id, the
+    edge id, or None for the user. ``actor`` and ``reason`` are the command's."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    kind: Literal["fact", "episode", "edge", "user"]
+    target: uuid.UUID | None = None
+    actor: Actor
+    reason: Reason = ""
+
+
 class NothingDecided(Decision, tag="NothingDecided", kw_only=True, frozen=True):
     """Formation decided nothing for the events of ``source``'s partition up to and including
     ``source`` since the last turn it formed there: commands (the projections apply them from
@@ -360,10 +436,15 @@ class NothingDecided(Decision, tag="NothingDecided", kw_only=True, frozen=True):
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded, ReminderScheduled, ReminderResolved, PersonIdentitySet,
-                                         ExpertIdentityUpserted, ExpertIdentityDeleted)
-COMMAND_TYPES = EVENT_TYPES[1:]
+                                         ExpertIdentityUpserted, ExpertIdentityDeleted, FactCorrected, FactForgotten,
+                                         EpisodeForgotten, EdgeForgotten, UserForgotten)
+# Commands the commands projection applies straight from the events topic.
+COMMAND_TYPES = (ReminderScheduled, ReminderResolved, PersonIdentitySet, ExpertIdentityUpserted, ExpertIdentityDeleted,
+                 UserForgotten)
+# Commands about a user's memory that formation turns into decisions, in order with their turns.
+CONTROL_TYPES = (FactCorrected, FactForgotten, EpisodeForgotten, EdgeForgotten, UserForgotten)
 HOST_WIDE_TYPES = (ExpertIdentityUpserted, ExpertIdentityDeleted)
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
                                                FactReinforced, FactChangeDeferred, EntityCreated, AliasAdded,
-                                               EdgeOpened, EdgeClosed, NothingDecided)
+                                               EdgeOpened, EdgeClosed, MemoryForgotten, NothingDecided)
 AnyEvent = TurnRecorded

@@ -16,6 +16,14 @@ from memstream.schemas import Event, InvalidEvent, decode_event
 from memstream.streams.records import Record
 
 
+IMPORTED = "memstream.imported"  # header of an event imported with its decisions (memstream.portability)
+
+
+def imported(r: Record) -> bool:
+    """The event came from another deployment's export, its decisions with it: nothing to decide."""
+    return any(k == IMPORTED for k, _ in r.headers)
+
+
 def expected_partition(key: bytes, partitions: int) -> int:
     """The partition Kafka's default partitioner gives ``key`` among ``partitions``."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions

@@ -13,13 +13,13 @@ import asyncpg
 from memstream.projections import session_cache
 from memstream.projections.episodes import core as episodes
 from memstream.projections.positions import epoch, events_covered
-from memstream.projections.episodes.store import EpisodeStore
+from memstream.projections.episodes.store import EpisodeStore, Forgotten
 from memstream.projections.facts.store import FactStore
 from memstream.projections.graph.store import GraphStore
 from memstream.projections.commands.core import Logged
 from memstream.projections.commands.store import CommandStore
 from memstream.projections.profile import store as profile_store
-from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, decode_decision
+from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, MemoryForgotten, decode_decision
 from memstream.schemas.errors import Refused
 from memstream.schemas.events import COMMAND_TYPES
 from memstream.streams.admission import admit
@@ -90,28 +90,37 @@ class EpisodesProjection:
             decided.append(decision)
             if isinstance(decision, EpisodeRecorded):
                 rows.append((r, episodes.apply(decision)))
+            elif isinstance(decision, MemoryForgotten) and decision.kind in ("episode", "user"):
+                rows.append((r, decision))
         # Dead letters first: the position must not pass a record before its letter is durable.
         await self._dead.send(letters)
         self._dead.observe(len(records) - len(letters))
         positions = {**next_offsets(records), **events_covered(decided)}
+        forgotten = Forgotten([], [])
         async with self._pool.acquire() as conn:
             try:
-                await self._store.apply_batch(conn, [row for _, row in rows], positions)
+                forgotten = await self._store.apply_batch(conn, [row for _, row in rows], positions)
             except asyncpg.PostgresError as exc:
                 if not _refused_by_server(exc):
                     raise
                 log.warning("episodes batch refused (%s); applying record by record", exc)
-                refused = await _one_by_one(
-                    conn, self._dead, self.name, rows, exc,
-                    apply=lambda r, row: self._store.apply_batch(conn, [row], {}),
-                    finish=lambda: self._store.apply_batch(conn, [], positions))
+
+                async def one(r, row) -> None:
+                    gone = await self._store.apply_batch(conn, [row], {})
+                    forgotten.episodes.extend(gone.episodes)
+                    forgotten.users.extend(gone.users)
+
+                refused = await _one_by_one(conn, self._dead, self.name, rows, exc, apply=one,
+                                            finish=lambda: self._store.apply_batch(conn, [], positions))
                 rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
             if self._epoch is None:
                 self._epoch = await epoch(conn, "episodes")
+        turns = [row for _, row in rows if not isinstance(row, MemoryForgotten)]
         if self._redis is None or not rows:
             return
         try:
-            await session_cache.push_turns(self._redis, self._schema, self._epoch, (row for _, row in rows), self._keep)
+            await session_cache.push_turns(self._redis, self._schema, self._epoch, turns, self._keep)
+            await session_cache.forget(self._redis, self._schema, self._epoch, forgotten.episodes, forgotten.users)
         except Exception:  # a derived cache: the read path falls back to Postgres
             log.exception("tier 0 cache update failed for %d turns", len(rows))
 
@@ -167,7 +176,7 @@ class _DecisionProjection:
 class FactsProjection(_DecisionProjection):
     """decisions -> memory_facts (every version, with history) and Tier 1 profiles."""
 
-    name, kinds, store = "facts", (FactDecision,), FactStore
+    name, kinds, store = "facts", (FactDecision, MemoryForgotten), FactStore
     _epoch: int | None = None
 
     async def after_commit(self, conn, profiles) -> None:
@@ -201,4 +210,4 @@ class CommandsProjection(_DecisionProjection):
 class GraphProjection(_DecisionProjection):
     """decisions -> entities and bi-temporal memory_edges."""
 
-    name, kinds, store = "graph", (GraphDecision,), GraphStore
+    name, kinds, store = "graph", (GraphDecision, MemoryForgotten), GraphStore

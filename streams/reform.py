@@ -117,7 +117,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
             async def form(batch: list[Record]) -> None:
                 turns, letters = decode_turns(batch, "reform", len(partitions))
                 counts["skipped"] += len(letters)
-                made = await formation.decide(turns, view, graph)
+                made = await formation.decide(turns, view, graph, letters=letters)
                 made += nothing_decided(batch, made)
                 futures = [await producer.send(topic, encode(d), key=r.key, partition=r.partition) for r, d in made]
                 await asyncio.gather(*futures)

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from memstream.schemas.errors import Refused
 from memstream.schemas import (Event, ExpertIdentityDeleted, ExpertIdentityUpserted, PersonIdentitySet,
-                               ReminderResolved, ReminderScheduled)
+                               ReminderResolved, ReminderScheduled, UserForgotten)
 
 
 class UnknownReminder(Refused, LookupError):
@@ -64,7 +64,12 @@ class ExpertIdentityGone:
     source_offset: int
 
 
-Row = ReminderRow | PersonIdentityRow | ExpertIdentityRow | ExpertIdentityGone
+@dataclass(frozen=True)
+class UserGone:
+    user_id: str
+
+
+Row = ReminderRow | PersonIdentityRow | ExpertIdentityRow | ExpertIdentityGone | UserGone
 
 
 def reminder_targets(logged: Logged) -> list[uuid.UUID]:
@@ -91,4 +96,6 @@ def apply(reminders: Mapping[uuid.UUID, ReminderRow], logged: Logged) -> list[Ro
         return [ExpertIdentityRow(e.identity_id, e.name, e.instructions, e.attributes, e.occurred_at, e.event_id, at)]
     if isinstance(e, ExpertIdentityDeleted):
         return [ExpertIdentityGone(e.identity_id, e.occurred_at, e.event_id, at)]
+    if isinstance(e, UserForgotten):
+        return [UserGone(e.user_id)]
     return []

@@ -8,7 +8,7 @@ import asyncpg
 
 from memstream.projections import positions as pos
 from memstream.projections.commands.core import (ExpertIdentityGone, ExpertIdentityRow, Logged, PersonIdentityRow,
-                                                 ReminderRow, Row, apply, reminder_targets)
+                                                 ReminderRow, Row, UserGone, apply, reminder_targets)
 
 
 async def _load_reminders(conn, ids) -> dict:
@@ -38,6 +38,9 @@ async def _write(conn, row: Row) -> None:
         await _expert(conn, row.identity_id, row.name, row.instructions,
                       None if row.attributes is None else json.dumps(row.attributes, sort_keys=True), row.updated_at,
                       row.source_event_id, row.source_offset, False)
+    elif isinstance(row, UserGone):
+        await conn.execute("DELETE FROM reminders WHERE user_id = $1", row.user_id)
+        await conn.execute("DELETE FROM person_identities WHERE user_id = $1", row.user_id)
     elif isinstance(row, ExpertIdentityGone):
         # A tombstone, text blanked: an older upsert applied again must not bring the persona back.
         await _expert(conn, row.identity_id, "", "", None, row.updated_at, row.source_event_id, row.source_offset, True)
@@ -69,5 +72,7 @@ class CommandStore:
                 for row in apply(state, e):
                     if isinstance(row, ReminderRow):
                         state[row.reminder_id] = row
+                    elif isinstance(row, UserGone):
+                        state = {k: r for k, r in state.items() if r.user_id != row.user_id}
                     await _write(conn, row)
             await pos.save(conn, self.name, positions)

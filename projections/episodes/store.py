@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Sequence
 
 import asyncpg
@@ -9,7 +10,8 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
-from memstream.projections.episodes.core import EpisodeRow
+from memstream.projections.episodes.core import EpisodeRow, episode_id
+from memstream.schemas import MemoryForgotten
 
 _INSERT = """
 INSERT INTO episodes (episode_id, source_event_id, user_id, conversation_id, occurred_at,
@@ -25,15 +27,54 @@ ON CONFLICT (user_id, episode_id) DO NOTHING
 class EpisodeStore:
     name = "episodes"
 
-    async def apply_batch(self, conn: asyncpg.Connection, rows: Sequence[EpisodeRow], positions: pos.Positions) -> None:
+    async def apply_batch(self, conn: asyncpg.Connection, rows: Sequence[EpisodeRow | MemoryForgotten],
+                          positions: pos.Positions) -> Forgotten:
+        """Episode rows and forgettings, in log order. Returns what was forgotten (for Tier 0)."""
+        forgotten = Forgotten([], [])
         async with conn.transaction():
-            if rows:
-                cols = [list(c) for c in zip(*(
-                    (r.episode_id, r.source_event_id, r.user_id, r.conversation_id, r.occurred_at,
-                     r.recorded_at, r.source_partition, r.source_offset, r.user_message,
-                     r.assistant_message, None if r.metadata is None else json.dumps(r.metadata, sort_keys=True),
-                     Vector(np.frombuffer(r.embedding, dtype="<f4")), r.embedding_model)
-                    for r in rows
-                ))]
-                await conn.execute(_INSERT, *cols)
+            for run, forget in _runs(rows):
+                await _insert(conn, run)
+                if forget is None:
+                    continue
+                if forget.kind == "user":
+                    await conn.execute("DELETE FROM episodes WHERE user_id = $1", forget.user_id)
+                    forgotten.users.append(forget.user_id)
+                elif forget.kind == "episode":
+                    gone = await conn.fetchrow(_FORGET, forget.user_id, episode_id(forget.target))
+                    if gone is not None:
+                        forgotten.episodes.append(gone)
             await pos.save(conn, self.name, positions)
+        return forgotten
+
+
+_FORGET = ("DELETE FROM episodes WHERE user_id = $1 AND episode_id = $2 "
+           "RETURNING episode_id, user_id, conversation_id, occurred_at, user_message, assistant_message")
+
+
+@dataclass
+class Forgotten:
+    episodes: list  # the deleted rows (episode_id, user_id, conversation_id, occurred_at, messages)
+    users: list[str]
+
+
+def _runs(items):
+    run = []
+    for item in items:
+        if isinstance(item, MemoryForgotten):
+            yield run, item
+            run = []
+        else:
+            run.append(item)
+    yield run, None
+
+
+async def _insert(conn, rows: Sequence[EpisodeRow]) -> None:
+    if rows:
+        cols = [list(c) for c in zip(*(
+            (r.episode_id, r.source_event_id, r.user_id, r.conversation_id, r.occurred_at,
+             r.recorded_at, r.source_partition, r.source_offset, r.user_message,
+             r.assistant_message, None if r.metadata is None else json.dumps(r.metadata, sort_keys=True),
+             Vector(np.frombuffer(r.embedding, dtype="<f4")), r.embedding_model)
+            for r in rows
+        ))]
+        await conn.execute(_INSERT, *cols)

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Iterable, Mapping
 
 from memstream.schemas import (Decision, FactAdded, FactChangeDeferred, FactDecision, FactDeleted,
-                               FactReinforced, FactUpdated)
+                               FactReinforced, FactUpdated, MemoryForgotten)
 from memstream.schemas.errors import Refused
 from memstream.schemas.facts import FactContent
 
@@ -59,6 +59,7 @@ class FactRow(FactContent):
     reason: str
     embedding: bytes
     embedding_model: str
+    notes: tuple[str, ...] = ()  # e.g. that one of its sources was forgotten
 
     @property
     def current(self) -> bool:
@@ -80,6 +81,25 @@ def targets(decision: Decision) -> list[uuid.UUID]:
         return [decision.fact_id]
     if isinstance(decision, (FactDeleted, FactReinforced, FactChangeDeferred)):
         return [decision.target]
+    if isinstance(decision, MemoryForgotten) and decision.kind == "fact":
+        return [decision.target]
+    return []
+
+
+# A turn's fact decisions are uuid5(event_id, "fact:<n>"); a turn yields far fewer candidates.
+_MAX_CANDIDATES = 64
+
+
+def turn_decisions(event_id: uuid.UUID) -> list[uuid.UUID]:
+    """The ids a turn's fact decisions can have: how a fact's ``observed_by`` names the turns behind it."""
+    return [fact_id(event_id, n) for n in range(_MAX_CANDIDATES)]
+
+
+def sources(decision: Decision) -> list[tuple[str, uuid.UUID]]:
+    """``(user_id, turn event id)`` whose facts ``apply`` needs in ``state`` as well (a forgotten
+    turn: the facts it created or observed)."""
+    if isinstance(decision, MemoryForgotten) and decision.kind == "episode":
+        return [(decision.user_id, decision.target)]
     return []
 
 
@@ -105,7 +125,38 @@ def _target(state: Mapping[uuid.UUID, FactRow], fid: uuid.UUID, d: Decision) -> 
     return row
 
 
+def _forgotten(old: FactRow, d: MemoryForgotten, why: str) -> FactRow:
+    return replace(old, status="forgotten", superseded_at=d.recorded_at, valid_to=old.valid_to or max(d.recorded_at, old.valid_from),
+                   end_reason=f"{why} by {d.actor}" + (f": {d.reason}" if d.reason else ""))
+
+
+def _forget(state: Mapping[uuid.UUID, FactRow], d: MemoryForgotten) -> list[FactRow]:
+    if d.kind == "fact":
+        old = _target(state, d.target, d)
+        return [] if old.status == "forgotten" else [_forgotten(old, d, "forgotten")]
+    if d.kind == "user":
+        return [_forgotten(r, d, "forgotten with the user") for r in state.values()
+                if r.user_id == d.user_id and r.status != "forgotten"]
+    if d.kind != "episode":
+        return []
+    # The facts this turn created or observed: forgotten with it when it is their only evidence,
+    # else they keep a note that one source is gone.
+    observed, note = set(turn_decisions(d.target)), f"a source turn ({d.target}) was forgotten by {d.actor}"
+    out = []
+    for r in state.values():
+        if r.user_id != d.user_id or not (r.source_event_id == d.target or observed & set(r.observed_by)):
+            continue
+        if r.source_event_id == d.target and r.observation_count == 1:
+            if r.status != "forgotten":
+                out.append(_forgotten(r, d, "forgotten with its only source turn"))
+        elif note not in r.notes:
+            out.append(replace(r, notes=r.notes + (note,)))
+    return out
+
+
 def apply(state: Mapping[uuid.UUID, FactRow], d: Decision) -> list[FactRow]:
+    if isinstance(d, MemoryForgotten):
+        return _forget(state, d)
     if not isinstance(d, FactDecision):
         return []
     if isinstance(d, (FactAdded, FactUpdated)) and d.fact_id in state:

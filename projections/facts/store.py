@@ -10,9 +10,9 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
-from memstream.projections.facts.core import COLUMNS, FactRow, fold, targets
+from memstream.projections.facts.core import COLUMNS, FactRow, fold, sources, targets, turn_decisions
 from memstream.projections.profile import store as profile_store
-from memstream.schemas import Decision
+from memstream.schemas import Decision, MemoryForgotten
 
 # By (user, id), like every load: a decision naming another user's fact finds nothing to change.
 _SELECT = (f"SELECT {', '.join('f.' + c for c in COLUMNS)} FROM unnest($1::text[], $2::uuid[]) k(user_id, fact_id) "
@@ -23,11 +23,12 @@ _CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "version": "int", "user_id": 
           "superseded_at": "timestamptz", "superseded_by": "uuid", "end_reason": "text",
           "observation_count": "int", "last_observed_at": "timestamptz", "observed_by": "text",
           "deferred": "jsonb", "source_event_id": "uuid", "extractor": "text", "resolver": "text",
-          "reason": "text", "embedding": "vector", "embedding_model": "text"}
-# unnest() zips the column arrays; observed_by travels as text and is cast back to uuid[].
+          "reason": "text", "embedding": "vector", "embedding_model": "text", "notes": "text"}
+# unnest() zips the column arrays; observed_by and notes travel as text and are cast back to arrays.
+_ARRAYS = {"observed_by": "u.observed_by::uuid[]", "notes": "u.notes::text[]"}
 _UPSERT = (
     f"INSERT INTO memory_facts ({', '.join(COLUMNS)}) "
-    f"SELECT {', '.join('u.' + c if c != 'observed_by' else 'u.observed_by::uuid[]' for c in COLUMNS)} FROM unnest("
+    f"SELECT {', '.join(_ARRAYS.get(c, 'u.' + c) for c in COLUMNS)} FROM unnest("
     + ", ".join(f"${i + 1}::{_CASTS[c]}[]" for i, c in enumerate(COLUMNS))
     + f") AS u({', '.join(COLUMNS)}) ON CONFLICT (user_id, fact_id) DO UPDATE SET "
     + ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS if c not in ("user_id", "fact_id"))
@@ -37,6 +38,7 @@ _UPSERT = (
 def from_record(r: asyncpg.Record) -> FactRow:
     values = dict(r)
     values["observed_by"] = tuple(values["observed_by"])
+    values["notes"] = tuple(values["notes"])
     values["deferred"] = json.loads(values["deferred"]) if isinstance(values["deferred"], str) else values["deferred"]
     emb = values["embedding"]
     values["embedding"] = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype="<f4").tobytes()
@@ -48,9 +50,24 @@ def _column(rows: Sequence[FactRow], c: str) -> list:
         return [Vector(np.frombuffer(r.embedding, dtype="<f4")) for r in rows]
     if c == "observed_by":
         return ["{" + ",".join(str(u) for u in r.observed_by) + "}" for r in rows]
+    if c == "notes":
+        return [_text_array(r.notes) for r in rows]
     if c == "deferred":
         return [json.dumps(dict(r.deferred), sort_keys=True) for r in rows]
     return [getattr(r, c) for r in rows]
+
+
+def _text_array(items) -> str:
+    return "{" + ",".join('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items) + "}"
+
+
+_BY_SOURCE = (f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE user_id = $1 "
+              "AND (source_event_id = $2 OR observed_by && $3::uuid[])")
+
+
+async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[uuid.UUID, FactRow]:
+    """The user's facts that turn ``event_id`` created or observed."""
+    return {r["fact_id"]: from_record(r) for r in await conn.fetch(_BY_SOURCE, user_id, event_id, turn_decisions(event_id))}
 
 
 async def load(conn, keys: Sequence[tuple[str, uuid.UUID]]) -> dict[uuid.UUID, FactRow]:
@@ -66,6 +83,20 @@ async def upsert(conn, rows: Sequence[FactRow]) -> None:
         await conn.execute(_UPSERT, *[_column(rows, c) for c in COLUMNS])
 
 
+def _runs(decisions: Sequence[Decision]):
+    """``(decisions, user)``: the runs between forgettings of a whole user, each with the user
+    forgotten after it (or None): what a batch said of that user before is deleted, what it says
+    after stays."""
+    run: list[Decision] = []
+    for d in decisions:
+        if isinstance(d, MemoryForgotten) and d.kind == "user":
+            yield run, d.user_id
+            run = []
+        else:
+            run.append(d)
+    yield run, None
+
+
 class FactStore:
     name = "facts"
 
@@ -73,9 +104,18 @@ class FactStore:
         """Also rebuilds the Tier 1 profile of every user whose facts changed, in the same
         transaction; returns those profiles (for the Redis cache)."""
         async with conn.transaction():
-            state = await load(conn, [(d.user_id, t) for d in decisions for t in targets(d)])
-            changed = fold(state, decisions)
-            await upsert(conn, list(changed.values()))
-            profiles = await profile_store.refresh(conn, {r.user_id for r in changed.values()})
+            touched: set[str] = set()
+            for run, forgotten in _runs(decisions):
+                state = await load(conn, [(d.user_id, t) for d in run for t in targets(d)])
+                for user, event_id in {s for d in run for s in sources(d)}:
+                    state.update(await load_by_source(conn, user, event_id))
+                changed = fold(state, run)
+                await upsert(conn, list(changed.values()))
+                touched |= {r.user_id for r in changed.values()}
+                if forgotten is not None:
+                    # A forgotten user's rows go, every version: nothing of theirs stays behind.
+                    await conn.execute("DELETE FROM memory_facts WHERE user_id = $1", forgotten)
+                    touched.add(forgotten)
+            profiles = await profile_store.refresh(conn, touched)
             await pos.save(conn, self.name, positions)
         return profiles

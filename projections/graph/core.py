@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Iterable, Union
 
-from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated
+from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated, MemoryForgotten
 from memstream.schemas.errors import Refused
 
 
@@ -61,6 +61,7 @@ class EdgeRow:
     close_reason: str | None
     embedding: bytes
     embedding_model: str
+    forgotten: bool = False  # forgotten edges are closed and shown by no query, now or as of any date
 
     @property
     def current(self) -> bool:
@@ -78,9 +79,21 @@ def targets(d: Decision) -> list[uuid.UUID]:
         return [d.entity_id]
     if isinstance(d, EdgeOpened):
         return [d.edge_id, d.source_entity_id] + ([d.target_entity_id] if d.target_entity_id else [])
-    if isinstance(d, EdgeClosed):
-        return [d.edge_id]
+    if isinstance(d, EdgeClosed) or (isinstance(d, MemoryForgotten) and d.kind == "edge"):
+        return [d.edge_id if isinstance(d, EdgeClosed) else d.target]
     return []
+
+
+def sources(d: Decision) -> list[tuple[str, uuid.UUID]]:
+    """``(user_id, turn event id)`` whose edges ``apply`` needs in ``state`` as well."""
+    if isinstance(d, MemoryForgotten) and d.kind == "episode":
+        return [(d.user_id, d.target)]
+    return []
+
+
+def _forget(edge: EdgeRow, d: MemoryForgotten, why: str) -> EdgeRow:
+    return replace(edge, valid_to=edge.valid_to or max(d.recorded_at, edge.valid_from), closed_at=edge.closed_at or d.recorded_at,
+                   close_reason=f"{why} by {d.actor}" + (f": {d.reason}" if d.reason else ""), forgotten=True)
 
 
 def _own(state: dict[uuid.UUID, Row], key: uuid.UUID, kind: type, d: Decision) -> Row:
@@ -120,6 +133,15 @@ def apply(state: dict[uuid.UUID, Row], d: Decision) -> list[Row]:
             fact_sentence=d.fact_sentence, confidence=d.confidence, explicit=d.explicit,
             source_event_id=d.source_event_id, extractor=d.extractor, reason=d.reason, close_reason=None,
             embedding=d.embedding, embedding_model=d.embedding_model)]
+    if isinstance(d, MemoryForgotten):
+        if d.kind == "edge":
+            edge = _own(state, d.target, EdgeRow, d)
+            return [] if edge.forgotten else [_forget(edge, d, "forgotten")]
+        if d.kind == "episode":
+            return [_forget(r, d, "forgotten with its source turn") for r in state.values()
+                    if isinstance(r, EdgeRow) and r.user_id == d.user_id and r.source_event_id == d.target
+                    and not r.forgotten]
+        return []  # a whole user: the store deletes their rows
     if isinstance(d, EdgeClosed):
         edge = _own(state, d.edge_id, EdgeRow, d)
         if edge.valid_to is not None:

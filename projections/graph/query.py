@@ -50,21 +50,21 @@ FROM found b ORDER BY b.hop, b.distance, b.edge_id
 # and not (yet, as of r) known to have ended by v.
 _AS_OF = f"""
 SELECT {_EDGE}, (e.embedding <=> $4) AS distance FROM {_JOIN}
-WHERE e.user_id = $1 AND e.recorded_at <= $3 AND e.valid_from <= $2
+WHERE e.user_id = $1 AND NOT e.forgotten AND e.recorded_at <= $3 AND e.valid_from <= $2
   AND (e.valid_to IS NULL OR e.closed_at > $3 OR e.valid_to > $2)
 ORDER BY e.embedding <=> $4, e.edge_id LIMIT $5
 """
 
 _AS_OF_ALL = f"""
 SELECT {_EDGE} FROM {_JOIN}
-WHERE e.user_id = $1 AND e.recorded_at <= $3 AND e.valid_from <= $2
+WHERE e.user_id = $1 AND NOT e.forgotten AND e.recorded_at <= $3 AND e.valid_from <= $2
   AND (e.valid_to IS NULL OR e.closed_at > $3 OR e.valid_to > $2)
 ORDER BY e.relation, e.valid_from, e.edge_id
 """
 
 _TIMELINE = f"""
 SELECT {_EDGE} FROM {_JOIN}
-WHERE e.user_id = $1 AND e.source_entity_id = $2 AND e.relation = $3
+WHERE e.user_id = $1 AND NOT e.forgotten AND e.source_entity_id = $2 AND e.relation = $3
 ORDER BY e.valid_from, e.recorded_at, e.edge_id
 """
 
@@ -121,7 +121,7 @@ async def user_entity(conn, user_id: str) -> uuid.UUID | None:
 
 _PAGE = f"""
 SELECT {_EDGE} FROM {_JOIN}
-WHERE e.user_id = $1 AND ($2 OR e.valid_to IS NULL) AND (e.recorded_at, e.edge_id) > ($3, $4)
+WHERE e.user_id = $1 AND NOT e.forgotten AND ($2 OR e.valid_to IS NULL) AND (e.recorded_at, e.edge_id) > ($3, $4)
 ORDER BY e.recorded_at, e.edge_id LIMIT $5
 """
 
@@ -134,6 +134,7 @@ async def page(conn, user_id: str, include_history: bool, after: tuple, limit: i
 
 async def counts(conn, user_id: str) -> asyncpg.Record:
     return await conn.fetchrow(
-        "SELECT count(*) FILTER (WHERE valid_to IS NULL) AS current, count(*) FILTER (WHERE valid_to IS NOT NULL) AS closed, "
+        "SELECT count(*) FILTER (WHERE valid_to IS NULL) AS current, "
+        "count(*) FILTER (WHERE valid_to IS NOT NULL AND NOT forgotten) AS closed, count(*) FILTER (WHERE forgotten) AS forgotten, "
         "min(recorded_at) AS oldest, max(greatest(recorded_at, closed_at)) AS newest, "
         "(SELECT count(*) FROM entities WHERE user_id = $1) AS entities FROM memory_edges WHERE user_id = $1", user_id)

@@ -9,8 +9,9 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
-from memstream.projections.graph.core import EDGE_COLUMNS, ENTITY_COLUMNS, EdgeRow, EntityRow, Row, fold, targets
-from memstream.schemas import Decision
+from memstream.projections.graph.core import (EDGE_COLUMNS, ENTITY_COLUMNS, EdgeRow, EntityRow, Row, fold, sources,
+                                             targets)
+from memstream.schemas import Decision, MemoryForgotten
 
 _ENTITY_CASTS = {"entity_id": "uuid", "user_id": "text", "name": "text", "aliases": "text", "is_user": "boolean",
                  "recorded_at": "timestamptz", "source_event_id": "uuid"}
@@ -19,7 +20,7 @@ _EDGE_CASTS = {"edge_id": "uuid", "user_id": "text", "source_entity_id": "uuid",
                "valid_from": "timestamptz", "valid_to": "timestamptz", "recorded_at": "timestamptz",
                "closed_at": "timestamptz", "fact_sentence": "text", "confidence": "real", "explicit": "boolean",
                "source_event_id": "uuid", "extractor": "text", "reason": "text", "close_reason": "text",
-               "embedding": "vector", "embedding_model": "text"}
+               "embedding": "vector", "embedding_model": "text", "forgotten": "boolean"}
 
 
 def _upsert_sql(table: str, columns: Sequence[str], casts: dict[str, str], key: Sequence[str],
@@ -91,12 +92,36 @@ async def upsert(conn, rows: Sequence[Row]) -> None:
             for c in EDGE_COLUMNS])
 
 
+async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[uuid.UUID, Row]:
+    """The user's edges that turn ``event_id`` opened."""
+    rows = await conn.fetch(f"SELECT {', '.join(EDGE_COLUMNS)} FROM memory_edges WHERE user_id = $1 AND source_event_id = $2",
+                            user_id, event_id)
+    return {r["edge_id"]: edge_from(r) for r in rows}
+
+
+def _runs(decisions: Sequence[Decision]):
+    """``(decisions, user)``: the runs between forgettings of a whole user (see the facts store)."""
+    run: list[Decision] = []
+    for d in decisions:
+        if isinstance(d, MemoryForgotten) and d.kind == "user":
+            yield run, d.user_id
+            run = []
+        else:
+            run.append(d)
+    yield run, None
+
+
 class GraphStore:
     name = "graph"
 
     async def apply_batch(self, conn: asyncpg.Connection, decisions: Sequence[Decision], positions: pos.Positions) -> None:
         async with conn.transaction():
-            state = await load(conn, [(d.user_id, t) for d in decisions for t in targets(d)])
-            changed = fold(state, decisions)
-            await upsert(conn, list(changed.values()))
+            for run, forgotten in _runs(decisions):
+                state = await load(conn, [(d.user_id, t) for d in run for t in targets(d)])
+                for user, event_id in {s for d in run for s in sources(d)}:
+                    state.update(await load_by_source(conn, user, event_id))
+                await upsert(conn, list(fold(state, run).values()))
+                if forgotten is not None:
+                    await conn.execute("DELETE FROM memory_edges WHERE user_id = $1", forgotten)
+                    await conn.execute("DELETE FROM entities WHERE user_id = $1", forgotten)
             await pos.save(conn, self.name, positions)

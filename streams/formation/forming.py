@@ -26,10 +26,13 @@ from memstream.embedding import Embedder, to_bytes
 from memstream.llm.protocols import ExtractionClient, ResolutionClient
 from memstream.projections import positions as pos
 from memstream.projections.episodes import core as episodes
-from memstream.schemas import (SYSTEM_USER, Decision, EpisodeRecorded, FactChangeDeferred, FactDecision, InvalidEvent,
-                               LogPosition, NothingDecided, TurnRecorded, decode_event, encode)
-from memstream.schemas.errors import Retryable
-from memstream.streams.admission import admit
+from memstream.schemas import (SYSTEM_USER, Decision, EdgeForgotten, EpisodeForgotten, EpisodeRecorded, Event,
+                               FactChangeDeferred, FactCorrected, FactDecision, FactForgotten, FactUpdated,
+                               InvalidEvent, LogPosition, MemoryForgotten, NothingDecided, TurnRecorded,
+                               UserForgotten, decode_event, encode)
+from memstream.schemas.events import CONTROL_TYPES
+from memstream.schemas.errors import Refused, Retryable
+from memstream.streams.admission import admit, imported
 from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
 from memstream.streams.formation.decide import Context, decide
@@ -45,11 +48,16 @@ def episode_text(turn: TurnRecorded) -> str:
 
 
 def decode_turns(records: Sequence[Record], stage: str, partitions: int | None = None
-                 ) -> tuple[list[tuple[Record, TurnRecorded]], list]:
-    """Turns to form, and ``(record, stage, reason)`` for records that must be dead-lettered
-    (``admission.admit``; ``partitions``: the events topic's partition count)."""
+                 ) -> tuple[list[tuple[Record, Event]], list]:
+    """Turns, and commands about a user's memory (``CONTROL_TYPES``), to form in log order; and
+    ``(record, stage, reason)`` for records that must be dead-lettered (``admission.admit``;
+    ``partitions``: the events topic's partition count)."""
     admitted, letters = admit(records, stage, partitions)
-    return [(r, e) for r, e in admitted if isinstance(e, TurnRecorded)], letters
+    return [(r, e) for r, e in admitted if isinstance(e, (TurnRecorded, *CONTROL_TYPES)) and not imported(r)], letters
+
+
+class CommandRefused(Refused):
+    """A command names a fact or edge its user does not hold (current): dead-lettered, nothing changes."""
 
 
 def nothing_decided(records: Sequence[Record], made: Sequence[tuple[Record, Decision]]
@@ -136,7 +144,7 @@ class Formation:
         if self._barrier is not None:
             for partition in sorted({r.partition for r, _ in turns}):
                 await self._barrier.wait(partition)
-        decisions = await self.decide(turns)
+        decisions = await self.decide(turns, letters=letters)
         decisions += nothing_decided(records, decisions)
         futures = [await self._producer.send(self._topic, encode(d), key=r.key, partition=r.partition)
                    for r, d in decisions]
@@ -150,18 +158,36 @@ class Formation:
             async with self._pool.acquire() as conn, conn.transaction():
                 await pos.save(conn, self.name, next_offsets(records))
 
-    async def decide(self, turns: list[tuple[Record, TurnRecorded]], view: FactView | None = None,
-                     graph: GraphView | None = None) -> list[tuple[Record, Decision]]:
+    async def decide(self, turns: list[tuple[Record, Event]], view: FactView | None = None,
+                     graph: GraphView | None = None, letters: list | None = None) -> list[tuple[Record, Decision]]:
         """Every decision for ``turns``, in order: each turn's fact and edge decisions, then its
         ``EpisodeRecorded``. Facts are decided against ``view`` and edges against ``graph``
-        (default: the projections under an overlay of this batch's decisions)."""
+        (default: the projections under an overlay of this batch's decisions). A command about a
+        user's memory becomes its decisions in its place; one naming what its user does not hold
+        goes to ``letters`` as ``(record, stage, reason)``."""
         if not turns:
             return []
-        vectors = await asyncio.to_thread(self._embedder.embed, [episode_text(t) for _, t in turns])
+        said = [t for _, t in turns if isinstance(t, TurnRecorded)]
+        vectors = dict(zip(map(id, said), await asyncio.to_thread(self._embedder.embed, [episode_text(t) for t in said])
+                           if said else []))
         overlay = view if view is not None else PostgresView(self._pool, self._embedder.model_id)
         graph = graph if graph is not None else GraphView(self._load_graph)
         out: list[tuple[Record, Decision]] = []
-        for (r, turn), vector in zip(turns, vectors):
+        for r, turn in turns:
+            vector = vectors.get(id(turn))
+            if not isinstance(turn, TurnRecorded):
+                try:
+                    made = await self._command(r, turn, overlay, graph)
+                except CommandRefused as exc:
+                    log.warning("%s for user %s refused: %s", type(turn).__name__, turn.user_id, exc)
+                    if letters is not None:
+                        letters.append((r, self.name, str(exc)))
+                    continue
+                for d in made:
+                    overlay.apply(d)
+                    graph.apply(d)
+                out += [(r, d) for d in made]
+                continue
             episode = ((r, EpisodeRecorded(
                 decision_id=episodes.episode_id(turn.event_id), source_event_id=turn.event_id,
                 source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
@@ -175,6 +201,61 @@ class Formation:
             # Last: a projection that has applied a turn's episode has seen all of its decisions.
             out.append(episode)
         return out
+
+    async def _command(self, r: Record, e: Event, overlay: FactView, graph: GraphView) -> list[Decision]:
+        """The decisions a command about ``e.user_id``'s memory makes."""
+        common = dict(source_event_id=e.event_id, source=LogPosition(r.topic, r.partition, r.offset),
+                      recorded_at=r.timestamp, user_id=e.user_id)
+        why = f" by {e.actor}" + (f": {e.reason}" if e.reason else "")
+        if isinstance(e, FactCorrected):
+            old = await self._current_fact(overlay, e.user_id, e.fact_id, e)
+            text = e.text or (old.text.replace(old.value, e.value) if old.value and old.value in old.text
+                              else f"{old.text}: {e.value}")
+            fid = uuid.uuid5(e.event_id, "fact:0")
+            [vector] = await self._embed_facts([text])
+            # Explicit and the user's own word: it passes the safety gate by construction.
+            return [FactUpdated(**common, decision_id=fid, extractor=f"control:{e.actor}", resolver=f"control:{e.actor}",
+                                confidence=1.0, explicit=True, fact_id=fid, text=text, category=old.category,
+                                attribute=old.attribute, value=e.value, valid_from=e.occurred_at,
+                                embedding=to_bytes(vector), embedding_model=self._embedder.model_id,
+                                supersedes=old.fact_id, reason=f"corrected{why}")]
+        forget = dict(**common, actor=e.actor, reason=e.reason)
+        if isinstance(e, FactForgotten):
+            await overlay.ensure(e.user_id, [e.fact_id])
+            row = overlay.rows.get(e.fact_id)
+            if row is not None and row.user_id == e.user_id and row.current:
+                targets = [row.fact_id]
+            else:
+                # Re-formed with another extractor, the fact may have another id: the same slot and value.
+                targets = sorted(f.fact_id for f in overlay.rows.values() if f.user_id == e.user_id and f.current
+                                 and e.attribute is not None and f.attribute == e.attribute
+                                 and (e.value or "").casefold() == f.value.casefold())
+                if not targets:
+                    raise CommandRefused(f"FactForgotten names {e.fact_id}, not a current fact of user {e.user_id!r}")
+            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten:{n}"), kind="fact",
+                                    target=t) for n, t in enumerate(targets)]
+        if isinstance(e, EdgeForgotten):
+            await graph.ensure_user(e.user_id)
+            edge = graph.rows.get(e.edge_id)
+            if getattr(edge, "user_id", None) != e.user_id:
+                raise CommandRefused(f"EdgeForgotten names {e.edge_id}, not an edge of user {e.user_id!r}")
+            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="edge",
+                                    target=e.edge_id)]
+        if isinstance(e, EpisodeForgotten):
+            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="episode",
+                                    target=e.turn_event_id)]
+        if isinstance(e, UserForgotten):
+            self._fact_vectors.clear()  # fact texts, some of them theirs
+            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user")]
+        return []
+
+    @staticmethod
+    async def _current_fact(overlay: FactView, user_id: str, fact_id: uuid.UUID, e: Event):
+        await overlay.ensure(user_id, [fact_id])
+        row = overlay.rows.get(fact_id)
+        if row is None or row.user_id != user_id or not row.current:
+            raise CommandRefused(f"{type(e).__name__} names {fact_id}, not a current fact of user {user_id!r}")
+        return row
 
     async def _load_graph(self, user_id: str):
         async with self._pool.acquire() as conn:

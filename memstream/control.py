@@ -1,0 +1,72 @@
+"""The control plane: what a person (``actor="user"``), the host on their behalf or an operator
+does to a user's memory — see it, correct it, forget part of it or all of it. Every change is a
+command on the user's own log, applied by the projections like any event and recorded with its
+actor and reason; nothing here edits a projection. Each function checks, before appending, that
+the id it is given is the user's (``NotFound`` says whether it is unknown or another user's),
+and returns the command's log position, for ``read(after=...)``."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+from memstream.schemas import (EdgeForgotten, EpisodeForgotten, FactCorrected, FactForgotten, LogPosition,
+                               UserForgotten, new_event_id)
+from memstream.schemas.errors import MemstreamError
+
+ACTORS = ("user", "host", "operator")
+
+
+class NotFound(MemstreamError, LookupError):
+    """The id names nothing of this user's: unknown, or another user's (the message says which)."""
+
+
+async def _own(reader, table: str, key: str, user_id: str, value: uuid.UUID, what: str, extra: str = ""):
+    row = await reader._pool.fetchrow(f"SELECT user_id{extra} FROM {table} WHERE {key} = $1", value)
+    if row is None:
+        raise NotFound(f"no {what} {value}")
+    if row["user_id"] != user_id:
+        raise NotFound(f"{what} {value} belongs to another user, not {user_id!r}")
+    return row
+
+
+def _envelope(user_id: str, actor: str, reason: str) -> dict:
+    return dict(event_id=new_event_id(), user_id=user_id, occurred_at=datetime.now(timezone.utc), actor=actor,
+                reason=reason)
+
+
+async def correct_fact(log, reader, user_id: str, fact_id: uuid.UUID, value: str, *, text: str | None = None,
+                       actor: str = "user", reason: str = "") -> LogPosition:
+    """A new version of the fact saying ``value`` (and ``text``), explicit: it passes the safety gate."""
+    row = await _own(reader, "memory_facts", "fact_id", user_id, fact_id, "fact", ", status")
+    if row["status"] != "current":
+        raise NotFound(f"fact {fact_id} is not current ({row['status']}): correct its current version")
+    return await log.append(FactCorrected(**_envelope(user_id, actor, reason), fact_id=fact_id, value=value, text=text))
+
+
+async def forget_fact(log, reader, user_id: str, fact_id: uuid.UUID, *, actor: str = "user",
+                      reason: str = "") -> LogPosition:
+    """The fact ends as forgotten; no replay or reform learns it again from the turns it came from."""
+    row = await _own(reader, "memory_facts", "fact_id", user_id, fact_id, "fact", ", status, attribute, value")
+    if row["status"] != "current":
+        raise NotFound(f"fact {fact_id} is not current ({row['status']})")
+    return await log.append(FactForgotten(**_envelope(user_id, actor, reason), fact_id=fact_id,
+                                          attribute=row["attribute"], value=row["value"]))
+
+
+async def forget_episode(log, reader, user_id: str, episode_id: uuid.UUID, *, actor: str = "user",
+                         reason: str = "") -> LogPosition:
+    """The turn leaves episodes, Tier 0 and the keyword search, with the facts and edges it alone supports."""
+    row = await _own(reader, "episodes", "episode_id", user_id, episode_id, "episode", ", source_event_id")
+    return await log.append(EpisodeForgotten(**_envelope(user_id, actor, reason), turn_event_id=row["source_event_id"]))
+
+
+async def forget_edge(log, reader, user_id: str, edge_id: uuid.UUID, *, actor: str = "user",
+                      reason: str = "") -> LogPosition:
+    """The relationship ends, and the graph shows it no more, now or as of any date."""
+    await _own(reader, "memory_edges", "edge_id", user_id, edge_id, "edge")
+    return await log.append(EdgeForgotten(**_envelope(user_id, actor, reason), edge_id=edge_id))
+
+
+async def forget_user(log, user_id: str, *, actor: str = "user", reason: str = "") -> LogPosition:
+    """Every row and cache key of the user goes, in every projection (idempotent)."""
+    return await log.append(UserForgotten(**_envelope(user_id, actor, reason)))

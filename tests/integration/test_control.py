@@ -1,0 +1,263 @@
+"""Control on the real stack: correct, forget a fact, an episode, an edge, a whole user — each a
+command on the user's log, applied by the projections, named in history, equal after a replay,
+and not undone by a replay or a reform."""
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+import pytest
+import redis.asyncio as aioredis
+
+from memstream import control
+from memstream.embedding import default_embedder
+from memstream.projections.compare import TABLES, diff_counts
+from memstream.projections.db import drop_schema
+from memstream.projections.episodes import query as episodes_q
+from memstream.streams.producer import TurnLog
+from memstream.streams.reform import reform
+from memstream.streams.replay import replay
+
+from .test_formation import append_and_wait, turn
+from .test_read_path import make_reader
+
+pytestmark = pytest.mark.asyncio
+ALL_TABLES = [t for tables in TABLES.values() for t in tables]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return default_embedder()
+
+
+async def test_correct_and_forget_a_fact_an_episode_and_an_edge_then_replay_and_reform_agree(settings, conn, dsn,
+                                                                                            workers, embedder):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("cam", "I live in Porto.", 0), turn("cam", "I like jazz.", 1),
+                                           turn("cam", "My dog Rex is sick.", 2), turn("cam", "I work at Acme.", 3)])
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        facts = {f.attribute: f for f in (await reader.memories("cam", "facts")).items}
+        async with TurnLog(settings) as log:
+            pos = await control.correct_fact(log, reader, "cam", facts["home"].fact_id, "Braga", reason="I misspoke")
+            ctx = await reader.read("cam", "c1", "where do I live?", after=pos, wait_timeout=30)
+            assert ctx.caught_up and [f.text for f in ctx.facts if f.attribute == "home"] == ["Lives in Braga"]
+            history = await reader.fact_history("cam", facts["home"].fact_id)
+            assert [(v.value, v.status) for v in history] == [("Porto", "superseded"), ("Braga", "current")]
+            assert history[1].reason == "corrected by user: I misspoke" and history[1].explicit
+
+            pos = await control.forget_fact(log, reader, "cam", facts["likes"].fact_id, reason="private")
+            ctx = await reader.read("cam", "c1", "what music do I like?", after=pos, wait_timeout=30)
+            assert not any("jazz" in f.text for f in ctx.facts)
+            [gone] = await reader.fact_history("cam", facts["likes"].fact_id)
+            assert gone.status == "forgotten" and gone.end_reason == "forgotten by user: private"
+
+            rex = next(e for e in (await reader.memories("cam", "episodes")).items if "Rex" in e.user_message)
+            pos = await control.forget_episode(log, reader, "cam", rex.episode_id, actor="host")
+            ctx = await reader.read("cam", "c1", "how is my dog Rex?", after=pos, wait_timeout=30)
+            assert not any("Rex" in e.user_message for e in ctx.episodes + ctx.recent_turns)
+            assert not await episodes_q.keyword(conn, "cam", "Rex", 20)  # out of the keyword postings too
+            assert not any("Rex" in f.text for f in (await reader.memories("cam", "facts")).items)
+            assert not any("Rex" in e.fact_sentence for e in (await reader.memories("cam", "edges", include_history=True)).items)
+
+            acme = next(e for e in (await reader.memories("cam", "edges")).items if e.target == "Acme")
+            pos = await control.forget_edge(log, reader, "cam", acme.edge_id, actor="operator", reason="wrong person")
+            ctx = await reader.read("cam", "c1", "where do I work?", after=pos, wait_timeout=30)
+            assert not any("Acme" in e.fact_sentence for e in ctx.edges)
+            then = await reader.read("cam", "c1", "where do I work?", as_of=acme.recorded_at + timedelta(seconds=1))
+            assert not any("Acme" in e.fact_sentence for e in then.edges)  # not as of any date either
+
+            # A later explicit statement may learn the forgotten fact again, as a new lineage.
+            await append_and_wait(settings, conn, [turn("cam", "I like jazz.", 5)])
+            again = [f for f in (await reader.memories("cam", "facts")).items if f.attribute == "likes"]
+            assert [f.value for f in again] == ["jazz"] and again[0].lineage_id != facts["likes"].lineage_id
+
+            with pytest.raises(control.NotFound, match="another user"):
+                await control.forget_fact(log, reader, "someone-else", facts["home"].fact_id)
+    finally:
+        await reader.close()
+    await append_and_wait(settings, conn, [turn("cam", "thanks", 6)])  # the last command is projected
+    w.stop()
+    live, rebuilt, reformed = settings.postgres_schema, settings.postgres_schema + "_re", settings.postgres_schema + "_rf"
+    try:
+        await replay(settings, dsn, rebuilt, ["episodes", "facts", "graph", "commands"])
+        for table in ALL_TABLES:
+            assert await diff_counts(conn, live, rebuilt, table) == (0, 0), table
+        await reform(settings, extractor="offline", topic=settings.decisions_topic + ".v2")
+        await replay(settings, dsn, reformed, ["episodes", "facts", "graph"], topic=settings.decisions_topic + ".v2")
+        for table in TABLES["facts"] + TABLES["episodes"] + TABLES["graph"]:
+            assert await diff_counts(conn, live, reformed, table) == (0, 0), table
+    finally:
+        await drop_schema(dsn, rebuilt)
+        await drop_schema(dsn, reformed)
+
+
+async def user_tables(conn) -> list[str]:
+    """Every table of the schema with a user_id column, from the catalog (partitions as their parent)."""
+    return [r["table_name"] for r in await conn.fetch(
+        "SELECT c.table_name FROM information_schema.columns c JOIN pg_class k ON k.relname = c.table_name "
+        "AND k.relnamespace = c.table_schema::regnamespace WHERE c.table_schema = current_schema() "
+        "AND c.column_name = 'user_id' AND NOT k.relispartition ORDER BY 1")]
+
+
+async def test_forgetting_a_user_leaves_no_row_or_key_of_theirs_survives_a_kill_and_spares_the_neighbour(
+        settings, conn, dsn, workers, embedder):
+    from memstream.schemas import PersonIdentitySet, ReminderScheduled
+    from memstream.schemas.events import new_event_id
+    from datetime import datetime, timedelta, timezone
+
+    w = workers()
+    await w.wait_assigned()
+    for user in ("dee", "ned"):
+        await append_and_wait(settings, conn, [turn(user, "I live in Porto and work at Acme.", 0),
+                                               turn(user, "My sister Ana is a nurse.", 1)])
+    async with TurnLog(settings) as log:
+        await log.append_many([
+            ReminderScheduled.new(user_id="dee", text="call Ana", due_at=datetime.now(timezone.utc) + timedelta(days=1)),
+            PersonIdentitySet(event_id=new_event_id(), user_id="dee", occurred_at=datetime.now(timezone.utc),
+                              attributes={"name": "Dee"})])
+    tables = await user_tables(conn)
+    assert {"episodes", "memory_facts", "entities", "memory_edges", "profiles", "reminders"} <= set(tables)
+
+    async def rows_of(user):
+        return {t: hashlib.md5(str(sorted(map(tuple, await conn.fetch(f"SELECT * FROM {t} WHERE user_id = $1", user))))
+                               .encode()).hexdigest() for t in tables}
+
+    neighbour = await rows_of("ned")
+    async with TurnLog(settings) as log:
+        pos = await control.forget_user(log, "dee", reason="asked to be forgotten")
+    w.kill()  # halfway: the forget is on the log, nothing applied it yet (or part of it)
+    w2 = workers()
+    await w2.wait_assigned()
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        ctx = await reader.read("dee", "c1", "where do I live?", after=pos, wait_timeout=60)
+        assert ctx.caught_up and not ctx.facts and not ctx.episodes and not ctx.edges and not ctx.recent_turns
+        async with TurnLog(settings) as log:  # sent twice: the same end
+            pos = await control.forget_user(log, "dee")
+        await reader.read("dee", "c1", "hello", after=pos, wait_timeout=60)
+    finally:
+        await reader.close()
+    for t in tables:
+        assert await conn.fetchval(f"SELECT count(*) FROM {t} WHERE user_id = 'dee'") == 0, t
+    redis = aioredis.from_url(settings.redis_url)
+    try:
+        assert [k async for k in redis.scan_iter(match=f"memstream:{settings.postgres_schema}:*:dee*")] == []
+        assert [k async for k in redis.scan_iter(match=f"memstream:{settings.postgres_schema}:*:ned*")] != []
+    finally:
+        await redis.aclose()
+    assert await rows_of("ned") == neighbour
+
+
+async def test_the_cli_lists_corrects_forgets_and_names_what_is_wrong(settings, conn, workers, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from memstream.stack.worker_process import worker_env
+
+    from .conftest import HOME, ROOT
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("cli", "I live in Porto.", 0), turn("cli", "I like tea.", 1)])
+    env = worker_env(settings.model_copy(update={"home": HOME}))
+
+    def cli(*args, stdin: str | None = None):
+        return subprocess.run([sys.executable, "-m", "memstream.cli", *args], cwd=ROOT, env=env, input=stdin,
+                              capture_output=True, text=True, timeout=120)
+
+    listed = cli("memories", "list", "cli", "--json")
+    assert listed.returncode == 0, listed.stderr
+    facts = {f["attribute"]: f for f in json.loads(listed.stdout)["items"]}
+    assert cli("memories", "correct", "cli", facts["home"]["fact_id"], "Faro", "--json").returncode == 0
+    assert cli("memories", "forget", "cli", "--fact", facts["likes"]["fact_id"], "--reason", "private").returncode == 0
+    await append_and_wait(settings, conn, [turn("cli", "ok", 2)])
+    history = json.loads(cli("memories", "history", "cli", facts["likes"]["fact_id"], "--json").stdout)
+    assert history[-1]["status"] == "forgotten" and "by operator: private" in history[-1]["end_reason"]
+    assert [f["value"] for f in json.loads(cli("memories", "list", "cli", "--json").stdout)["items"]] == ["Faro"]
+
+    unknown = cli("memories", "forget", "cli", "--fact", "00000000-0000-0000-0000-000000000001")
+    assert unknown.returncode == 1 and "no fact 00000000-0000-0000-0000-000000000001" in unknown.stderr
+    foreign = cli("memories", "forget", "someone", "--fact", facts["home"]["fact_id"])
+    assert foreign.returncode == 1 and "belongs to another user" in foreign.stderr
+    assert cli("memories", "forget", "cli", "--fact", "not-a-uuid").returncode == 2
+    assert cli("forget-user", "cli", stdin="n\n").returncode == 1  # asked, and said no
+    assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'cli'") == 3
+    assert cli("forget-user", "cli", "--yes", "--json").returncode == 0
+    await append_and_wait(settings, conn, [turn("cli-other", "hello", 3)])
+    from .conftest import wait_until
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM episodes WHERE user_id = 'cli'"), what="cli forgotten")
+
+
+async def test_a_users_export_imported_into_a_fresh_deployment_projects_to_the_same_rows(settings, conn, dsn,
+                                                                                         workers, tmp_path):
+    """Ids are kept; only where the events landed differs (the episodes' source partition and
+    offset, a person identity's source offset): the archive's positions are remapped."""
+    import uuid as uuid_
+
+    from memstream.config import Settings
+    from memstream.portability import export_user, import_user, read_archive
+    from memstream.projections.db import migrate
+    from memstream.schemas import PersonIdentitySet, ReminderScheduled
+    from memstream.schemas.events import new_event_id
+    from memstream.streams.topics import ensure_topics
+    from datetime import datetime, timezone
+
+    from .conftest import HOME, Worker, wait_until
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("exp", "I live in Porto and work at Acme.", 0),
+                                           turn("exp", "I like jazz.", 1), turn("other", "I live in Oslo.", 2)])
+    reader = await make_reader(dsn, settings, default_embedder())
+    try:
+        likes = next(f for f in (await reader.memories("exp", "facts")).items if f.attribute == "likes")
+        async with TurnLog(settings) as log:
+            await log.append_many([
+                ReminderScheduled.new(user_id="exp", text="call mum", due_at=datetime(2027, 1, 1, tzinfo=timezone.utc)),
+                PersonIdentitySet(event_id=new_event_id(), user_id="exp", occurred_at=datetime.now(timezone.utc),
+                                  attributes={"name": "Exp"})])
+            await control.forget_fact(log, reader, "exp", likes.fact_id)
+    finally:
+        await reader.close()
+    await append_and_wait(settings, conn, [turn("exp", "I moved to Faro.", 3)])
+    archive = tmp_path / "exp.jsonl"
+    header = await export_user(settings, "exp", archive)
+    assert header["version"] == 1 and header["events"] == 6 and header["decisions"] > 6
+    assert all(x["record"]["user_id"] == "exp" for x in read_archive(archive)[1])
+
+    tag = uuid_.uuid4().hex[:8]
+    target = Settings(home=HOME, events_topic=f"i{tag}.events", decisions_topic=f"i{tag}.decisions",
+                      dead_letter_topic=f"i{tag}.dead-letter", group_id=f"gi{tag}", postgres_schema=f"i_{tag}",
+                      partitions=settings.partitions)
+    await ensure_topics(target)
+    await migrate(dsn, target.postgres_schema)
+    w2 = Worker(target, tmp_path / "target.log")
+    try:
+        await w2.wait_assigned()
+        done = await import_user(target, archive)
+        assert done == {"user_id": "exp", "events": 6, "decisions": header["decisions"]}
+        remapped = {"episodes": "source_partition, source_offset", "person_identities": "source_offset"}
+
+        async def same() -> bool:
+            for table in ("episodes", "memory_facts", "entities", "memory_edges", "profiles", "reminders",
+                          "person_identities"):
+                cols = [r["column_name"] for r in await conn.fetch(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 "
+                    "AND column_name NOT IN ('tsv') ORDER BY ordinal_position", settings.postgres_schema, table)
+                    if r["column_name"] not in remapped.get(table, "")]
+                q = "SELECT {} FROM {}.{} WHERE user_id = 'exp' EXCEPT ALL SELECT {} FROM {}.{} WHERE user_id = 'exp'"
+                a, b = settings.postgres_schema, target.postgres_schema
+                c = ", ".join(cols)
+                if await conn.fetchval(f"SELECT count(*) FROM ({q.format(c, a, table, c, b, table)}) d") or \
+                        await conn.fetchval(f"SELECT count(*) FROM ({q.format(c, b, table, c, a, table)}) d"):
+                    return False
+            return True
+
+        await wait_until(same, timeout=60, what="the imported user's rows to equal the source's")
+        assert await conn.fetchval(f"SELECT count(*) FROM {target.postgres_schema}.episodes WHERE user_id = 'other'") == 0
+    finally:
+        w2.stop()
+        await drop_schema(dsn, target.postgres_schema)
