@@ -10,6 +10,7 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
+from memstream.projections.batches import runs
 from memstream.projections.episodes.core import EpisodeRow, episode_id
 from memstream.schemas import MemoryForgotten
 
@@ -32,7 +33,7 @@ class EpisodeStore:
         """Episode rows and forgettings, in log order. Returns what was forgotten (for Tier 0)."""
         forgotten = Forgotten([], [])
         async with conn.transaction():
-            for run, forget in _runs(rows):
+            for run, forget in runs(rows, lambda item: isinstance(item, MemoryForgotten)):
                 await _insert(conn, run)
                 if forget is None:
                     continue
@@ -55,17 +56,6 @@ _FORGET = ("DELETE FROM episodes WHERE user_id = $1 AND episode_id = $2 "
 class Forgotten:
     episodes: list  # the deleted rows (episode_id, user_id, conversation_id, occurred_at, messages)
     users: list[str]
-
-
-def _runs(items):
-    run = []
-    for item in items:
-        if isinstance(item, MemoryForgotten):
-            yield run, item
-            run = []
-        else:
-            run.append(item)
-    yield run, None
 
 
 async def _insert(conn, rows: Sequence[EpisodeRow]) -> None:

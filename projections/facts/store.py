@@ -10,9 +10,10 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
+from memstream.projections.batches import forgets_user, runs
 from memstream.projections.facts.core import COLUMNS, FactRow, fold, sources, targets, turn_decisions
 from memstream.projections.profile import store as profile_store
-from memstream.schemas import Decision, MemoryForgotten
+from memstream.schemas import Decision
 
 # By (user, id), like every load: a decision naming another user's fact finds nothing to change.
 _SELECT = (f"SELECT {', '.join('f.' + c for c in COLUMNS)} FROM unnest($1::text[], $2::uuid[]) k(user_id, fact_id) "
@@ -83,20 +84,6 @@ async def upsert(conn, rows: Sequence[FactRow]) -> None:
         await conn.execute(_UPSERT, *[_column(rows, c) for c in COLUMNS])
 
 
-def _runs(decisions: Sequence[Decision]):
-    """``(decisions, user)``: the runs between forgettings of a whole user, each with the user
-    forgotten after it (or None): what a batch said of that user before is deleted, what it says
-    after stays."""
-    run: list[Decision] = []
-    for d in decisions:
-        if isinstance(d, MemoryForgotten) and d.kind == "user":
-            yield run, d.user_id
-            run = []
-        else:
-            run.append(d)
-    yield run, None
-
-
 class FactStore:
     name = "facts"
 
@@ -105,7 +92,8 @@ class FactStore:
         transaction; returns those profiles (for the Redis cache)."""
         async with conn.transaction():
             touched: set[str] = set()
-            for run, forgotten in _runs(decisions):
+            for run, forget in runs(decisions, forgets_user):
+                forgotten = forget.user_id if forget else None
                 state = await load(conn, [(d.user_id, t) for d in run for t in targets(d)])
                 for user, event_id in {s for d in run for s in sources(d)}:
                     state.update(await load_by_source(conn, user, event_id))

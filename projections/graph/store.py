@@ -9,9 +9,10 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
+from memstream.projections.batches import forgets_user, runs
 from memstream.projections.graph.core import (EDGE_COLUMNS, ENTITY_COLUMNS, EdgeRow, EntityRow, Row, fold, sources,
                                              targets)
-from memstream.schemas import Decision, MemoryForgotten
+from memstream.schemas import Decision
 
 _ENTITY_CASTS = {"entity_id": "uuid", "user_id": "text", "name": "text", "aliases": "text", "is_user": "boolean",
                  "recorded_at": "timestamptz", "source_event_id": "uuid"}
@@ -99,24 +100,13 @@ async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[uuid.U
     return {r["edge_id"]: edge_from(r) for r in rows}
 
 
-def _runs(decisions: Sequence[Decision]):
-    """``(decisions, user)``: the runs between forgettings of a whole user (see the facts store)."""
-    run: list[Decision] = []
-    for d in decisions:
-        if isinstance(d, MemoryForgotten) and d.kind == "user":
-            yield run, d.user_id
-            run = []
-        else:
-            run.append(d)
-    yield run, None
-
-
 class GraphStore:
     name = "graph"
 
     async def apply_batch(self, conn: asyncpg.Connection, decisions: Sequence[Decision], positions: pos.Positions) -> None:
         async with conn.transaction():
-            for run, forgotten in _runs(decisions):
+            for run, forget in runs(decisions, forgets_user):
+                forgotten = forget.user_id if forget else None
                 state = await load(conn, [(d.user_id, t) for d in run for t in targets(d)])
                 for user, event_id in {s for d in run for s in sources(d)}:
                     state.update(await load_by_source(conn, user, event_id))
