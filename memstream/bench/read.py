@@ -274,7 +274,7 @@ def corpus_plan(rows: int) -> tuple[list[int], list[tuple[str, int, int, int]]]:
 
 async def load_corpus(pool, embedder, rows: int) -> dict:
     """The benchmark's corpus of ``rows`` written into ``pool``'s (migrated, empty) schema; for
-    benchmarks that time memstream beside other systems (bench/peers)."""
+    benchmarks that time memstream beside other systems (peers/)."""
     return await _load_corpus(pool, embedder, corpus_plan(rows)[1])
 
 
