@@ -126,7 +126,8 @@ def _target(state: Mapping[uuid.UUID, FactRow], fid: uuid.UUID, d: Decision) -> 
 
 
 def _forgotten(old: FactRow, d: MemoryForgotten, why: str) -> FactRow:
-    return replace(old, status="forgotten", superseded_at=d.recorded_at, valid_to=old.valid_to or max(d.recorded_at, old.valid_from),
+    return replace(old, status="forgotten", superseded_at=d.recorded_at,
+                   valid_to=old.valid_to or max(d.recorded_at, old.valid_from),
                    end_reason=f"{why} by {d.actor}" + (f": {d.reason}" if d.reason else ""))
 
 

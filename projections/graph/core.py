@@ -92,8 +92,9 @@ def sources(d: Decision) -> list[tuple[str, uuid.UUID]]:
 
 
 def _forget(edge: EdgeRow, d: MemoryForgotten, why: str) -> EdgeRow:
-    return replace(edge, valid_to=edge.valid_to or max(d.recorded_at, edge.valid_from), closed_at=edge.closed_at or d.recorded_at,
-                   close_reason=f"{why} by {d.actor}" + (f": {d.reason}" if d.reason else ""), forgotten=True)
+    return replace(edge, valid_to=edge.valid_to or max(d.recorded_at, edge.valid_from),
+                   closed_at=edge.closed_at or d.recorded_at, forgotten=True,
+                   close_reason=f"{why} by {d.actor}" + (f": {d.reason}" if d.reason else ""))
 
 
 def _own(state: dict[uuid.UUID, Row], key: uuid.UUID, kind: type, d: Decision) -> Row:
