@@ -1,0 +1,165 @@
+"""Per-user data keys: seal and open a user's content with AES-256-GCM under a key of their own,
+and destroy it to forget them.
+
+A sealed blob is ``b"ms1" | generation (4 bytes) | nonce (12) | ciphertext``; the user id and a
+context (which record field it is) are authenticated with it, so a blob cannot be moved to
+another user or field. Data keys are created on first use, kept wrapped by the ``Kek`` in a
+``WrappedKeys`` store, and unwrapped into memory only while in use. ``destroy`` ends the user's
+current generation: blobs sealed under it open as ``Shredded`` from then on, anywhere — and a
+user who comes back gets a new generation, never the old key. The store holds no user id, only
+its SHA-256.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import struct
+from collections import OrderedDict
+from typing import Protocol
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from memstream.schemas.errors import MemstreamError
+from memstream.sealing.kek import Kek
+
+MAGIC = b"ms1"
+_HEAD = struct.Struct(">3sI12s")
+
+
+class Shredded(MemstreamError):
+    """Sealed with a data key that was destroyed (the user was forgotten): gone, by design."""
+
+
+class NotSealed(MemstreamError, ValueError):
+    """The bytes are not a sealed blob (or were damaged)."""
+
+
+def user_key(user_id: str) -> bytes:
+    return hashlib.sha256(user_id.encode()).digest()
+
+
+class WrappedKeys(Protocol):
+    """Where wrapped data keys live: the one state the log cannot rebuild (back it up).
+
+    ``current(user)``: ``(generation, kek_id, wrapped)`` of the user's live key, or None.
+    ``create(user, kek_id, wrapped)``: makes ``wrapped`` the user's live key under the next
+    generation unless another caller made one first; returns the live one either way.
+    ``destroy(user)``: the user has no live key from now on; its generation is never reused.
+    ``user`` is ``user_key(user_id)``."""
+
+    async def current(self, user: bytes) -> tuple[int, str, bytes] | None: ...
+
+    async def create(self, user: bytes, kek_id: str, wrapped: bytes) -> tuple[int, str, bytes]: ...
+
+    async def destroy(self, user: bytes) -> None: ...
+
+
+class MemoryWrappedKeys:
+    """A process's own store (tests, one-off tools): lost with the process."""
+
+    def __init__(self) -> None:
+        self._live: dict[bytes, tuple[int, str, bytes]] = {}
+        self._last: dict[bytes, int] = {}
+
+    async def current(self, user: bytes):
+        return self._live.get(user)
+
+    async def create(self, user: bytes, kek_id: str, wrapped: bytes):
+        if user not in self._live:
+            self._last[user] = self._last.get(user, 0) + 1
+            self._live[user] = (self._last[user], kek_id, wrapped)
+        return self._live[user]
+
+    async def destroy(self, user: bytes) -> None:
+        self._live.pop(user, None)
+
+
+class PostgresWrappedKeys:
+    """Wrapped keys in a table of their own schema (never a projection's: those are rebuilt
+    from the log, this cannot be). ``migrate`` creates it."""
+
+    def __init__(self, pool, schema: str = "memstream_keys"):
+        from memstream.projections.schema_names import check_schema_name
+
+        self._pool, self._schema = pool, check_schema_name(schema)
+
+    async def migrate(self) -> None:
+        await self._pool.execute(
+            f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"; '
+            f'CREATE TABLE IF NOT EXISTS "{self._schema}".data_keys (user_key bytea PRIMARY KEY, '
+            "generation int NOT NULL, kek_id text NOT NULL, wrapped bytea, "
+            "created_at timestamptz NOT NULL DEFAULT now(), destroyed_at timestamptz)")
+
+    async def current(self, user: bytes):
+        r = await self._pool.fetchrow(f'SELECT generation, kek_id, wrapped FROM "{self._schema}".data_keys '
+                                      "WHERE user_key = $1 AND wrapped IS NOT NULL", user)
+        return None if r is None else (r["generation"], r["kek_id"], bytes(r["wrapped"]))
+
+    async def create(self, user: bytes, kek_id: str, wrapped: bytes):
+        await self._pool.execute(
+            f'INSERT INTO "{self._schema}".data_keys AS k (user_key, generation, kek_id, wrapped) '
+            "VALUES ($1, 1, $2, $3) ON CONFLICT (user_key) DO UPDATE SET generation = k.generation + 1, "
+            "kek_id = EXCLUDED.kek_id, wrapped = EXCLUDED.wrapped, created_at = now(), destroyed_at = NULL "
+            "WHERE k.wrapped IS NULL", user, kek_id, wrapped)
+        return await self.current(user)
+
+    async def destroy(self, user: bytes) -> None:
+        await self._pool.execute(f'UPDATE "{self._schema}".data_keys SET wrapped = NULL, destroyed_at = now() '
+                                 "WHERE user_key = $1", user)
+
+
+class DataKeys:
+    """Seals and opens users' content. Unwrapped keys are kept for the ``keep`` most recent
+    users; ``destroy`` drops the user's from memory too."""
+
+    def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000):
+        self._kek, self._store, self._keep = kek, store, keep
+        self._keys: OrderedDict[bytes, tuple[int, AESGCM]] = OrderedDict()
+        self._lock = asyncio.Lock()
+
+    async def _live(self, user_id: str, create: bool) -> tuple[int, AESGCM] | None:
+        user = user_key(user_id)
+        if user in self._keys:
+            self._keys.move_to_end(user)
+            return self._keys[user]
+        async with self._lock:
+            found = await self._store.current(user)
+            if found is None and create:
+                found = await self._store.create(user, self._kek.kek_id, self._kek.wrap(AESGCM.generate_key(256), user_id))
+            if found is None:
+                return None
+            generation, _, wrapped = found
+            live = generation, AESGCM(self._kek.unwrap(wrapped, user_id))
+            self._keys[user] = live
+            while len(self._keys) > self._keep:
+                self._keys.popitem(last=False)
+            return live
+
+    async def seal(self, user_id: str, plaintext: bytes, context: str) -> bytes:
+        generation, aead = await self._live(user_id, create=True)
+        nonce = os.urandom(12)
+        return _HEAD.pack(MAGIC, generation, nonce) + aead.encrypt(nonce, plaintext, _aad(user_id, context))
+
+    async def open(self, user_id: str, sealed: bytes, context: str) -> bytes:
+        if len(sealed) < _HEAD.size or sealed[:3] != MAGIC:
+            raise NotSealed("not a sealed blob")
+        _, generation, nonce = _HEAD.unpack_from(sealed)
+        live = await self._live(user_id, create=False)
+        if live is None or live[0] != generation:
+            raise Shredded(f"sealed under a destroyed data key (generation {generation})")
+        try:
+            return live[1].decrypt(nonce, sealed[_HEAD.size:], _aad(user_id, context))
+        except InvalidTag:
+            raise NotSealed("the blob does not open for this user and field (damaged, or moved)") from None
+
+    async def destroy(self, user_id: str) -> None:
+        user = user_key(user_id)
+        async with self._lock:
+            await self._store.destroy(user)
+            self._keys.pop(user, None)
+
+
+def _aad(user_id: str, context: str) -> bytes:
+    return len(user_id).to_bytes(4, "big") + user_id.encode() + context.encode()
