@@ -20,12 +20,12 @@ class NotFound(MemstreamError, LookupError):
     """The id names nothing of this user's: unknown, or another user's (the message says which)."""
 
 
-async def _own(reader, table: str, key: str, user_id: str, value: uuid.UUID, what: str, extra: str = ""):
-    row = await reader._pool.fetchrow(f"SELECT user_id{extra} FROM {table} WHERE {key} = $1", value)
+async def _own(reader, kind: str, user_id: str, memory_id: uuid.UUID) -> dict:
+    row, what = await reader.holder(kind, memory_id), kind[:-1]
     if row is None:
-        raise NotFound(f"no {what} {value}")
+        raise NotFound(f"no {what} {memory_id}")
     if row["user_id"] != user_id:
-        raise NotFound(f"{what} {value} belongs to another user, not {user_id!r}")
+        raise NotFound(f"{what} {memory_id} belongs to another user, not {user_id!r}")
     return row
 
 
@@ -37,7 +37,7 @@ def _envelope(user_id: str, actor: str, reason: str) -> dict:
 async def correct_fact(log, reader, user_id: str, fact_id: uuid.UUID, value: str, *, text: str | None = None,
                        actor: str = "user", reason: str = "") -> LogPosition:
     """A new version of the fact saying ``value`` (and ``text``), explicit: it passes the safety gate."""
-    row = await _own(reader, "memory_facts", "fact_id", user_id, fact_id, "fact", ", status")
+    row = await _own(reader, "facts", user_id, fact_id)
     if row["status"] != "current":
         raise NotFound(f"fact {fact_id} is not current ({row['status']}): correct its current version")
     return await log.append(FactCorrected(**_envelope(user_id, actor, reason), fact_id=fact_id, value=value, text=text))
@@ -46,7 +46,7 @@ async def correct_fact(log, reader, user_id: str, fact_id: uuid.UUID, value: str
 async def forget_fact(log, reader, user_id: str, fact_id: uuid.UUID, *, actor: str = "user",
                       reason: str = "") -> LogPosition:
     """The fact ends as forgotten; no replay or reform learns it again from the turns it came from."""
-    row = await _own(reader, "memory_facts", "fact_id", user_id, fact_id, "fact", ", status, attribute, value")
+    row = await _own(reader, "facts", user_id, fact_id)
     if row["status"] != "current":
         raise NotFound(f"fact {fact_id} is not current ({row['status']})")
     return await log.append(FactForgotten(**_envelope(user_id, actor, reason), fact_id=fact_id,
@@ -56,14 +56,16 @@ async def forget_fact(log, reader, user_id: str, fact_id: uuid.UUID, *, actor: s
 async def forget_episode(log, reader, user_id: str, episode_id: uuid.UUID, *, actor: str = "user",
                          reason: str = "") -> LogPosition:
     """The turn leaves episodes, Tier 0 and the keyword search, with the facts and edges it alone supports."""
-    row = await _own(reader, "episodes", "episode_id", user_id, episode_id, "episode", ", source_event_id")
+    row = await _own(reader, "episodes", user_id, episode_id)
     return await log.append(EpisodeForgotten(**_envelope(user_id, actor, reason), turn_event_id=row["source_event_id"]))
 
 
 async def forget_edge(log, reader, user_id: str, edge_id: uuid.UUID, *, actor: str = "user",
                       reason: str = "") -> LogPosition:
     """The relationship ends, and the graph shows it no more, now or as of any date."""
-    await _own(reader, "memory_edges", "edge_id", user_id, edge_id, "edge")
+    row = await _own(reader, "edges", user_id, edge_id)
+    if row["forgotten"]:
+        raise NotFound(f"edge {edge_id} is already forgotten")
     return await log.append(EdgeForgotten(**_envelope(user_id, actor, reason), edge_id=edge_id))
 
 

@@ -18,6 +18,7 @@ from memstream.projections.facts import query as facts_q
 from memstream.projections.commands import query as commands_q
 from memstream.projections.graph import query as graph_q
 from memstream.projections.profile import query as profile_q
+from memstream.read_client.memories import KINDS as memories_kinds
 from memstream.read_client.memories import check_page, memory_page, memory_stats
 from memstream.read_client.arguments import check_read, check_user
 from memstream.read_client.budget import Budgets, TokenCounter, pack
@@ -317,6 +318,16 @@ class MemoryReader:
         each, their entities and conversations, and when their memory last changed."""
         check_user(user_id)
         return await memory_stats(self._pool, user_id)
+
+    async def holder(self, kind: str, memory_id) -> dict | None:
+        """Whose fact, episode or edge ``memory_id`` is, with what a control command needs to
+        know of it (a fact's status, slot and value; an episode's source turn): None if no user
+        holds it. For control tools that must tell an unknown id from another user's."""
+        q = {"facts": facts_q, "episodes": episodes_q, "edges": graph_q}.get(kind)
+        if q is None:
+            raise InvalidArgument(f"kind must be one of {tuple(memories_kinds)}, not {kind!r}")
+        row = await q.holder(self._pool, memory_id)
+        return None if row is None else dict(row)
 
     async def fact_history(self, user_id: str, fact_id) -> list[FactVersion]:
         """Every version of the fact's lineage, oldest first: what was believed, when and why."""

@@ -75,3 +75,8 @@ async def counts(conn, user_id: str) -> asyncpg.Record:
     return await conn.fetchrow(
         "SELECT count(*) AS n, min(occurred_at) AS oldest, max(occurred_at) AS newest, max(recorded_at) AS last_recorded, "
         "count(DISTINCT conversation_id) AS conversations FROM episodes WHERE user_id = $1", user_id)
+
+
+async def holder(conn, episode_id) -> asyncpg.Record | None:
+    """Whose episode ``episode_id`` is, and the turn it came from (any user's)."""
+    return await conn.fetchrow("SELECT user_id, source_event_id FROM episodes WHERE episode_id = $1", episode_id)

@@ -84,3 +84,9 @@ async def page(conn, user_id: str, include_history: bool, after: tuple, limit: i
 async def counts(conn, user_id: str) -> Sequence[asyncpg.Record]:
     """Per status: how many versions, the oldest recorded and the newest recorded or ended."""
     return await conn.fetch(_COUNTS, user_id)
+
+
+async def holder(conn, fact_id: uuid.UUID) -> asyncpg.Record | None:
+    """Whose fact ``fact_id`` is, its status, slot and value (any user's: for a control command to
+    say whether an id is unknown or another user's)."""
+    return await conn.fetchrow("SELECT user_id, status, attribute, value FROM memory_facts WHERE fact_id = $1", fact_id)

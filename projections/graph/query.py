@@ -138,3 +138,8 @@ async def counts(conn, user_id: str) -> asyncpg.Record:
         "count(*) FILTER (WHERE valid_to IS NOT NULL AND NOT forgotten) AS closed, count(*) FILTER (WHERE forgotten) AS forgotten, "
         "min(recorded_at) AS oldest, max(greatest(recorded_at, closed_at)) AS newest, "
         "(SELECT count(*) FROM entities WHERE user_id = $1) AS entities FROM memory_edges WHERE user_id = $1", user_id)
+
+
+async def holder(conn, edge_id: uuid.UUID) -> asyncpg.Record | None:
+    """Whose edge ``edge_id`` is (any user's)."""
+    return await conn.fetchrow("SELECT user_id, valid_to, forgotten FROM memory_edges WHERE edge_id = $1", edge_id)
