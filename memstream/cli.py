@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from memstream.config import Settings
+from memstream.schemas.events import ACTORS
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -195,9 +196,7 @@ def _uuid(value: str, what: str) -> uuid.UUID:
 
 def _control(ctx: click.Context, act) -> object:
     """Runs ``act(log, reader)`` on the settings' stores; typed errors become usage errors."""
-    from memstream.control import NotFound
     from memstream.read_client import MemoryReader
-    from memstream.schemas.errors import InvalidArgument, InvalidEvent
     from memstream.streams.producer import TurnLog
 
     s = _settings(ctx)
@@ -210,8 +209,17 @@ def _control(ctx: click.Context, act) -> object:
         finally:
             await reader.close()
 
+    return _typed(run())
+
+
+def _typed(coro):
+    """Runs ``coro``; the typed errors of a bad request (an unknown or foreign id, a bad argument
+    or event) become a usage message, exit 1."""
+    from memstream.control import NotFound
+    from memstream.schemas.errors import InvalidArgument, InvalidEvent
+
     try:
-        return asyncio.run(run())
+        return asyncio.run(coro)
     except (NotFound, InvalidArgument, InvalidEvent) as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -272,7 +280,7 @@ def memories_history(ctx, user: str, fact_id: str, as_json: bool) -> None:
 @click.argument("fact_id")
 @click.argument("value")
 @click.option("--text", help="the fact as a sentence (default: the old text with the new value)")
-@click.option("--actor", type=click.Choice(["user", "host", "operator"]), default="operator", show_default=True)
+@click.option("--actor", type=click.Choice(ACTORS), default="operator", show_default=True)
 @click.option("--reason", default="", help="why, for the history")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -292,7 +300,7 @@ def memories_correct(ctx, user, fact_id, value, text, actor, reason, as_json) ->
 @click.option("--fact", "fact_id", help="a fact id")
 @click.option("--episode", "episode_id", help="an episode id")
 @click.option("--edge", "edge_id", help="an edge id")
-@click.option("--actor", type=click.Choice(["user", "host", "operator"]), default="operator", show_default=True)
+@click.option("--actor", type=click.Choice(ACTORS), default="operator", show_default=True)
 @click.option("--reason", default="", help="why, for the history")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -313,7 +321,7 @@ def memories_forget(ctx, user, fact_id, episode_id, edge_id, actor, reason, as_j
 @main.command("forget-user")
 @click.argument("user")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
-@click.option("--actor", type=click.Choice(["user", "host", "operator"]), default="operator", show_default=True)
+@click.option("--actor", type=click.Choice(ACTORS), default="operator", show_default=True)
 @click.option("--reason", default="", help="why, for the log")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -335,12 +343,8 @@ def forget_user(ctx, user, yes, actor, reason, as_json) -> None:
 def export_cmd(ctx, user: str, path: Path, as_json: bool) -> None:
     """Write USER's log (events and decisions, unsealed) as a versioned JSONL archive."""
     from memstream.portability import export_user
-    from memstream.schemas.errors import InvalidArgument
 
-    try:
-        header = asyncio.run(export_user(_settings(ctx), user, path))
-    except InvalidArgument as exc:
-        raise click.ClickException(str(exc)) from None
+    header = _typed(export_user(_settings(ctx), user, path))
     _echo(header, as_json, [f"{header['events']} events and {header['decisions']} decisions of {user!r} -> {path}"])
 
 
@@ -351,12 +355,8 @@ def export_cmd(ctx, user: str, path: Path, as_json: bool) -> None:
 def import_cmd(ctx, path: Path, as_json: bool) -> None:
     """Append an exported user's log to this deployment's topics (formation decides nothing again)."""
     from memstream.portability import import_user
-    from memstream.schemas.errors import InvalidArgument
 
-    try:
-        done = asyncio.run(import_user(_settings(ctx), path))
-    except InvalidArgument as exc:
-        raise click.ClickException(str(exc)) from None
+    done = _typed(import_user(_settings(ctx), path))
     _echo(done, as_json, [f"imported {done['events']} events and {done['decisions']} decisions of {done['user_id']!r}"])
 
 

@@ -13,6 +13,17 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from memstream.projections.schema_names import check_schema_name
 from memstream.read_settings import EPISODE_WEIGHTS, FACT_WEIGHTS, Budgets, Weights
 
+def local_dsn(pgdata: Path) -> str | None:
+    """The DSN of the local stack's Postgres with data in ``pgdata``: its Unix socket, as its
+    ``postmaster.pid`` names it (pid, data dir, start time, port, socket dir, ...: Postgres' own
+    layout), or None when it is not running there."""
+    try:
+        socket_dir = (pgdata / "postmaster.pid").read_text().splitlines()[4].strip()
+    except (OSError, IndexError):
+        return None
+    return f"postgresql://postgres:@/postgres?host={socket_dir}" if socket_dir else None
+
+
 class Settings(BaseModel):
     kafka_bootstrap: str = "127.0.0.1:19092"
     events_topic: str = "memstream.events"
@@ -79,17 +90,10 @@ class Settings(BaseModel):
         (``memstream stack up``). Raises ``LookupError`` when neither is there."""
         if self.postgres_dsn:
             return self.postgres_dsn
-        pgdata = Path(self.home).resolve() / "postgres"
-        try:
-            # postmaster.pid: pid, data dir, start time, port, socket dir, ... (Postgres' own layout)
-            lines = (pgdata / "postmaster.pid").read_text().splitlines()
-            socket_dir = lines[4].strip()
-        except (OSError, IndexError):
-            socket_dir = ""
-        if not socket_dir:
+        if (found := local_dsn(Path(self.home).resolve() / "postgres")) is None:
             raise LookupError(f"no Postgres: set MEMSTREAM_POSTGRES_DSN, or start the local stack "
                               f"(memstream stack up) under {self.home}")
-        return f"postgresql://postgres:@/postgres?host={socket_dir}"
+        return found
 
     def to_env(self) -> dict[str, str]:
         """Every setting as the ``MEMSTREAM_<FIELD>`` variable ``from_env`` reads back (a setting

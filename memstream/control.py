@@ -13,9 +13,6 @@ from memstream.schemas import (EdgeForgotten, EpisodeForgotten, FactCorrected, F
                                UserForgotten, new_event_id)
 from memstream.schemas.errors import MemstreamError
 
-ACTORS = ("user", "host", "operator")
-
-
 class NotFound(MemstreamError, LookupError):
     """The id names nothing of this user's: unknown, or another user's (the message says which)."""
 

@@ -32,7 +32,7 @@ from aiokafka import TopicPartition
 from memstream.schemas import LogPosition, decode_decision, encode
 from memstream.schemas.errors import InvalidArgument
 from memstream.streams.admission import IMPORTED, expected_partition
-from memstream.streams.kafka_util import groupless_consumer, partitions_of
+from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
 
 log = logging.getLogger("memstream.portability")
@@ -43,12 +43,13 @@ FORMAT, VERSION = "memstream-export", 1
 async def _read(consumer, topic: str, partition: int, key: bytes) -> list:
     tp = TopicPartition(topic, partition)
     consumer.assign([tp])
-    end = (await consumer.end_offsets([tp]))[tp]
     await consumer.seek_to_beginning(tp)
     out = []
-    while end and (await consumer.position(tp)) < end:
-        for msgs in (await consumer.getmany(tp, timeout_ms=1000)).values():
-            out += [m for m in msgs if m.offset < end and m.key == key]
+
+    async def keep(batch) -> None:
+        out.extend(r for r in batch if r.key == key)
+
+    await drain(consumer, [tp], await consumer.end_offsets([tp]), keep)
     return out
 
 

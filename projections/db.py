@@ -63,6 +63,11 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
                                      server_settings=settings)
 
 
+def text_array(values) -> str:
+    """A Postgres text[] literal (for arrays passed as text through ``unnest``)."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
 def _migrations() -> list[tuple[int, str, str]]:
     found = []
     for item in resources.files("memstream.projections").joinpath("migrations").iterdir():

@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from datetime import datetime
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, get_args
 
 import msgspec
 
@@ -189,6 +189,7 @@ class ExpertIdentityDeleted(Event, tag="ExpertIdentityDeleted", kw_only=True, fr
 
 
 Actor = Literal["user", "host", "operator"]
+ACTORS: tuple[str, ...] = get_args(Actor)
 Reason = Annotated[str, msgspec.Meta(max_length=1000)]
 
 

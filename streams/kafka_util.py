@@ -26,3 +26,20 @@ async def partitions_of(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
     """Partition ids of ``topic`` (a group-less consumer has no metadata for unsubscribed topics)."""
     metadata = await consumer._client.fetch_all_metadata()
     return sorted(metadata.partitions_for_topic(topic) or ())
+
+
+async def drain(consumer: AIOKafkaConsumer, tps, high, handle) -> None:
+    """Hands ``handle`` every record of the assigned partitions ``tps`` from the consumer's
+    position up to the high-water mark ``high[tp]`` (exclusive), as batches of ``Record``."""
+    from memstream.streams.records import Record
+
+    remaining = {tp for tp in tps if high[tp] > await consumer.position(tp)}
+    while remaining:
+        fetched = await consumer.getmany(*remaining, timeout_ms=1000)
+        for tp, msgs in fetched.items():
+            batch = [Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()), m.timestamp)
+                     for m in msgs if m.offset < high[tp]]
+            if batch:
+                await handle(batch)
+            if msgs and msgs[-1].offset + 1 >= high[tp]:
+                remaining.discard(tp)

@@ -26,7 +26,7 @@ from memstream.schemas import FactDecision, GraphDecision, decode_decision, enco
 from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.forming import Formation, decode_turns, nothing_decided
 from memstream.streams.formation.views import MemoryView
-from memstream.streams.kafka_util import groupless_consumer, partitions_of
+from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record
 from memstream.streams.topics import FOREVER
@@ -55,23 +55,6 @@ class ReformReport:
         return (f"reformed with {self.extractor} into {self.topic}: copied {self.copied_decisions} decisions, "
                 f"formed {self.reformed_events} events -> {self.new_decisions} decisions "
                 f"({self.skipped_events} undecodable skipped) in {self.seconds:.1f}s")
-
-
-def _records(msgs, high: int) -> list[Record]:
-    return [Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()), m.timestamp)
-            for m in msgs if m.offset < high]
-
-
-async def _drain(consumer, tps, high, handle) -> None:
-    remaining = {tp for tp in tps if high[tp] > await consumer.position(tp)}
-    while remaining:
-        fetched = await consumer.getmany(*remaining, timeout_ms=1000)
-        for tp, msgs in fetched.items():
-            batch = _records(msgs, high[tp])
-            if batch:
-                await handle(batch)
-            if msgs and msgs[-1].offset + 1 >= high[tp]:
-                remaining.discard(tp)
 
 
 async def reform(settings: Settings, *, extractor: str, topic: str, since: datetime | None = None) -> ReformReport:
@@ -127,11 +110,11 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
             if since is not None:
                 c.assign(decisions)
                 await c.seek_to_beginning(*decisions)
-                await _drain(c, decisions, high, copy)
+                await drain(c, decisions, high, copy)
             c.assign(events)
             for tp in events:
                 c.seek(tp, start[tp])
-            await _drain(c, events, high, form)
+            await drain(c, events, high, form)
     finally:
         await producer.stop()
     report = ReformReport(topic, extraction.model_id, counts["copied"], counts["events"], counts["new"],

@@ -18,8 +18,7 @@ from memstream.config import Settings
 from memstream.schemas.errors import MemstreamError
 from memstream.projections import db
 from memstream.streams.dead_letter import DeadLetterSink
-from memstream.streams.kafka_util import groupless_consumer, partitions_of
-from memstream.streams.records import Record
+from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
 
 log = logging.getLogger("memstream.replay")
@@ -115,7 +114,7 @@ async def _replay(settings: Settings, consumer, pool, into: str, projections: li
     if not tps:
         raise ReplayError(f"topic {topic} does not exist")
     consumer.assign(tps)
-    high = {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
+    high = await consumer.end_offsets(tps)
     await consumer.seek_to_beginning(*tps)
     sink = SkippedLetters()
     available = {
@@ -126,22 +125,19 @@ async def _replay(settings: Settings, consumer, pool, into: str, projections: li
         "commands": lambda: CommandsProjection(pool=pool, dead_letters=sink, partitions=len(tps)),
     }
     steps = [available[name]() for name in projections]
-    remaining = {p for p, off in high.items() if off > 0}
     records = 0
+
+    async def apply(batch) -> None:
+        nonlocal records
+        for step in steps:
+            await step.process(batch)
+        records += len(batch)
+
     t0 = time.perf_counter()
-    while remaining:
-        fetched = await consumer.getmany(*[t for t in tps if t.partition in remaining], timeout_ms=1000)
-        for tp, msgs in fetched.items():
-            batch = [Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()), m.timestamp)
-                     for m in msgs if m.offset < high[tp.partition]]
-            if batch:
-                for step in steps:
-                    await step.process(batch)
-                records += len(batch)
-            if msgs and msgs[-1].offset + 1 >= high[tp.partition]:
-                remaining.discard(tp.partition)
+    await drain(consumer, tps, high, apply)
     seconds = time.perf_counter() - t0
     rows = {name: await pool.fetchval(f"SELECT count(*) FROM {_TABLES[name]}") for name in projections}
-    report = ReplayReport(projections, into, topic, records, rows, sink.count, seconds, high)
+    report = ReplayReport(projections, into, topic, records, rows, sink.count, seconds,
+                          {tp.partition: off for tp, off in high.items()})
     log.info(report.render())
     return report

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from memstream.config import local_dsn
 from memstream.schemas.errors import MemstreamError
 
 log = logging.getLogger("memstream.stack")
@@ -264,8 +265,7 @@ class Postgres:
 
     @property
     def dsn(self) -> str | None:
-        info = self._info()
-        return info.get_uri(database="postgres") if info and info.socket_dir else None
+        return local_dsn(self.pgdata)
 
     @property
     def address(self) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
+from memstream.projections.db import text_array
 from memstream.projections.batches import forgets_user, runs
 from memstream.projections.facts.core import COLUMNS, FactRow, fold, sources, targets, turn_decisions
 from memstream.projections.profile import store as profile_store
@@ -52,14 +53,10 @@ def _column(rows: Sequence[FactRow], c: str) -> list:
     if c == "observed_by":
         return ["{" + ",".join(str(u) for u in r.observed_by) + "}" for r in rows]
     if c == "notes":
-        return [_text_array(r.notes) for r in rows]
+        return [text_array(r.notes) for r in rows]
     if c == "deferred":
         return [json.dumps(dict(r.deferred), sort_keys=True) for r in rows]
     return [getattr(r, c) for r in rows]
-
-
-def _text_array(items) -> str:
-    return "{" + ",".join('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items) + "}"
 
 
 _BY_SOURCE = (f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE user_id = $1 "

@@ -9,6 +9,7 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
+from memstream.projections.db import text_array
 from memstream.projections.batches import forgets_user, runs
 from memstream.projections.graph.core import (EDGE_COLUMNS, ENTITY_COLUMNS, EdgeRow, EntityRow, Row, fold, sources,
                                              targets)
@@ -36,10 +37,6 @@ def _upsert_sql(table: str, columns: Sequence[str], casts: dict[str, str], key: 
 # aliases (text[] per row) travel as their array literal and are cast back.
 _UPSERT_ENTITIES = _upsert_sql("entities", ENTITY_COLUMNS, _ENTITY_CASTS, ["entity_id"], array_as_text="aliases")
 _UPSERT_EDGES = _upsert_sql("memory_edges", EDGE_COLUMNS, _EDGE_CASTS, ["user_id", "edge_id"])  # partitioned by user
-
-
-def _array_literal(values: Sequence[str]) -> str:
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
 def entity_from(r) -> EntityRow:
@@ -86,7 +83,7 @@ async def upsert(conn, rows: Sequence[Row]) -> None:
     edges = sorted((r for r in rows if isinstance(r, EdgeRow)), key=lambda e: e.valid_to is None)
     if entities:
         await conn.execute(_UPSERT_ENTITIES, *[
-            [_array_literal(e.aliases) if c == "aliases" else getattr(e, c) for e in entities] for c in ENTITY_COLUMNS])
+            [text_array(e.aliases) if c == "aliases" else getattr(e, c) for e in entities] for c in ENTITY_COLUMNS])
     if edges:
         await conn.execute(_UPSERT_EDGES, *[
             [Vector(np.frombuffer(e.embedding, dtype="<f4")) if c == "embedding" else getattr(e, c) for e in edges]
