@@ -29,6 +29,10 @@ class Settings(BaseModel):
     events_topic: str = "memstream.events"
     decisions_topic: str = "memstream.decisions"
     dead_letter_topic: str = "memstream.dead-letter"
+    # Plain JSON turns from any Kafka client; the worker seals them into the events topic.
+    ingress_topic: str = "memstream.ingress"
+    # How long plaintext may stay on Kafka: the ingress and dead-letter topics' retention.
+    plaintext_retention_s: float = Field(7 * 86400, gt=0, le=7 * 86400)
     partitions: int = Field(4, ge=1)
     replication_factor: int = Field(1, ge=1)
     group_id: str = "memstream-worker"
@@ -37,6 +41,15 @@ class Settings(BaseModel):
     postgres_dsn: str | None = None
     postgres_schema: str = "memstream"
     redis_url: str = "redis://127.0.0.1:16379/0"
+
+    # Crypto-shredding (memstream.sealing): every record of a user on the log is sealed with a
+    # data key of theirs. The wrapped keys live in ``keys_schema`` (never rebuilt: back it up),
+    # wrapped by ``kek``: "local" (a key file under ``home``) or "kms:<key id, ARN or alias>".
+    # ``seal_records=False`` writes new records plain (a replay still opens sealed ones): then
+    # forgetting a user cannot reach the log's copies.
+    seal_records: bool = True
+    keys_schema: str = "memstream_keys"
+    kek: str = "local"
 
     home: Path = Path(".memstream")  # local stack data, logs and jars
     tier0_turns: int = Field(20, ge=1)  # recent turns kept per conversation in Redis
@@ -66,7 +79,14 @@ class Settings(BaseModel):
     read_budgets: Budgets = Budgets()
     read_keyword_mode: Literal["words", "names"] = "words"
 
-    _check_schema = field_validator("postgres_schema")(lambda cls, v: check_schema_name(v))
+    _check_schema = field_validator("postgres_schema", "keys_schema")(lambda cls, v: check_schema_name(v))
+
+    @field_validator("kek")
+    @classmethod
+    def _known_kek(cls, value: str) -> str:
+        if value != "local" and not (value.startswith("kms:") and len(value) > 4):
+            raise ValueError("'local', or 'kms:' and a KMS key id, ARN or alias")
+        return value
 
     @field_validator("read_fact_weights", "read_episode_weights", "read_budgets", mode="before")
     @classmethod

@@ -246,9 +246,13 @@ class EdgeForgotten(_Control, tag="EdgeForgotten", kw_only=True, frozen=True):
 
 
 class UserForgotten(_Control, tag="UserForgotten", kw_only=True, frozen=True):
-    """Forget the user: every row and cache key of theirs is deleted, by every projection."""
+    """Forget the user: every row and cache key of theirs is deleted, by every projection, and
+    their data key ``generation`` is destroyed (filled when the record is sealed onto the log;
+    0: they had none). Kept plain on the log, so it is read after the key is gone."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
+
+    generation: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class Decision(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
@@ -422,6 +426,7 @@ class MemoryForgotten(Decision, tag="MemoryForgotten", kw_only=True, frozen=True
     target: uuid.UUID | None = None
     actor: Actor
     reason: Reason = ""
+    generation: Annotated[int, msgspec.Meta(ge=0)] | None = None  # the user's data key it ends (kind user)
 
 
 class NothingDecided(Decision, tag="NothingDecided", kw_only=True, frozen=True):

@@ -47,6 +47,10 @@ def admit(records: Sequence[Record], stage: str, partitions: int | None
     ``partitions`` is the events topic's partition count (None: not checked)."""
     admitted, letters = [], []
     for r in records:
+        if r.sealing is not None:  # shredded: skipped; else it does not open
+            if not r.shredded:
+                letters.append((r, stage, r.sealing))
+            continue
         try:
             event = decode_event(r.value or b"")
         except InvalidEvent as exc:

@@ -72,7 +72,7 @@ class DeadLetters(DeadLetterSink):
                 ("memstream.stage", stage.encode()),
                 ("memstream.source", rec.where.encode()),
             ]
-            futures.append(await self._producer.send(self.topic, rec.value, key=rec.key, headers=headers))
+            futures.append(await self._producer.send(self.topic, rec.wire_value, key=rec.key, headers=headers))
             self._window.append(True)
         await asyncio.gather(*futures)
         if sum(self._window) > self._max:

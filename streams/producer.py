@@ -9,9 +9,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from memstream.config import Settings
-from memstream.schemas import Event, LogPosition, encode
+from memstream.schemas import Event, LogPosition
 from memstream.schemas.codec import validated
 from memstream.streams.errors import BrokerUnavailable
+from memstream.streams.sealing import RecordSealer
 
 log = logging.getLogger("memstream.streams")
 
@@ -35,14 +36,17 @@ class TurnLog:
     be partly written — retrying it is safe, since projections key rows by ``event_id``.
     """
 
-    def __init__(self, settings: Settings):
-        self._settings = settings
+    def __init__(self, settings: Settings, sealer: RecordSealer | None = None):
+        self._settings, self._sealer = settings, sealer
         self._producer = idempotent_producer(settings.kafka_bootstrap)
+        self._pool = None
         self._started = False
 
     async def start(self) -> None:
         if self._started:
             return
+        if self._sealer is None:
+            self._sealer = await _own_sealer(self)
         try:
             await self._producer.start()
         except KafkaConnectionError as exc:
@@ -54,6 +58,9 @@ class TurnLog:
         if self._started:
             await self._producer.stop()
             self._started = False
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool, self._sealer = None, None
 
     async def __aenter__(self) -> TurnLog:
         await self.start()
@@ -71,10 +78,22 @@ class TurnLog:
         topic = self._settings.events_topic
         try:
             futures = [
-                await self._producer.send(topic, encode(e), key=e.user_id.encode())
+                await self._producer.send(topic, await self._sealer.seal(e), key=e.user_id.encode())
                 for e in checked
             ]
             metas = await asyncio.gather(*futures)
         except KafkaError as exc:
             raise BrokerUnavailable(f"Kafka did not acknowledge the append: {exc}") from exc
         return [LogPosition(topic, m.partition, m.offset) for m in metas]
+
+
+async def _own_sealer(turn_log: TurnLog) -> RecordSealer:
+    """Sealing with the deployment's data keys, over a small pool of the log's own."""
+    from memstream.projections import db
+    from memstream.sealing import data_keys
+
+    s = turn_log._settings
+    if not s.seal_records:
+        return RecordSealer(None)
+    turn_log._pool = await db.create_pool(s.dsn(), s.postgres_schema, min_size=0, max_size=2)
+    return RecordSealer(await data_keys(s, turn_log._pool))

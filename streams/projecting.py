@@ -82,6 +82,10 @@ class EpisodesProjection:
     async def process(self, records: list[Record]) -> None:
         rows, letters, decided = [], [], []
         for r in records:
+            if r.sealing is not None:  # shredded: skipped; else it does not open
+                if not r.shredded:
+                    letters.append((r, self.name, r.sealing))
+                continue
             try:
                 decision = decode_decision(r.value or b"")
             except InvalidEvent as exc:
@@ -163,6 +167,8 @@ class _DecisionProjection:
         """The records this step may apply, decoded; the others are the owning step's to dead-letter."""
         out = []
         for r in records:
+            if r.sealing is not None:
+                continue
             try:
                 out.append((r, decode_decision(r.value or b"")))
             except InvalidEvent:

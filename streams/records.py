@@ -6,6 +6,9 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 
+SHREDDED = "shredded"
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     topic: str
@@ -15,6 +18,19 @@ class Record:
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...]
     timestamp_ms: int  # the broker/producer timestamp: system time on the log
+    # None: ``value`` is the record's plain JSON (opened, or never sealed). SHREDDED: sealed with
+    # a destroyed key, ``value`` None: skipped by every step. Else why it could not be opened.
+    sealing: str | None = None
+    sealed_value: bytes | None = None  # the value as sealed on the log, for an opened record
+
+    @property
+    def wire_value(self) -> bytes | None:
+        """The value as it is on the log: what a dead letter keeps."""
+        return self.sealed_value if self.sealed_value is not None else self.value
+
+    @property
+    def shredded(self) -> bool:
+        return self.sealing == SHREDDED
 
     @property
     def timestamp(self) -> datetime:

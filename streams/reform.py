@@ -22,13 +22,16 @@ from memstream.config import Settings
 from memstream.llm.clients import llm_clients
 from memstream.schemas.errors import MemstreamError
 from memstream.embedding import default_embedder
-from memstream.schemas import FactDecision, GraphDecision, decode_decision, encode
+from memstream.projections import db
+from memstream.schemas import FactDecision, GraphDecision, decode_decision
+from memstream.sealing import data_keys
 from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.forming import Formation, decode_turns, nothing_decided
 from memstream.streams.formation.views import MemoryView
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record
+from memstream.streams.sealing import RecordSealer
 from memstream.streams.topics import FOREVER
 
 log = logging.getLogger("memstream.reform")
@@ -47,6 +50,7 @@ class ReformReport:
     new_decisions: int
     skipped_events: int
     seconds: float
+    shredded: int = 0  # records sealed with a destroyed key (forgotten users): skipped
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -54,7 +58,7 @@ class ReformReport:
     def render(self) -> str:
         return (f"reformed with {self.extractor} into {self.topic}: copied {self.copied_decisions} decisions, "
                 f"formed {self.reformed_events} events -> {self.new_decisions} decisions "
-                f"({self.skipped_events} undecodable skipped) in {self.seconds:.1f}s")
+                f"({self.skipped_events} undecodable skipped, {self.shredded} shredded) in {self.seconds:.1f}s")
 
 
 async def reform(settings: Settings, *, extractor: str, topic: str, since: datetime | None = None) -> ReformReport:
@@ -62,8 +66,10 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
     embedder = await asyncio.to_thread(default_embedder, settings.embed_threads, settings.embedding_variant)
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
+    pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=2)
     t0 = time.perf_counter()
     try:
+        sealer = RecordSealer(await data_keys(settings, pool), seal=settings.seal_records)
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest", max_poll_records=256) as c:
             partitions = await partitions_of(c, settings.events_topic)
             await _create_version_topic(settings, topic, len(partitions), c)
@@ -81,7 +87,9 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
 
             async def copy(batch: list[Record]) -> None:
                 futures = []
-                for r in batch:
+                for r in await sealer.open(batch):
+                    if r.sealing is not None:
+                        continue  # shredded: a forgotten user's
                     d = decode_decision(r.value or b"")
                     if d.source.offset >= start[TopicPartition(settings.events_topic, d.source.partition)]:
                         continue  # formed again below
@@ -90,19 +98,22 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                     elif isinstance(d, GraphDecision):
                         await graph.ensure_user(d.user_id)
                         graph.apply(d)
-                    futures.append(await producer.send(topic, r.value, key=r.key, partition=r.partition))
+                    futures.append(await producer.send(topic, r.wire_value, key=r.key, partition=r.partition))
                 await asyncio.gather(*futures)
                 counts["copied"] += len(futures)
 
             formation = Formation(producer=producer, decisions_topic=topic, embedder=embedder, extractor=extraction,
-                                  resolver=resolution, dead_letters=None, pool=None, barrier=None, relations=relations)
+                                  resolver=resolution, dead_letters=None, pool=None, barrier=None, relations=relations,
+                                  sealer=sealer)
 
             async def form(batch: list[Record]) -> None:
+                batch = await sealer.open(batch)
                 turns, letters = decode_turns(batch, "reform", len(partitions))
                 counts["skipped"] += len(letters)
                 made = await formation.decide(turns, view, graph, letters=letters)
                 made += nothing_decided(batch, made)
-                futures = [await producer.send(topic, encode(d), key=r.key, partition=r.partition) for r, d in made]
+                futures = [await producer.send(topic, await sealer.seal(d), key=r.key, partition=r.partition)
+                           for r, d in made]
                 await asyncio.gather(*futures)
                 counts["events"] += len(batch)
                 counts["new"] += len(made)
@@ -117,8 +128,9 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
             await drain(c, events, high, form)
     finally:
         await producer.stop()
+        await pool.close()
     report = ReformReport(topic, extraction.model_id, counts["copied"], counts["events"], counts["new"],
-                          counts["skipped"], time.perf_counter() - t0)
+                          counts["skipped"], time.perf_counter() - t0, sealer.shredded)
     log.info(report.render())
     return report
 

@@ -1,7 +1,8 @@
 """Replay: rebuild projections from offset 0 of a decisions topic into a fresh schema.
 
 The live projection keeps serving meanwhile. Replay reads the decisions topic only — never the
-LLM, never the embedder — up to the high-water marks seen when it starts, through the same
+LLM, never the embedder — up to the high-water marks seen when it starts, opening sealed records
+with the deployment's data keys (those of forgotten users are counted as shredded and skipped), through the same
 ``EpisodesProjection.process`` the worker uses, minus side effects that belong to the live
 deployment (Tier 0 cache, dead-letter topic). Positions are written in the target schema, so a
 worker pointed at it continues exactly where the replay stopped.
@@ -17,6 +18,8 @@ from aiokafka import TopicPartition
 from memstream.config import Settings
 from memstream.schemas.errors import MemstreamError
 from memstream.projections import db
+from memstream.sealing import data_keys
+from memstream.streams.sealing import RecordSealer
 from memstream.streams.dead_letter import DeadLetterSink
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
@@ -58,6 +61,7 @@ class ReplayReport:
     skipped: int
     seconds: float
     high_water: dict[int, int]
+    shredded: int = 0  # records sealed with a destroyed key (forgotten users): skipped, by design
 
     @property
     def records_per_s(self) -> float:
@@ -69,11 +73,13 @@ class ReplayReport:
     def merge(self, other: ReplayReport) -> ReplayReport:
         return ReplayReport(self.projections + other.projections, self.schema, f"{self.topic}+{other.topic}",
                             self.records + other.records, {**self.rows, **other.rows}, self.skipped + other.skipped,
-                            self.seconds + other.seconds, {**self.high_water, **{f"{other.topic}/{p}": o for p, o in other.high_water.items()}})
+                            self.seconds + other.seconds, {**self.high_water, **{f"{other.topic}/{p}": o for p, o in other.high_water.items()}},
+                            self.shredded + other.shredded)
 
     def render(self) -> str:
         return (f"replayed {'+'.join(self.projections)} from {self.topic} into schema {self.schema}: "
-                f"{self.records} records -> rows {self.rows}, {self.skipped} skipped, {self.seconds:.2f}s "
+                f"{self.records} records -> rows {self.rows}, {self.skipped} skipped, {self.shredded} shredded, "
+                f"{self.seconds:.2f}s "
                 f"({self.records_per_s:.0f} records/s); high-water marks {self.high_water}")
 
 
@@ -100,16 +106,18 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
             report = None
             groups = [(topic or settings.decisions_topic, [p for p in projections if p != "commands"]),
                       (settings.events_topic, [p for p in projections if p == "commands"])]
+            keys = await data_keys(settings, pool)
             for source, names in groups:
                 if names:
-                    part = await _replay(settings, consumer, pool, into, names, source)
+                    part = await _replay(settings, consumer, pool, into, names, source, RecordSealer(keys))
                     report = part if report is None else report.merge(part)
             return report
     finally:
         await pool.close()
 
 
-async def _replay(settings: Settings, consumer, pool, into: str, projections: list[str], topic: str) -> ReplayReport:
+async def _replay(settings: Settings, consumer, pool, into: str, projections: list[str], topic: str,
+                  sealer: RecordSealer) -> ReplayReport:
     tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
     if not tps:
         raise ReplayError(f"topic {topic} does not exist")
@@ -129,6 +137,7 @@ async def _replay(settings: Settings, consumer, pool, into: str, projections: li
 
     async def apply(batch) -> None:
         nonlocal records
+        batch = await sealer.open(batch)
         for step in steps:
             await step.process(batch)
         records += len(batch)
@@ -138,6 +147,6 @@ async def _replay(settings: Settings, consumer, pool, into: str, projections: li
     seconds = time.perf_counter() - t0
     rows = {name: await pool.fetchval(f"SELECT count(*) FROM {_TABLES[name]}") for name in projections}
     report = ReplayReport(projections, into, topic, records, rows, sink.count, seconds,
-                          {tp.partition: off for tp, off in high.items()})
+                          {tp.partition: off for tp, off in high.items()}, sealer.shredded)
     log.info(report.render())
     return report

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from memstream.config import Settings
@@ -17,9 +18,20 @@ log = logging.getLogger("memstream.streams")
 FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
+def plaintext_window(settings: Settings) -> dict[str, str]:
+    """The configs of a topic whose records may be plain text (ingress, dead letters): deleted
+    after ``plaintext_retention_s``. Kafka deletes a segment once its newest record is that old,
+    so segments roll every tenth of the window and a deleted one is unlinked within a minute:
+    no record outlives 1.1 windows plus the broker's retention check interval and that minute."""
+    window = max(1000, int(settings.plaintext_retention_s * 1000))
+    return {"retention.ms": str(window), "retention.bytes": "-1", "segment.ms": str(max(1000, window // 10)),
+            "file.delete.delay.ms": str(min(60_000, window))}
+
+
 async def ensure_topics(settings: Settings) -> None:
-    """Create the events, decisions and dead-letter topics if missing. Existing topics are left
-    as they are (a partition count is never changed here: that would move users' keys)."""
+    """Create the events, decisions, ingress and dead-letter topics if missing, and give the
+    ingress and dead-letter topics the plaintext window of ``settings``. Partition counts of
+    existing topics are never changed here: that would move users' keys."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15000)
     try:
         await admin.start()
@@ -27,11 +39,15 @@ async def ensure_topics(settings: Settings) -> None:
         raise BrokerUnavailable(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc
     try:
         existing = set(await admin.list_topics())
-        wanted = [
-            NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=FOREVER)
-            for name in (settings.events_topic, settings.decisions_topic, settings.dead_letter_topic)
-            if name not in existing
-        ]
+        window = plaintext_window(settings)
+        configs = {settings.events_topic: FOREVER, settings.decisions_topic: FOREVER,
+                   settings.ingress_topic: window, settings.dead_letter_topic: window}
+        wanted = [NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=c)
+                  for name, c in configs.items() if name not in existing]
+        bounded = [ConfigResource(ConfigResourceType.TOPIC, name, configs=window)
+                   for name in (settings.ingress_topic, settings.dead_letter_topic) if name in existing]
+        if bounded:  # a changed window applies to topics made before
+            await admin.alter_configs(bounded)
         if wanted:
             try:
                 await admin.create_topics(wanted)

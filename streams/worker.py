@@ -3,14 +3,16 @@
 Two roles, each its own Faust app, consumer group and process:
 
 * ``formation`` (group ``<group_id>``): events -> decisions;
-* ``projections`` (group ``<group_id>-projections``): decisions -> Postgres and Redis.
+* ``projections`` (group ``<group_id>-projections``): decisions -> Postgres and Redis, and the
+  ingress topic's plain records -> sealed onto the events topic (``streams.ingress``).
 
 They must not share a consumer: formation waits for the facts projection (its barrier), and a
 Faust consumer stops delivering to every agent when one agent's buffer is full — one shared
 consumer could deadlock under a backlog. ``memstream worker`` runs both roles as two child
 processes; each role can also be run and scaled on its own.
 
-Agents consume raw bytes and hand batches to ``Step.process`` through ``run_batch``, which
+Agents consume raw bytes, open the sealed ones (``streams.sealing``) and hand batches to
+``Step.process`` through ``run_batch``, which
 retries a ``Retryable`` error in place (other libraries' passing errors are translated into one
 by ``streams.errors.as_retryable``) and *stops the process* on anything else: a Faust agent
 that raises would acknowledge the batch, so raising is never an option. Records a step cannot
@@ -40,6 +42,9 @@ from memstream.streams.errors import as_retryable
 from memstream.streams.position_gate import RESEEK_AFTER_S, PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
+from memstream.streams.ingress import IngressSealing
+from memstream.streams.sealing import RecordSealer
+from memstream.sealing import data_keys
 from memstream.streams.formation.forming import Formation, ProjectionBarrier
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
@@ -48,16 +53,6 @@ from memstream.streams.step import Step
 log = logging.getLogger("memstream.worker")
 
 EXIT_FATAL = 70
-
-
-async def _process(step: Step, records) -> None:
-    """``step.process``, with other libraries' passing errors raised as ``Retryable``."""
-    try:
-        await step.process(records)
-    except Exception as exc:
-        if (ours := as_retryable(exc)) is exc:
-            raise
-        raise ours from exc
 
 
 class Runtime:
@@ -75,6 +70,7 @@ class Runtime:
                 return
             s = self.settings
             self.pool = await db.create_pool(self.dsn, s.postgres_schema, max_size=4)
+            self.sealer = RecordSealer(await data_keys(s, self.pool), seal=s.seal_records)
             self.redis = aioredis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2)
             self.producer = idempotent_producer(s.kafka_bootstrap)
             await self.producer.start()
@@ -93,7 +89,7 @@ class Runtime:
                                        embedder=embedder, extractor=extractor, resolver=resolver,
                                        dead_letters=dead, pool=self.pool, barrier=self.barrier,
                                        relations=relations, gate_observations=s.gate_observations,
-                                       partitions=partitions))
+                                       partitions=partitions, sealer=self.sealer, ends_keys=True))
                 log.info("formation ready: embedder=%s extractor=%s resolver=%s",
                          embedder.model_id, extractor.model_id, resolver.model_id)
             else:
@@ -103,6 +99,8 @@ class Runtime:
                                              schema=s.postgres_schema))
                 steps.append(GraphProjection(pool=self.pool, dead_letters=dead))
                 steps.append(CommandsProjection(pool=self.pool, dead_letters=dead, partitions=partitions))
+                steps.append(IngressSealing(producer=self.producer, events_topic=s.events_topic, sealer=self.sealer,
+                                            dead_letters=dead, pool=self.pool))
             for step in steps:
                 self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek))
             log.info("%s ready: schema=%s", self.role, s.postgres_schema)
@@ -146,19 +144,16 @@ class Runtime:
         if self.role == "formation" and self.steps:
             self.barrier.forget([tp.partition for tp in tps if tp.topic == self.settings.events_topic])
 
-    async def run_batch(self, name: str, events: Sequence) -> None:
-        step, gate = self.steps[name]
+    async def run_batch(self, names: Sequence[str], events: Sequence) -> None:
+        """Open the batch's sealed records once, then hand it to each step of ``names``."""
+        name = names[0]
         try:
-            records = await gate.admit([from_faust(e) for e in events])
-            if not records:
-                return
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(Retryable), wait=wait_exponential(multiplier=0.2, max=10),
-                before_sleep=lambda rs: log.warning("%s: retrying: %r", name, rs.outcome.exception()),
-                reraise=True,
-            ):
-                with attempt:
-                    await _process(step, records)
+            records = [from_faust(e) for e in events]
+            records = await _retrying("opening", lambda: self.sealer.open(records))
+            for name in names:
+                step, gate = self.steps[name]
+                if mine := await gate.admit(records):
+                    await _retrying(name, lambda: step.process(mine))
         except asyncio.CancelledError:
             raise
         except BaseException:
@@ -167,6 +162,26 @@ class Runtime:
             log.critical("%s: unrecoverable error; stopping the worker without acknowledging", name, exc_info=True)
             logging.shutdown()
             os._exit(EXIT_FATAL)
+
+
+async def _retrying(what: str, attempt_once):
+    """``attempt_once()``, again after each ``Retryable`` error (with backoff), until it succeeds."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(Retryable), wait=wait_exponential(multiplier=0.2, max=10),
+        before_sleep=lambda rs: log.warning("%s: retrying: %r", what, rs.outcome.exception()),
+        reraise=True,
+    ):
+        with attempt:
+            return await _as_retryable(attempt_once)
+
+
+async def _as_retryable(attempt_once):
+    try:
+        return await attempt_once()
+    except Exception as exc:
+        if (ours := as_retryable(exc)) is exc:
+            raise
+        raise ours from exc
 
 
 ROLES = ("formation", "projections")
@@ -197,15 +212,15 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     async def consume(names: tuple[str, ...], stream) -> None:
         await runtime.ready()
         async for batch in stream.take_events(settings.batch_size, within=settings.batch_seconds):
-            for name in names:
-                await runtime.run_batch(name, batch)
+            await runtime.run_batch(names, batch)
 
     # Declare only this role's topics: Faust subscribes to every topic an app declares. The
     # projections role reads commands (reminders, identities) straight from the events topic.
     if role == "formation":
         routes = {settings.events_topic: ("formation",)}
     else:
-        routes = {settings.decisions_topic: ("episodes", "facts", "graph"), settings.events_topic: ("commands",)}
+        routes = {settings.decisions_topic: ("episodes", "facts", "graph"), settings.events_topic: ("commands",),
+                  settings.ingress_topic: ("sealing",)}
     for name, step_names in routes.items():
         _agent(app, app.topic(name, **raw), step_names, consume)
 

@@ -8,10 +8,10 @@ from typing import Protocol
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from memstream.schemas.errors import MemstreamError
+from memstream.schemas.errors import Retryable
 
 
-class KekUnavailable(MemstreamError):
+class KekUnavailable(Retryable):
     """The key-encryption key cannot wrap or unwrap (missing, wrong, or its service refused):
     nothing sealed can be read or written until it is back. Never a reason to skip a record."""
 
@@ -37,9 +37,17 @@ class LocalKek:
         self.path = Path(path)
         if not self.path.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            # Written aside, then linked in: a process starting alongside never reads half a key.
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(AESGCM.generate_key(bit_length=256))
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
         key = self.path.read_bytes()
         if len(key) != 32:
             raise KekUnavailable(f"{self.path} is not a 256-bit key-encryption key ({len(key)} bytes)")

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import os
 import struct
+import time
 from collections import OrderedDict
 from typing import Protocol
 
@@ -46,14 +47,15 @@ class WrappedKeys(Protocol):
     ``current(user)``: ``(generation, kek_id, wrapped)`` of the user's live key, or None.
     ``create(user, kek_id, wrapped)``: makes ``wrapped`` the user's live key under the next
     generation unless another caller made one first; returns the live one either way.
-    ``destroy(user)``: the user has no live key from now on; its generation is never reused.
+    ``destroy(user, generation)``: the user has no live key from now on (when ``generation`` is
+    given: only if it is the live one); a generation is never reused.
     ``user`` is ``user_key(user_id)``."""
 
     async def current(self, user: bytes) -> tuple[int, str, bytes] | None: ...
 
     async def create(self, user: bytes, kek_id: str, wrapped: bytes) -> tuple[int, str, bytes]: ...
 
-    async def destroy(self, user: bytes) -> None: ...
+    async def destroy(self, user: bytes, generation: int | None = None) -> None: ...
 
 
 class MemoryWrappedKeys:
@@ -72,8 +74,9 @@ class MemoryWrappedKeys:
             self._live[user] = (self._last[user], kek_id, wrapped)
         return self._live[user]
 
-    async def destroy(self, user: bytes) -> None:
-        self._live.pop(user, None)
+    async def destroy(self, user: bytes, generation: int | None = None) -> None:
+        if user in self._live and generation in (None, self._live[user][0]):
+            del self._live[user]
 
 
 class PostgresWrappedKeys:
@@ -86,11 +89,14 @@ class PostgresWrappedKeys:
         self._pool, self._schema = pool, check_schema_name(schema)
 
     async def migrate(self) -> None:
-        await self._pool.execute(
-            f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"; '
-            f'CREATE TABLE IF NOT EXISTS "{self._schema}".data_keys (user_key bytea PRIMARY KEY, '
-            "generation int NOT NULL, kek_id text NOT NULL, wrapped bytea, "
-            "created_at timestamptz NOT NULL DEFAULT now(), destroyed_at timestamptz)")
+        async with self._pool.acquire() as conn, conn.transaction():
+            # Every process migrates on start: IF NOT EXISTS alone races on the catalog.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"memstream-keys:{self._schema}")
+            await conn.execute(
+                f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"; '
+                f'CREATE TABLE IF NOT EXISTS "{self._schema}".data_keys (user_key bytea PRIMARY KEY, '
+                "generation int NOT NULL, kek_id text NOT NULL, wrapped bytea, "
+                "created_at timestamptz NOT NULL DEFAULT now(), destroyed_at timestamptz)")
 
     async def current(self, user: bytes):
         r = await self._pool.fetchrow(f'SELECT generation, kek_id, wrapped FROM "{self._schema}".data_keys '
@@ -105,37 +111,60 @@ class PostgresWrappedKeys:
             "WHERE k.wrapped IS NULL", user, kek_id, wrapped)
         return await self.current(user)
 
-    async def destroy(self, user: bytes) -> None:
+    async def destroy(self, user: bytes, generation: int | None = None) -> None:
         await self._pool.execute(f'UPDATE "{self._schema}".data_keys SET wrapped = NULL, destroyed_at = now() '
-                                 "WHERE user_key = $1", user)
+                                 "WHERE user_key = $1 AND wrapped IS NOT NULL AND ($2::int IS NULL OR generation = $2)",
+                                 user, generation)
+
+
+def generation_of(sealed: bytes) -> int:
+    """The key generation a sealed blob was sealed under (readable without any key)."""
+    if len(sealed) < _HEAD.size or sealed[:3] != MAGIC:
+        raise NotSealed("not a sealed blob")
+    return _HEAD.unpack_from(sealed)[1]
 
 
 class DataKeys:
     """Seals and opens users' content. Unwrapped keys are kept for the ``keep`` most recent
-    users; ``destroy`` drops the user's from memory too."""
+    users; ``destroy`` drops the user's from memory too. Another process may destroy a key this
+    one holds: sealing asks the store again after ``fresh_s`` seconds, so what is sealed under
+    a key destroyed elsewhere is at most that old (opening needs no such check: a record is
+    opened once, in log order, and the forget that ends its key comes after it)."""
 
-    def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000):
-        self._kek, self._store, self._keep = kek, store, keep
-        self._keys: OrderedDict[bytes, tuple[int, AESGCM]] = OrderedDict()
+    def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000, fresh_s: float = 5.0):
+        self._kek, self._store, self._keep, self._fresh_s = kek, store, keep, fresh_s
+        self._keys: OrderedDict[bytes, tuple[int, AESGCM, float]] = OrderedDict()
         self._lock = asyncio.Lock()
 
-    async def _live(self, user_id: str, create: bool) -> tuple[int, AESGCM] | None:
+    async def _live(self, user_id: str, create: bool, newer_than: int = 0) -> tuple[int, AESGCM] | None:
+        """The user's live key: the one held, unless it is stale for sealing (``create``) or
+        older than generation ``newer_than`` + 1 (a record sealed after the user came back)."""
         user = user_key(user_id)
-        if user in self._keys:
+        if (held := self._keys.get(user)) is not None and held[0] > newer_than and (
+                not create or time.monotonic() - held[2] < self._fresh_s):
             self._keys.move_to_end(user)
-            return self._keys[user]
+            return held[:2]
         async with self._lock:
             found = await self._store.current(user)
             if found is None and create:
                 found = await self._store.create(user, self._kek.kek_id, self._kek.wrap(AESGCM.generate_key(256), user_id))
             if found is None:
+                self._keys.pop(user, None)
                 return None
             generation, _, wrapped = found
-            live = generation, AESGCM(self._kek.unwrap(wrapped, user_id))
+            if held is not None and held[0] == generation:
+                live = held[0], held[1], time.monotonic()
+            else:
+                live = generation, AESGCM(self._kek.unwrap(wrapped, user_id)), time.monotonic()
             self._keys[user] = live
             while len(self._keys) > self._keep:
                 self._keys.popitem(last=False)
-            return live
+            return live[:2]
+
+    async def generation(self, user_id: str) -> int:
+        """The user's live key generation, 0 when they have none (a forget then ends nothing)."""
+        found = await self._store.current(user_key(user_id))
+        return 0 if found is None else found[0]
 
     async def seal(self, user_id: str, plaintext: bytes, context: str) -> bytes:
         generation, aead = await self._live(user_id, create=True)
@@ -143,10 +172,9 @@ class DataKeys:
         return _HEAD.pack(MAGIC, generation, nonce) + aead.encrypt(nonce, plaintext, _aad(user_id, context))
 
     async def open(self, user_id: str, sealed: bytes, context: str) -> bytes:
-        if len(sealed) < _HEAD.size or sealed[:3] != MAGIC:
-            raise NotSealed("not a sealed blob")
-        _, generation, nonce = _HEAD.unpack_from(sealed)
-        live = await self._live(user_id, create=False)
+        generation = generation_of(sealed)
+        nonce = sealed[7:_HEAD.size]
+        live = await self._live(user_id, create=False, newer_than=generation - 1)
         if live is None or live[0] != generation:
             raise Shredded(f"sealed under a destroyed data key (generation {generation})")
         try:
@@ -154,11 +182,20 @@ class DataKeys:
         except InvalidTag:
             raise NotSealed("the blob does not open for this user and field (damaged, or moved)") from None
 
-    async def destroy(self, user_id: str) -> None:
+    def drop(self, user_id: str, generation: int) -> None:
+        """Let go of the user's key ``generation`` held in memory (the store keeps it)."""
+        user = user_key(user_id)
+        if (held := self._keys.get(user)) is not None and held[0] <= generation:
+            del self._keys[user]
+
+    async def destroy(self, user_id: str, generation: int | None = None) -> None:
+        """End the user's live key (only ``generation``, when given: a forget applied twice, or
+        after the user came back, must not end the key of what they said since)."""
         user = user_key(user_id)
         async with self._lock:
-            await self._store.destroy(user)
-            self._keys.pop(user, None)
+            await self._store.destroy(user, generation)
+            if (held := self._keys.get(user)) is not None and generation in (None, held[0]):
+                del self._keys[user]
 
 
 def _aad(user_id: str, context: str) -> bytes:

@@ -165,6 +165,8 @@ class Kafka:
             "group.consumer.session.timeout.ms=10000",
             "group.consumer.min.session.timeout.ms=1000",
             "group.min.session.timeout.ms=1000",
+            # How often the broker deletes segments past retention: the plaintext window's slack.
+            "log.retention.check.interval.ms=5000",
             "",
         ]))
         return props

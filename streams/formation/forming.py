@@ -29,7 +29,7 @@ from memstream.projections.episodes import core as episodes
 from memstream.schemas import (SYSTEM_USER, Decision, EdgeForgotten, EpisodeForgotten, EpisodeRecorded, Event,
                                FactChangeDeferred, FactCorrected, FactDecision, FactForgotten, FactUpdated,
                                InvalidEvent, LogPosition, MemoryForgotten, NothingDecided, TurnRecorded,
-                               UserForgotten, decode_event, encode)
+                               UserForgotten, decode_event)
 from memstream.schemas.events import CONTROL_TYPES
 from memstream.schemas.errors import Refused, Retryable
 from memstream.streams.admission import admit, imported
@@ -39,6 +39,7 @@ from memstream.streams.formation.decide import Context, decide
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
 from memstream.streams.formation.views import FactView, PostgresView
 from memstream.streams.records import Record, next_offsets
+from memstream.streams.sealing import RecordSealer
 
 log = logging.getLogger("memstream.formation")
 
@@ -130,8 +131,12 @@ class Formation:
     def __init__(self, *, producer, decisions_topic: str, embedder: Embedder, extractor: ExtractionClient,
                  resolver: ResolutionClient, dead_letters, pool: asyncpg.Pool, barrier: ProjectionBarrier | None,
                  relations: RelationExtractionClient | None = None, gate_observations: int = 3,
-                 record_position: bool = True, partitions: int | None = None):
+                 record_position: bool = True, partitions: int | None = None,
+                 sealer: RecordSealer | None = None, ends_keys: bool = False):
         self._relations, self._partitions = relations, partitions
+        # ``ends_keys``: this formation destroys a forgotten user's data key once it has sealed
+        # every decision before the forget (the live one; a reform rebuilds after the fact).
+        self._sealer, self._ends_keys = sealer or RecordSealer(None), ends_keys
         self._producer, self._topic, self._embedder = producer, decisions_topic, embedder
         self._extractor, self._resolver = extractor, resolver
         self._dead, self._pool, self._barrier = dead_letters, pool, barrier
@@ -146,9 +151,13 @@ class Formation:
                 await self._barrier.wait(partition)
         decisions = await self.decide(turns, letters=letters)
         decisions += nothing_decided(records, decisions)
-        futures = [await self._producer.send(self._topic, encode(d), key=r.key, partition=r.partition)
+        futures = [await self._producer.send(self._topic, await self._sealer.seal(d), key=r.key, partition=r.partition)
                    for r, d in decisions]
         metas = await asyncio.gather(*futures)
+        if self._ends_keys:
+            for _, d in decisions:
+                if isinstance(d, MemoryForgotten) and d.kind == "user":
+                    await self._sealer.end(d.user_id, d.generation)
         if self._barrier is not None:
             for m in metas:
                 self._barrier.produced(m.partition, m.offset + 1)
@@ -246,7 +255,8 @@ class Formation:
                                     target=e.turn_event_id)]
         if isinstance(e, UserForgotten):
             self._fact_vectors.clear()  # fact texts, some of them theirs
-            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user")]
+            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user",
+                                    generation=e.generation)]
         return []
 
     @staticmethod

@@ -61,14 +61,17 @@ async def settings(stack: Stack, dsn: str):
         events_topic=f"t{tag}.events",
         decisions_topic=f"t{tag}.decisions",
         dead_letter_topic=f"t{tag}.dead-letter",
+        ingress_topic=f"t{tag}.ingress",
         group_id=f"g{tag}",
         postgres_schema=f"t_{tag}",
+        keys_schema=f"k_{tag}",
         partitions=4,
     )
     await ensure_topics(s)
     await migrate(dsn, s.postgres_schema)
     yield s
     await drop_schema(dsn, s.postgres_schema)
+    await drop_schema(dsn, s.keys_schema)
 
 
 @pytest.fixture

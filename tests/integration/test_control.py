@@ -261,3 +261,135 @@ async def test_a_users_export_imported_into_a_fresh_deployment_projects_to_the_s
     finally:
         w2.stop()
         await drop_schema(dsn, target.postgres_schema)
+
+
+def _segments_holding(stack, needles: dict[str, bytes]) -> dict[str, list[str]]:
+    """Which of ``needles`` some Kafka log segment file on disk holds (every topic's), and where."""
+    found: dict[str, list[str]] = {}
+    for path in stack.kafka.data.rglob("*.log*"):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # deleted while we looked
+            continue
+        for name, needle in needles.items():
+            if needle in data:
+                found.setdefault(name, []).append(str(path.relative_to(stack.kafka.data)))
+    return found
+
+
+async def test_a_forgotten_users_words_and_vectors_leave_every_kafka_segment_and_a_replay_counts_them_shredded(
+        stack, settings, conn, dsn, embedder, tmp_path):
+    """Three things eve said, each by another road: through ``TurnLog`` (sealed before it left
+    the host), as plain JSON from a non-Python client on the ingress topic (with librdkafka's
+    partitioner), and a mis-keyed plain record the ingress dead-letters. Once the plaintext
+    window has passed after the forget, no segment file of any topic holds any of them, nor a
+    piece of her vectors, and none of her records opens; ned is untouched."""
+    from memstream.streams.topics import ensure_topics
+
+    from .conftest import Worker
+
+    settings = settings.model_copy(update={"plaintext_retention_s": 3})
+    await ensure_topics(settings)  # the short window, on the topics the fixture made
+    w = Worker(settings, tmp_path / "worker.log")  # with it: a worker sets the window it is given
+    try:
+        await _forget_eve(stack, settings, conn, dsn, embedder, w)
+    finally:
+        w.stop()
+
+
+async def _forget_eve(stack, settings, conn, dsn, embedder, w):
+    import json
+    import uuid as uuid_mod
+    import zlib
+
+    import msgspec
+    from aiokafka import AIOKafkaProducer, TopicPartition
+
+    from memstream.projections.db import create_pool
+    from memstream.schemas.events import new_event_id
+    from memstream.sealing import data_keys
+    from memstream.streams.kafka_util import drain, groupless_consumer
+    from memstream.streams.sealing import RecordSealer
+
+    from .conftest import wait_until
+
+    tag = uuid_mod.uuid4().hex[:8]
+    said = {"turnlog": f"my locker code is {tag}-7731", "ingress": f"my nickname is Zebra{tag}",
+            "dead letter": f"my bank pin is {tag}-0042"}
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("eve", said["turnlog"], 0), turn("ned", "I live in Faro.", 0)])
+
+    def plain(user: str, text: str) -> bytes:
+        return json.dumps({"type": "TurnRecorded", "event_id": str(new_event_id()), "user_id": user,
+                           "conversation_id": "c1", "occurred_at": "2026-11-30T09:00:00Z", "user_message": text,
+                           "assistant_message": "ok"}).encode()
+
+    kcat = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap,
+                            partitioner=lambda key, all_p, avail: all_p[zlib.crc32(key) % len(all_p)])
+    await kcat.start()
+    try:
+        await kcat.send_and_wait(settings.ingress_topic, plain("eve", said["ingress"]), key=b"eve")
+        await kcat.send_and_wait(settings.ingress_topic, plain("eve", said["dead letter"]), key=b"not-eve")
+    finally:
+        await kcat.stop()
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 2 FROM episodes WHERE user_id = 'eve'"),
+                     what="eve's ingress turn, sealed and projected")
+
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=1)
+    try:
+        keys = await data_keys(settings, pool)
+
+        async def eves_records(sealer):
+            async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as c:
+                out = []
+                for topic in (settings.events_topic, settings.decisions_topic):
+                    tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+                    c.assign(tps)
+                    await c.seek_to_beginning(*tps)
+
+                    async def keep(batch):
+                        out.extend(await sealer.open([r for r in batch if r.key == b"eve"]))
+
+                    await drain(c, tps, await c.end_offsets(tps), keep)
+            return out
+
+        opened = await eves_records(RecordSealer(keys))
+        vectors = [msgspec.json.decode(r.value)["embedding"] for r in opened
+                   if r.value and b'"EpisodeRecorded"' in r.value[:40]]
+        assert len(vectors) == 2
+        needles = {k: v.encode() for k, v in said.items()} | {
+            f"vector {n}": v[100:140].encode() for n, v in enumerate(vectors)}  # base64 on the wire, as sealed inside
+        before = _segments_holding(stack, needles)
+        assert set(before) == {"ingress", "dead letter"}, before  # plain only where the window bounds it
+
+        async with TurnLog(settings) as log:
+            pos = await control.forget_user(log, "eve", reason="erase me")
+        reader = await make_reader(dsn, settings, embedder)
+        try:
+            assert (await reader.read("eve", "c1", "what is my nickname?", after=pos, wait_timeout=60)).caught_up
+        finally:
+            await reader.close()
+
+        async def gone():
+            return not _segments_holding(stack, needles)
+
+        await wait_until(gone, timeout=90, interval=1, what="the plaintext window to pass on every segment")
+        after = await eves_records(RecordSealer(await data_keys(settings, pool)))
+        turns_and_decisions = [r for r in after if r.sealing is None and b'"sealed"' not in (r.value or b"")]
+        assert all(json.loads(r.value)["type"] in ("UserForgotten", "MemoryForgotten", "NothingDecided")
+                   for r in turns_and_decisions), turns_and_decisions
+        assert sum(r.shredded for r in after) >= 4  # two turns, two episodes (and their facts)
+    finally:
+        await pool.close()
+
+    await append_and_wait(settings, conn, [turn("ned", "thanks", 1)])  # the forget is behind every projection
+    w.stop()
+    rebuilt = settings.postgres_schema + "_re"
+    try:
+        report = await replay(settings, dsn, rebuilt, ["episodes", "facts", "graph", "commands"])
+        assert report.shredded >= 4 and report.skipped == 0
+        for table in ALL_TABLES:
+            assert await diff_counts(conn, settings.postgres_schema, rebuilt, table) == (0, 0), table
+        assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'ned'") == 2
+    finally:
+        await drop_schema(dsn, rebuilt)

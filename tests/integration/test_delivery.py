@@ -180,8 +180,9 @@ async def test_two_workers_in_one_group_split_the_partitions_and_project_everyth
     n = settings.partitions
     expected = {
         "formation": {f"{settings.events_topic}/{p}" for p in range(n)},
-        # projections: decisions, plus commands read straight from the events topic
-        "projections": {f"{t}/{p}" for t in (settings.decisions_topic, settings.events_topic) for p in range(n)},
+        # projections: decisions, plus commands read straight from the events topic, plus the ingress
+        "projections": {f"{t}/{p}" for t in (settings.decisions_topic, settings.events_topic, settings.ingress_topic)
+                        for p in range(n)},
     }
 
     async def split():

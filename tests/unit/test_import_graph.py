@@ -20,8 +20,9 @@ ALLOWED = {
     "memstream.llm": ("memstream.schemas",),
     "memstream.config": ("memstream.read_settings", "memstream.projections.schema_names"),
     "memstream.stack": ("memstream.config", "memstream.schemas"),
+    "memstream.sealing": ("memstream.schemas", "memstream.projections"),
     "memstream.streams": ("memstream.schemas", "memstream.projections", "memstream.llm", "memstream.embedding",
-                          "memstream.config"),
+                          "memstream.config", "memstream.sealing"),
     "memstream.read_client": ("memstream.schemas", "memstream.read_settings", "memstream.projections",
                               "memstream.embedding"),
 }

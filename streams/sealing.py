@@ -1,0 +1,120 @@
+"""Sealed records: how a user's content sits on every retained topic.
+
+A sealed record is ``{"type", "schema_version", "user_id", "sealed"}``: the record's own JSON,
+sealed whole with the user's data key (``memstream.sealing``), its type and user readable so
+routing, admission and dead letters work without keys. Kept plain: records with nothing of a
+person in them that must be read after their key is gone (``UserForgotten``, a user's
+``MemoryForgotten``, ``NothingDecided``) and the host-wide ones of ``SYSTEM_USER``.
+
+Opening follows the log: after a forget of generation ``g`` of a user, what was sealed for them
+under ``g`` or earlier opens as shredded whatever the key store still holds, so a live worker
+and a replay long after the key is gone skip the same records.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+import msgspec
+
+from memstream.schemas import SYSTEM_USER, MemoryForgotten, NothingDecided, UserForgotten, encode
+from memstream.schemas.codec import decode_decision, decode_event
+from memstream.schemas.errors import InvalidEvent
+from memstream.sealing.keys import DataKeys, NotSealed, Shredded, generation_of
+from memstream.streams.records import SHREDDED, Record
+
+log = logging.getLogger("memstream.sealing")
+
+_FORGETS = (UserForgotten.__struct_config__.tag, MemoryForgotten.__struct_config__.tag)
+
+
+class _Envelope(msgspec.Struct):
+    type: str
+    user_id: str = ""
+    schema_version: int = 1
+    sealed: bytes | None = None  # base64 in the JSON
+
+
+_envelope = msgspec.json.Decoder(_Envelope)
+_encoder = msgspec.json.Encoder()
+
+
+def kept_plain(record) -> bool:
+    return (record.user_id == SYSTEM_USER or isinstance(record, (UserForgotten, NothingDecided))
+            or (isinstance(record, MemoryForgotten) and record.kind == "user"))
+
+
+def _context(type_name: str) -> str:
+    return f"record:{type_name}"
+
+
+class RecordSealer:
+    """Seals records for the log and opens batches read from it. ``keys`` None or ``seal``
+    False: records are written plain (records already sealed still open when ``keys`` is
+    given). ``shredded`` counts the records opened as shredded."""
+
+    def __init__(self, keys: DataKeys | None, *, seal: bool = True):
+        self.keys, self._sealing = keys, seal and keys is not None
+        self._ended: dict[str, int] = {}  # user -> the last key generation the log has ended
+        self.shredded = 0
+
+    async def seal(self, record) -> bytes:
+        if isinstance(record, UserForgotten) and record.generation is None and self.keys is not None:
+            record = msgspec.structs.replace(record, generation=await self.keys.generation(record.user_id))
+        data = encode(record)
+        if not self._sealing or kept_plain(record):
+            return data
+        tag = type(record).__struct_config__.tag
+        blob = await self.keys.seal(record.user_id, data, _context(tag))
+        return _encoder.encode(_Envelope(tag, record.user_id, record.SCHEMA_VERSION, blob))
+
+    async def open(self, records: Sequence[Record]) -> list[Record]:
+        """``records`` with every sealed value opened: plain JSON, or ``sealing`` saying why not."""
+        out = []
+        for r in records:
+            try:
+                env = _envelope.decode(r.value or b"")
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                out.append(r)  # not a record at all: its step dead-letters it
+                continue
+            if env.sealed is None:
+                if env.type in _FORGETS:
+                    self._note_forget(env.type, r.value)
+                out.append(r)
+            elif self.keys is None:
+                out.append(dataclasses.replace(r, sealing="sealed, and this process has no data keys"))
+            else:
+                out.append(await self._open(r, env))
+        return out
+
+    async def _open(self, r: Record, env: _Envelope) -> Record:
+        try:
+            generation = generation_of(env.sealed)
+            if generation <= self._ended.get(env.user_id, 0):
+                raise Shredded("sealed under a key the log has ended")
+            value = await self.keys.open(env.user_id, env.sealed, _context(env.type))
+        except Shredded:
+            self._ended[env.user_id] = max(self._ended.get(env.user_id, 0), generation)
+            self.shredded += 1
+            return dataclasses.replace(r, value=None, sealing=SHREDDED)
+        except NotSealed as exc:
+            return dataclasses.replace(r, sealing=f"a sealed record that does not open: {exc}")
+        return dataclasses.replace(r, value=value, sealed_value=r.value)
+
+    def _note_forget(self, type_name: str, value: bytes) -> None:
+        try:
+            record = decode_event(value) if type_name == _FORGETS[0] else decode_decision(value)
+        except InvalidEvent:
+            return
+        if getattr(record, "kind", "user") == "user" and record.generation:
+            self._ended[record.user_id] = max(self._ended.get(record.user_id, 0), record.generation)
+            if self.keys is not None:
+                self.keys.drop(record.user_id, record.generation)
+
+    async def end(self, user_id: str, generation: int | None) -> None:
+        """Destroy ``user_id``'s key ``generation`` (None: the live one): once a forget of them has
+        been applied and every decision about what they said before it sealed."""
+        if self.keys is not None and generation != 0:
+            await self.keys.destroy(user_id, generation)
+            log.info("destroyed a data key (generation %s)", generation)

@@ -1,0 +1,104 @@
+"""Sealed records (``streams.sealing``): what the log holds of a person opens only with their
+key, what must outlive the key stays plain, and opening follows the log — after a forget, what
+was sealed under the key it ended opens as shredded in every process, live or replaying."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+import msgspec
+import pytest
+
+from memstream.schemas import (SYSTEM_USER, ExpertIdentityUpserted, LogPosition, MemoryForgotten, NothingDecided, TurnRecorded, UserForgotten,
+                               decode_event)
+from memstream.schemas.events import new_event_id
+from memstream.sealing.kek import LocalKek
+from memstream.sealing.keys import DataKeys, MemoryWrappedKeys
+from memstream.streams.admission import admit
+from memstream.streams.records import Record
+from memstream.streams.sealing import RecordSealer
+
+pytestmark = pytest.mark.asyncio
+NOW = datetime(2026, 11, 30, 9, tzinfo=timezone.utc)
+
+
+def turn(user: str, text: str) -> TurnRecorded:
+    return TurnRecorded.new(user_id=user, conversation_id="c", user_message=text, assistant_message="ok", occurred_at=NOW)
+
+
+def forgotten(user: str, generation: int | None = None) -> UserForgotten:
+    return UserForgotten(event_id=new_event_id(), user_id=user, occurred_at=NOW, actor="user", generation=generation)
+
+
+def on_log(values: list[bytes]) -> list[Record]:
+    """Records as the log holds them: keyed by the user their envelope names."""
+    return [Record("ev", 0, n, msgspec.json.decode(v)["user_id"].encode(), v, (), 0) for n, v in enumerate(values)]
+
+
+@pytest.fixture
+def keys(tmp_path) -> DataKeys:
+    return DataKeys(LocalKek(tmp_path / "kek"), MemoryWrappedKeys())
+
+
+async def test_a_sealed_turn_shows_its_type_and_user_but_none_of_its_words_and_opens_to_itself(keys):
+    t = turn("ana", "I live in Lisbon with my cat Miso")
+    sealed = await RecordSealer(keys).seal(t)
+    envelope = msgspec.json.decode(sealed)
+    assert envelope["type"] == "TurnRecorded" and envelope["user_id"] == "ana"
+    assert b"Lisbon" not in sealed and b"Miso" not in sealed
+    [opened] = await RecordSealer(keys).open(on_log([sealed]))
+    assert opened.sealing is None and opened.sealed_value == sealed and decode_event(opened.value) == t
+    assert admit([opened], "formation", None)[0] == [(opened, t)]
+
+
+async def test_what_must_be_read_after_the_key_is_gone_stays_plain(keys):
+    sealer = RecordSealer(keys)
+    await sealer.seal(turn("ana", "hello"))  # ana has key generation 1
+    stamped = msgspec.json.decode(await sealer.seal(forgotten("ana")))
+    assert stamped["type"] == "UserForgotten" and stamped["generation"] == 1 and "sealed" not in stamped
+    assert msgspec.json.decode(await sealer.seal(forgotten("nobody")))["generation"] == 0  # no key: nothing to end
+    common = dict(source_event_id=uuid.uuid4(), source=LogPosition("ev", 0, 0), recorded_at=NOW, user_id="ana")
+    for plain in (NothingDecided(decision_id=uuid.uuid4(), **common),
+                  MemoryForgotten(decision_id=uuid.uuid4(), kind="user", actor="user", generation=1, **common),
+                  ExpertIdentityUpserted(event_id=new_event_id(), user_id=SYSTEM_USER, occurred_at=NOW,
+                                         identity_id="support", name="Support", instructions="Be kind.")):
+        assert "sealed" not in msgspec.json.decode(await sealer.seal(plain))
+    fact_forget = MemoryForgotten(decision_id=uuid.uuid4(), kind="fact", target=uuid.uuid4(), actor="user", **common)
+    assert "sealed" in msgspec.json.decode(await sealer.seal(fact_forget))
+
+
+async def test_after_a_forget_on_the_log_what_its_key_sealed_is_shredded_even_before_the_key_is_destroyed(keys):
+    writer = RecordSealer(keys)
+    before, late = await writer.seal(turn("ana", "before")), await writer.seal(turn("ana", "late, stale key"))
+    forget = await writer.seal(forgotten("ana"))
+    bo = await writer.seal(turn("bo", "bo's own"))
+    reader = RecordSealer(keys)
+    opened = await reader.open(on_log([before, forget, late, bo]))
+    assert [r.sealing for r in opened] == [None, None, "shredded", None] and reader.shredded == 1
+    assert opened[2].value is None and admit(opened, "formation", None)[1] == []  # skipped, not dead-lettered
+    await writer.end("ana", 1)
+    comeback = await writer.seal(turn("ana", "I am back"))
+    again = RecordSealer(keys)  # a replay after the key is gone
+    opened = await again.open(on_log([before, forget, late, comeback]))
+    assert [r.sealing for r in opened] == ["shredded", None, "shredded", None] and again.shredded == 2
+    assert decode_event(opened[3].value).user_message == "I am back"
+
+
+async def test_ending_a_key_twice_or_after_the_user_came_back_spares_what_they_said_since(keys):
+    sealer = RecordSealer(keys)
+    await sealer.seal(turn("ana", "first life"))
+    await sealer.end("ana", 1)
+    comeback = await sealer.seal(turn("ana", "second life"))
+    await sealer.end("ana", 1)  # the same forget applied again (a restart, a second send)
+    [opened] = await RecordSealer(keys).open(on_log([comeback]))
+    assert opened.sealing is None
+
+
+async def test_a_damaged_or_moved_sealed_record_is_dead_lettered_with_the_reason(keys):
+    sealer = RecordSealer(keys)
+    sealed = msgspec.json.decode(await sealer.seal(turn("ana", "x")))
+    await sealer.seal(turn("bo", "y"))  # bo has a key: ana's record does not open with it
+    moved = msgspec.json.encode({**sealed, "user_id": "bo"})
+    [r] = await RecordSealer(keys).open(on_log([moved]))
+    [(_, stage, reason)] = admit([r], "formation", None)[1]
+    assert "does not open" in reason and r.wire_value == moved  # the letter keeps the record as on the log
