@@ -89,12 +89,26 @@ def stack_status(ctx: click.Context) -> None:
 @main.command()
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
-    """Create the schema and apply pending migrations (safe to re-run)."""
+    """Create the schema and the key store and apply pending migrations (safe to re-run)."""
     from memstream.projections.db import migrate as run
 
     s = _settings(ctx)
-    applied = asyncio.run(run(resolve_dsn(s), s.postgres_schema))
-    click.echo(f"schema {s.postgres_schema}: " + (", ".join(applied) if applied else "up to date"))
+    dsn = resolve_dsn(s)
+    applied = asyncio.run(run(dsn, s.postgres_schema))
+    asyncio.run(_key_store(s, dsn))
+    click.echo(f"schema {s.postgres_schema}: " + (", ".join(applied) if applied else "up to date")
+               + f"; key store {s.keys_schema}: ready")
+
+
+async def _key_store(s: Settings, dsn: str) -> None:
+    from memstream.projections.db import create_pool
+    from memstream.sealing import data_keys
+
+    pool = await create_pool(dsn, s.postgres_schema, min_size=0, max_size=1)
+    try:
+        await data_keys(s, pool)
+    finally:
+        await pool.close()
 
 
 @main.command()

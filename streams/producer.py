@@ -45,14 +45,18 @@ class TurnLog:
     async def start(self) -> None:
         if self._started:
             return
-        if self._sealer is None:
-            self._sealer = await _own_sealer(self)
         try:
             await self._producer.start()
         except KafkaConnectionError as exc:
             await self._producer.stop()
             raise BrokerUnavailable(f"cannot reach Kafka at {self._settings.kafka_bootstrap}: {exc}") from exc
         self._started = True
+        if self._sealer is None:
+            try:
+                self._sealer = await _own_sealer(self)
+            except BaseException:
+                await self.stop()
+                raise
 
     async def stop(self) -> None:
         if self._started:

@@ -6,7 +6,10 @@ Two phases over fresh topics and a fresh schema:
   capacity): append-acknowledgement latency and turn-to-episode-visible latency, i.e. from the
   call to ``TurnLog.append`` until the episodes projection's watermark covers the turn;
 * **burst** (the rest, appended as fast as Kafka acknowledges): sustained episodes/s, from the
-  first to the last episode becoming visible.
+  first to the last episode becoming visible;
+
+then a replay of every projection from the log just written into a scratch schema (records/s).
+``MEMSTREAM_SEAL_RECORDS=false`` runs it all with plain records: sealing's cost is the ratio.
 
 Visibility is observed by polling ``projection_positions`` every 5 ms, so e2e figures carry up
 to 5 ms of observation granularity.
@@ -87,6 +90,7 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
     from memstream.projections.db import create_pool, drop_schema
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.producer import TurnLog
+    from memstream.streams.replay import PROJECTIONS, replay
 
     settings, tag, dsn = await prepared(base, "bench")
     pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
@@ -133,8 +137,13 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
         await poller
         worker.stop()
         await pool.close()
+    try:  # the log just written, rebuilt: what a replay of it costs (opening every sealed record)
+        rebuilt = await replay(settings, dsn, settings.postgres_schema + "_replay", list(PROJECTIONS))
+    finally:
+        await drop_schema(dsn, settings.postgres_schema + "_replay")
         await drop_schema(dsn, settings.postgres_schema)
     return {
+        "sealed": settings.seal_records,
         "turns": turns, "users": users, "worker": "memstream worker (formation + projections processes), embed_threads=%d" % settings.embed_threads,
         "paced_turns": len(paced), "paced_rate_per_s": rate,
         "append_ack_ms": _pcts(acks),
@@ -144,6 +153,8 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
         "burst_append_ms_per_turn_in_batches_of_500": _pcts(burst_acks),
         "sustained_episodes_per_s": round(len(burst) / drain_s, 1),
         "burst_drain_s": round(drain_s, 2),
+        "replay_records": rebuilt.records,
+        "replay_records_per_s": round(rebuilt.records_per_s, 1),
     }
 
 

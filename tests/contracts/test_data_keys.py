@@ -51,6 +51,19 @@ class DataKeysContract:
         with pytest.raises(Shredded):
             await fresh.open("ana", sealed, "f")
 
+    async def test_destroying_a_named_generation_spares_a_newer_one(self, tmp_path):
+        keys = await self.keys(tmp_path)
+        first = await keys.seal("ana", b"first", "f")
+        assert await keys.generation("ana") == 1 and await keys.generation("nobody") == 0
+        await keys.destroy("ana", 1)
+        second = await keys.seal("ana", b"second", "f")
+        await keys.destroy("ana", 1)  # the same forget again: generation 2 lives on
+        assert await keys.generation("ana") == 2 and await keys.open("ana", second, "f") == b"second"
+        with pytest.raises(Shredded):
+            await keys.open("ana", first, "f")
+        other = DataKeys(LocalKek(tmp_path / "kek"), keys._store)  # held generation 1 would be stale
+        assert await other.open("ana", second, "f") == b"second"
+
     async def test_the_store_holds_no_user_id(self, tmp_path):
         keys = await self.keys(tmp_path)
         await keys.seal("ana@example.com", b"x", "f")

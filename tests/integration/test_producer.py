@@ -11,6 +11,7 @@ from memstream.schemas import InvalidEvent, TurnRecorded, decode_event
 from memstream.streams.errors import BrokerUnavailable
 from memstream.streams.kafka_util import groupless_consumer
 from memstream.streams.producer import TurnLog
+from memstream.streams.records import Record
 
 from .helpers import turns
 
@@ -47,7 +48,10 @@ async def test_append_returns_the_position_of_the_acknowledged_record_keyed_by_u
         c.seek(tp, pos.offset)
         msg = (await c.getmany(tp, timeout_ms=5000, max_records=1))[tp][0]
     assert msg.key == turn.user_id.encode()
-    assert decode_event(msg.value) == turn
+    assert turn.user_message.encode() not in msg.value  # sealed before it left the host
+    async with TurnLog(settings) as log:
+        [opened] = await log._sealer.open([Record(msg.topic, msg.partition, msg.offset, msg.key, msg.value, (), 0)])
+    assert decode_event(opened.value) == turn
 
 
 async def test_an_unreachable_broker_raises_broker_unavailable():

