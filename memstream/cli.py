@@ -116,12 +116,19 @@ async def _key_store(s: Settings, dsn: str) -> None:
               help="formation: events -> decisions; projections: decisions -> stores; all: both, as two processes")
 @click.option("--loglevel", default="INFO")
 @click.option("--no-prepare", is_flag=True, help="skip topic creation and migrations")
+@click.option("--metrics-port", type=click.IntRange(1, 65534), metavar="PORT",
+              help="serve Prometheus metrics: formation on PORT, projections on PORT+1 ($MEMSTREAM_METRICS_PORT)")
 @click.pass_context
-def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool) -> None:
+def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool, metrics_port: int | None) -> None:
     """Run a worker (formation and/or projections) until SIGTERM."""
+    import os
+
     from memstream.projections.db import migrate as run_migrations
     from memstream.streams.topics import ensure_topics
 
+    if metrics_port is not None:
+        os.environ["MEMSTREAM_METRICS_PORT"] = str(metrics_port)  # the roles' child processes read it too
+        ctx.obj["settings"] = _settings(ctx).model_copy(update={"metrics_port": metrics_port})
     s = _settings(ctx)
     dsn = resolve_dsn(s)
 
@@ -181,14 +188,27 @@ def reform(ctx: click.Context, extractor: str, since, topic: str | None, as_json
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--watch", type=click.FloatRange(min=0.5), metavar="SECONDS", help="print again every SECONDS until interrupted")
+@click.option("--max-lag", type=click.IntRange(min=0), metavar="N",
+              help="exit 2 when any step lags more than N records (a health check)")
 @click.pass_context
-def status(ctx: click.Context) -> None:
-    """Projection positions and lag per partition."""
-    from memstream.streams.status import projection_status
+def status(ctx: click.Context, as_json: bool, watch: float | None, max_lag: int | None) -> None:
+    """Positions and lag (records, seconds) of every step per partition, dead letters, worker groups."""
+    import time
+
+    from memstream.streams.status import pipeline_status
 
     s = _settings(ctx)
-    for line in asyncio.run(projection_status(s, resolve_dsn(s))):
-        click.echo(line)
+    dsn = resolve_dsn(s)
+    while True:
+        report = asyncio.run(pipeline_status(s, dsn))
+        click.echo(json.dumps(report.as_dict()) if as_json else "\n".join(report.lines()))
+        if watch is None:
+            break
+        time.sleep(watch)
+    if max_lag is not None and report.max_lag > max_lag:
+        ctx.exit(2)
 
 
 @main.command()

@@ -70,6 +70,13 @@ class Settings(BaseModel):
     bedrock_resolution_model: str = "anthropic.claude-3-5-haiku-20241022-v1:0"
     # An inferred change to an identity or constraint fact commits on this many observations.
     gate_observations: int = Field(3, ge=1)
+    # Prices for the estimated LLM cost in the workers' metrics, USD per million tokens
+    # (defaults: Claude 3.5 Haiku on Bedrock, on demand).
+    llm_usd_per_mtok_input: float = Field(0.8, ge=0)
+    llm_usd_per_mtok_output: float = Field(4.0, ge=0)
+
+    # Workers serve Prometheus metrics on this port (formation) and the next (projections).
+    metrics_port: int | None = Field(None, ge=1, le=65534)
 
     # Read path (``MemoryReader.connect``). From the environment, a JSON object naming only the
     # fields to change, e.g. MEMSTREAM_READ_FACT_WEIGHTS='{"recency": 0.2}'; the rest keep the

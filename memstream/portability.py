@@ -9,8 +9,9 @@ then one line per record, in log order, events first::
 
     {"log": "events" | "decisions", "offset": <offset in the source log>, "record": {...}}
 
-where ``record`` is the record's own JSON (the wire format of ``schemas/jsonschema``), opened
-(records shredded by a forget of the user are left out).
+where ``record`` is the record's own JSON (the wire format of ``schemas/jsonschema``), opened.
+Left out: records shredded by a forget of the user, and the forgets of the whole user (they
+name this deployment's key generations).
 Every event keyed by the user and every decision about them is there: turns, commands, and
 what formation decided (with embeddings), so an import never calls an LLM or the embedder.
 
@@ -19,7 +20,7 @@ partition) marked ``memstream.imported``, which formation passes without decidin
 decisions with their ``source`` positions remapped to where the events landed. The user's
 projections in the target then equal the source's row for row, except the episodes' source
 partition and offset (the remapped positions). Every record is sealed again with the target's
-data keys.
+data keys; a record naming another user, or undecodable, goes to the target's dead-letter topic.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import msgspec
 from aiokafka import TopicPartition
 
 from memstream.projections import db
-from memstream.schemas import InvalidEvent, LogPosition, decode_decision, decode_event
+from memstream.schemas import InvalidEvent, LogPosition, NothingDecided, decode_decision, decode_event
 from memstream.schemas.errors import InvalidArgument
 from memstream.sealing import data_keys
 from memstream.streams.admission import IMPORTED, expected_partition
@@ -78,7 +79,10 @@ async def export_user(settings, user_id: str, path: Path) -> dict:
     finally:
         await pool.close()
     # What was said before a forget of the user is shredded: not theirs to take along any more.
-    events, decisions = ([m for m in msgs if m.sealing is None] for msgs in (events, decisions))
+    # The forgets themselves stay behind: they name this deployment's key generations, which in
+    # another deployment would end keys that have nothing to do with them.
+    events, decisions = ([m for m in msgs if m.sealing is None and not _forgets_user(m.value)]
+                         for msgs in (events, decisions))
     header = {"format": FORMAT, "version": VERSION, "user_id": user_id,
               "exported_at": datetime.now(timezone.utc).isoformat(), "events_topic": settings.events_topic,
               "decisions_topic": settings.decisions_topic, "events": len(events), "decisions": len(decisions)}
@@ -89,6 +93,15 @@ async def export_user(settings, user_id: str, path: Path) -> dict:
                 f.write(json.dumps({"log": name, "offset": m.offset, "record": json.loads(m.value)}) + "\n")
     log.info("exported %d events and %d decisions of a user to %s", len(events), len(decisions), path)
     return header
+
+
+def _forgets_user(value: bytes | None) -> bool:
+    try:
+        head = msgspec.json.decode(value or b"")
+    except msgspec.DecodeError:
+        return False
+    return isinstance(head, dict) and (head.get("type") == "UserForgotten" or (
+        head.get("type") == "MemoryForgotten" and head.get("kind") == "user"))
 
 
 def read_archive(path: Path) -> tuple[dict, list[dict], list[dict]]:
@@ -111,8 +124,9 @@ def read_archive(path: Path) -> tuple[dict, list[dict], list[dict]]:
 async def import_user(settings, path: Path) -> dict:
     """Append an archive's events and decisions to ``settings``' topics; returns the counts."""
     header, events, decisions = read_archive(path)
-    # Every record goes under the archive's user key: one naming another user inside (or one the
-    # source dead-lettered) is dead-lettered again by the target's admission, never applied.
+    # Only the archive's user's records go onto the target's log; one naming another user, or one
+    # the source dead-lettered, goes to the target's dead-letter topic (its plaintext window)
+    # with the reason — never plain onto the events topic, which keeps records forever.
     user = header["user_id"]
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
@@ -120,18 +134,28 @@ async def import_user(settings, path: Path) -> dict:
     try:
         sealer = await _sealer(settings, pool)  # sealed again, with the target's keys
         moved: dict[int, LogPosition] = {}
+        letters = 0
         for x in events:
             raw = json.dumps(x["record"]).encode()
             try:
-                value = await sealer.seal(decode_event(raw))
-            except InvalidEvent:
-                value = raw  # the target's admission dead-letters it, as the source's did
-            meta = await (await producer.send(settings.events_topic, value, key=user.encode(),
+                event = decode_event(raw)
+                why = None if event.user_id == user else f"names user {event.user_id!r}, not the archive's"
+            except InvalidEvent as exc:
+                why = f"undecodable event: {exc}"
+            if why is not None:
+                await (await producer.send(settings.dead_letter_topic, raw, key=user.encode(), headers=[
+                    ("memstream.reason", f"import of {path.name}: {why}".encode()[:4096]),
+                    ("memstream.stage", b"import"), ("memstream.source", f"{path.name}/{x['offset']}".encode())]))
+                letters += 1
+                continue
+            meta = await (await producer.send(settings.events_topic, await sealer.seal(event), key=user.encode(),
                                               headers=[(IMPORTED, b"1")]))
             moved[x["offset"]] = LogPosition(settings.events_topic, meta.partition, meta.offset)
         futures = []
         for x in decisions:
             d = decode_decision(json.dumps(x["record"]).encode())
+            if d.source.offset not in moved and isinstance(d, NothingDecided):
+                continue  # a marker after a record left out: the target's formation writes its own
             if d.source.offset not in moved:
                 raise InvalidArgument(f"{path}: a decision names event offset {d.source.offset}, not in the archive")
             where = moved[d.source.offset]
@@ -143,5 +167,6 @@ async def import_user(settings, path: Path) -> dict:
     finally:
         await producer.stop()
         await pool.close()
-    log.info("imported %d events and %d decisions of a user from %s", len(events), len(decisions), path)
-    return {"user_id": user, "events": len(events), "decisions": len(decisions)}
+    log.info("imported %d events and %d decisions of a user from %s (%d dead-lettered)", len(moved),
+             len(futures), path, letters)
+    return {"user_id": user, "events": len(moved), "decisions": len(futures), "dead_lettered": letters}

@@ -53,8 +53,9 @@ class DeadLetterSink(Protocol):
 
 
 class DeadLetters(DeadLetterSink):
-    def __init__(self, producer: AIOKafkaProducer, topic: str, max_per_1000: int):
+    def __init__(self, producer: AIOKafkaProducer, topic: str, max_per_1000: int, counted=None):
         self._producer, self.topic, self._max = producer, topic, max_per_1000
+        self._counted = counted or (lambda stage: None)  # told the stage of each letter sent
         self._window: collections.deque[bool] = collections.deque(maxlen=1000)
 
     def observe(self, n_ok: int) -> None:
@@ -75,6 +76,8 @@ class DeadLetters(DeadLetterSink):
             futures.append(await self._producer.send(self.topic, rec.wire_value, key=rec.key, headers=headers))
             self._window.append(True)
         await asyncio.gather(*futures)
+        for _, stage, _ in letters:
+            self._counted(stage)
         if sum(self._window) > self._max:
             raise TooManyDeadLetters(
                 f"{sum(self._window)} dead letters in the last {len(self._window)} records "

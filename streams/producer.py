@@ -34,6 +34,10 @@ class TurnLog:
     is sent; ``append_many`` validates the whole batch first, so an invalid event sends none of
     it. An unreachable broker raises ``BrokerUnavailable``; a batch interrupted by the broker may
     be partly written — retrying it is safe, since projections key rows by ``event_id``.
+
+    Each event is sealed with its user's data key before it leaves the host (``streams.sealing``;
+    a ``UserForgotten`` is stamped with the key generation it ends): the log reaches the key
+    store in Postgres (``Settings.dsn()``), or ``sealer`` is given.
     """
 
     def __init__(self, settings: Settings, sealer: RecordSealer | None = None):
@@ -53,10 +57,21 @@ class TurnLog:
         self._started = True
         if self._sealer is None:
             try:
-                self._sealer = await _own_sealer(self)
+                self._sealer = await self._own_sealer()
             except BaseException:
                 await self.stop()
                 raise
+
+    async def _own_sealer(self) -> RecordSealer:
+        """Sealing with the deployment's data keys, over a small pool of this log's own."""
+        from memstream.projections import db
+        from memstream.sealing import data_keys
+
+        s = self._settings
+        if not s.seal_records:
+            return RecordSealer(None)
+        self._pool = await db.create_pool(s.dsn(), s.postgres_schema, min_size=0, max_size=2)
+        return RecordSealer(await data_keys(s, self._pool))
 
     async def stop(self) -> None:
         if self._started:
@@ -90,14 +105,3 @@ class TurnLog:
             raise BrokerUnavailable(f"Kafka did not acknowledge the append: {exc}") from exc
         return [LogPosition(topic, m.partition, m.offset) for m in metas]
 
-
-async def _own_sealer(turn_log: TurnLog) -> RecordSealer:
-    """Sealing with the deployment's data keys, over a small pool of the log's own."""
-    from memstream.projections import db
-    from memstream.sealing import data_keys
-
-    s = turn_log._settings
-    if not s.seal_records:
-        return RecordSealer(None)
-    turn_log._pool = await db.create_pool(s.dsn(), s.postgres_schema, min_size=0, max_size=2)
-    return RecordSealer(await data_keys(s, turn_log._pool))

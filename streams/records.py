@@ -22,6 +22,7 @@ class Record:
     # a destroyed key, ``value`` None: skipped by every step. Else why it could not be opened.
     sealing: str | None = None
     sealed_value: bytes | None = None  # the value as sealed on the log, for an opened record
+    generation: int | None = None  # the user's key generation it was sealed under, for an opened record
 
     @property
     def wire_value(self) -> bytes | None:

@@ -98,7 +98,9 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                     elif isinstance(d, GraphDecision):
                         await graph.ensure_user(d.user_id)
                         graph.apply(d)
-                    futures.append(await producer.send(topic, r.wire_value, key=r.key, partition=r.partition))
+                    # A decision written before sealing existed is sealed now; a sealed one is copied as it is.
+                    value = r.sealed_value if r.sealed_value is not None else await sealer.seal(d)
+                    futures.append(await producer.send(topic, value, key=r.key, partition=r.partition))
                 await asyncio.gather(*futures)
                 counts["copied"] += len(futures)
 
@@ -112,7 +114,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                 counts["skipped"] += len(letters)
                 made = await formation.decide(turns, view, graph, letters=letters)
                 made += nothing_decided(batch, made)
-                futures = [await producer.send(topic, await sealer.seal(d), key=r.key, partition=r.partition)
+                futures = [await producer.send(topic, await sealer.seal(d, r.generation), key=r.key, partition=r.partition)
                            for r, d in made]
                 await asyncio.gather(*futures)
                 counts["events"] += len(batch)

@@ -59,15 +59,23 @@ class RecordSealer:
         self._ended: dict[str, int] = {}  # user -> the last key generation the log has ended
         self.shredded = 0
 
-    async def seal(self, record) -> bytes:
-        if isinstance(record, UserForgotten) and record.generation is None and self.keys is not None:
-            record = msgspec.structs.replace(record, generation=await self.keys.generation(record.user_id))
+    async def seal(self, record, generation: int | None = None) -> bytes:
+        """``record`` as the log keeps it. ``generation``: the key generation of the record it was
+        derived from (a decision from its turn) — sealed under that one or, when it is gone,
+        ``Shredded``: what came from a forgotten record is never sealed under a newer key. A
+        ``UserForgotten`` is stamped with the generation it ends (whatever a client put there)."""
+        if isinstance(record, UserForgotten):
+            record = msgspec.structs.replace(record, generation=await self.stamp(record))
         data = encode(record)
         if not self._sealing or kept_plain(record):
             return data
         tag = type(record).__struct_config__.tag
-        blob = await self.keys.seal(record.user_id, data, _context(tag))
+        blob = await self.keys.seal(record.user_id, data, _context(tag), generation)
         return _encoder.encode(_Envelope(tag, record.user_id, record.SCHEMA_VERSION, blob))
+
+    async def stamp(self, forget: UserForgotten) -> int | None:
+        """The key generation ``forget`` ends, the same however often it is asked (None: no keys)."""
+        return None if self.keys is None else await self.keys.stamp(forget.user_id, forget.event_id.bytes)
 
     async def open(self, records: Sequence[Record]) -> list[Record]:
         """``records`` with every sealed value opened: plain JSON, or ``sealing`` saying why not."""
@@ -100,7 +108,7 @@ class RecordSealer:
             return dataclasses.replace(r, value=None, sealing=SHREDDED)
         except NotSealed as exc:
             return dataclasses.replace(r, sealing=f"a sealed record that does not open: {exc}")
-        return dataclasses.replace(r, value=value, sealed_value=r.value)
+        return dataclasses.replace(r, value=value, sealed_value=r.value, generation=generation)
 
     def _note_forget(self, type_name: str, value: bytes) -> None:
         try:

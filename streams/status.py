@@ -1,35 +1,151 @@
-"""``memstream status``: each projection's position per partition and its lag behind Kafka."""
+"""``memstream status``: where every step of the pipeline stands, for people and for monitors.
+
+Per step (the projections, formation, the ingress sealing) and partition: the stored position,
+the topic's high-water mark, the lag in records and in seconds (the age of the oldest record
+not yet applied), then the dead letters and the last one's reason, and the workers' consumer
+groups with their members and assignments.
+"""
 from __future__ import annotations
 
+import time
+from dataclasses import asdict, dataclass, field
+
 from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
 from memstream.config import Settings
 from memstream.projections import db
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 
 
-async def projection_status(settings: Settings, dsn: str) -> list[str]:
+@dataclass
+class Position:
+    projection: str
+    topic: str
+    partition: int
+    applied: int
+    end: int
+    lag: int
+    lag_s: float | None  # None: nothing to apply
+
+
+@dataclass
+class Member:
+    client_id: str
+    host: str
+    assigned: list[str]
+
+
+@dataclass
+class Status:
+    positions: list[Position]
+    dead_letters: int
+    last_dead_letter: dict | None
+    groups: dict[str, list[Member]] = field(default_factory=dict)
+
+    @property
+    def max_lag(self) -> int:
+        return max((p.lag for p in self.positions), default=0)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "max_lag": self.max_lag}
+
+    def lines(self) -> list[str]:
+        out = [f"{'projection':<11} {'topic':<24} {'part':>4} {'applied':>9} {'end':>9} {'lag':>7} {'lag s':>7}"]
+        for p in self.positions:
+            age = "" if p.lag_s is None else f"{p.lag_s:.1f}"
+            out.append(f"{p.projection:<11} {p.topic:<24} {p.partition:>4} {p.applied:>9} {p.end:>9} {p.lag:>7} {age:>7}")
+        out.append(f"dead letters: {self.dead_letters}" + (
+            f" (last: {self.last_dead_letter['stage']} at {self.last_dead_letter['source']}: "
+            f"{self.last_dead_letter['reason']})" if self.last_dead_letter else ""))
+        for group, members in self.groups.items():
+            out.append(f"group {group}: {len(members)} member(s)")
+            out += [f"  {m.client_id} {m.host}: {' '.join(m.assigned) or '(none)'}" for m in members]
+        return out
+
+
+async def pipeline_status(settings: Settings, dsn: str) -> Status:
     pool = await db.create_pool(dsn, settings.postgres_schema, max_size=1)
     try:
         rows = await pool.fetch("SELECT projection, topic, partition, next_offset FROM projection_positions ORDER BY 1, 2, 3")
-        async with groupless_consumer(settings.kafka_bootstrap) as consumer:
-            return await _lines(settings, consumer, rows)
     finally:
         await pool.close()
+    async with groupless_consumer(settings.kafka_bootstrap) as consumer:
+        positions = await _positions(consumer, rows)
+        dead, last = await _dead_letters(consumer, settings.dead_letter_topic)
+    return Status(positions, dead, last, await _groups(settings))
 
 
-async def _lines(settings: Settings, consumer, rows) -> list[str]:
-    topics = {r["topic"] for r in rows} | {settings.events_topic, settings.decisions_topic}
-    tps = [TopicPartition(t, p) for t in sorted(topics) for p in await partitions_of(consumer, t)]
+async def projection_status(settings: Settings, dsn: str) -> list[str]:
+    return (await pipeline_status(settings, dsn)).lines()
+
+
+async def _positions(consumer, rows) -> list[Position]:
+    tps = [TopicPartition(t, p) for t in sorted({r["topic"] for r in rows}) for p in await partitions_of(consumer, t)]
     ends = await consumer.end_offsets(tps) if tps else {}
-    lines = [f"{'projection':<11} {'topic':<24} {'part':>4} {'applied':>9} {'end':>9} {'lag':>7}"]
+    out = []
     for r in rows:
-        end = ends.get(TopicPartition(r["topic"], r["partition"]), 0)
-        lines.append(f"{r['projection']:<11} {r['topic']:<24} {r['partition']:>4} {r['next_offset']:>9} "
-                     f"{end:>9} {max(end - r['next_offset'], 0):>7}")
-    dlq = [TopicPartition(settings.dead_letter_topic, p)
-           for p in await partitions_of(consumer, settings.dead_letter_topic)]
-    if dlq:
-        dead = sum((await consumer.end_offsets(dlq)).values())
-        lines.append(f"dead letters in {settings.dead_letter_topic}: {dead}")
-    return lines
+        tp = TopicPartition(r["topic"], r["partition"])
+        end = ends.get(tp, 0)
+        lag = max(end - r["next_offset"], 0)
+        out.append(Position(r["projection"], r["topic"], r["partition"], r["next_offset"], end, lag,
+                            await _age(consumer, tp, r["next_offset"]) if lag else None))
+    return out
+
+
+async def _age(consumer, tp: TopicPartition, offset: int) -> float | None:
+    """Seconds since the record at ``offset`` was appended (None if it is gone: retention)."""
+    [m] = await _fetch(consumer, tp, offset) or [None]
+    return None if m is None else round(max(0.0, time.time() - m.timestamp / 1000), 3)
+
+
+async def _fetch(consumer, tp: TopicPartition, offset: int) -> list:
+    consumer.assign([tp])
+    consumer.seek(tp, offset)
+    return (await consumer.getmany(tp, timeout_ms=2000, max_records=1)).get(tp, [])[:1]
+
+
+async def _dead_letters(consumer, topic: str) -> tuple[int, dict | None]:
+    tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+    if not tps:
+        return 0, None
+    ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
+    last = None
+    for tp in tps:  # the newest letter across partitions
+        if ends[tp] > starts[tp]:
+            for m in await _fetch(consumer, tp, ends[tp] - 1):
+                if last is None or m.timestamp > last.timestamp:
+                    last = m
+    if last is None:
+        return sum(ends.values()), None
+    h = {k: v.decode(errors="replace") for k, v in last.headers or ()}
+    # The reason names what was wrong, never the record's content (a dead letter may be plain text).
+    return sum(ends.values()), {"reason": h.get("memstream.reason", "")[:500], "stage": h.get("memstream.stage", ""),
+                                "source": h.get("memstream.source", ""), "at_ms": last.timestamp}
+
+
+async def _groups(settings: Settings) -> dict[str, list[Member]]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=10000)
+    await admin.start()
+    try:
+        names = [settings.group_id, f"{settings.group_id}-projections"]
+        # Only groups the broker knows: aiokafka cannot decode Kafka 4's answer for a missing one.
+        known = {g[0] for g in await admin.list_consumer_groups()}
+        out: dict[str, list[Member]] = {}
+        for name in (n for n in names if n in known):
+            for response in await admin.describe_consumer_groups([name]):
+                for group in response.groups:
+                    out[group[1]] = [_member(m) for m in (group[-2] if isinstance(group[-1], int) else group[-1])]
+        return {name: out.get(name, []) for name in names}
+    finally:
+        await admin.close()
+
+
+def _member(m) -> Member:
+    client_id, host, assignment = m[-4], m[-3], m[-1]
+    assigned = []
+    if assignment:
+        decoded = ConsumerProtocolMemberAssignment.decode(assignment)
+        assigned = sorted(f"{topic}/{p}" for topic, parts in decoded.assignment for p in parts)
+    return Member(client_id, host, assigned)

@@ -25,7 +25,9 @@ def plaintext_window(settings: Settings) -> dict[str, str]:
     no record outlives 1.1 windows plus the broker's retention check interval and that minute."""
     window = max(1000, int(settings.plaintext_retention_s * 1000))
     return {"retention.ms": str(window), "retention.bytes": "-1", "segment.ms": str(max(1000, window // 10)),
-            "file.delete.delay.ms": str(min(60_000, window))}
+            "file.delete.delay.ms": str(min(60_000, window)),
+            # Retention counts from the broker's clock: a client's timestamp cannot stretch the window.
+            "message.timestamp.type": "LogAppendTime"}
 
 
 async def ensure_topics(settings: Settings) -> None:

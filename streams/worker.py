@@ -43,6 +43,7 @@ from memstream.streams.position_gate import RESEEK_AFTER_S, PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
 from memstream.streams.ingress import IngressSealing
+from memstream.streams.metrics import ObservedLlm, TimedEmbedder, WorkerMetrics
 from memstream.streams.sealing import RecordSealer
 from memstream.sealing import data_keys
 from memstream.streams.formation.forming import Formation, ProjectionBarrier
@@ -53,6 +54,7 @@ from memstream.streams.step import Step
 log = logging.getLogger("memstream.worker")
 
 EXIT_FATAL = 70
+LAG_EVERY_S = 5.0
 
 
 class Runtime:
@@ -60,7 +62,9 @@ class Runtime:
 
     def __init__(self, settings: Settings, dsn: str, role: str):
         self.settings, self.dsn, self.role = settings, dsn, role
+        self.metrics = WorkerMetrics(usd_per_mtok=(settings.llm_usd_per_mtok_input, settings.llm_usd_per_mtok_output))
         self._lock = asyncio.Lock()
+        self._shredded: dict[str, int] = {}
         self.steps: dict[str, tuple[Step, PositionGate]] = {}
         self.app: faust.App | None = None
 
@@ -70,11 +74,16 @@ class Runtime:
                 return
             s = self.settings
             self.pool = await db.create_pool(self.dsn, s.postgres_schema, max_size=4)
-            self.sealer = RecordSealer(await data_keys(s, self.pool), seal=s.seal_records)
+            keys = await data_keys(s, self.pool)
+            # One sealer per topic: each follows its own topic's order (a forget read on one
+            # topic says nothing of where another topic stands).
+            self.sealers = {t: RecordSealer(keys, seal=s.seal_records) for t in (s.events_topic, s.decisions_topic)}
+            self.sealer = RecordSealer(keys, seal=s.seal_records)  # for what this role produces
             self.redis = aioredis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2)
             self.producer = idempotent_producer(s.kafka_bootstrap)
             await self.producer.start()
-            dead = DeadLetters(self.producer, s.dead_letter_topic, s.max_dead_letters_per_1000)
+            dead = DeadLetters(self.producer, s.dead_letter_topic, s.max_dead_letters_per_1000,
+                               counted=lambda stage: self.metrics.dead_letters.labels(stage).inc())
             steps: list[Step] = []
             self._offsets = groupless_consumer(s.kafka_bootstrap)
             self.offsets = await self._offsets.__aenter__()
@@ -82,14 +91,19 @@ class Runtime:
             # dead-lettered (admission): that needs the events topic's partition count.
             partitions = len(await partitions_of(self.offsets, s.events_topic)) or None
             if self.role == "formation":
-                embedder = await asyncio.to_thread(default_embedder, s.embed_threads, s.embedding_variant)
+                m = self.metrics
+                embedder = TimedEmbedder(await asyncio.to_thread(default_embedder, s.embed_threads, s.embedding_variant), m)
                 extractor, resolver, relations = llm_clients(s)
+                extractor, resolver, relations = (ObservedLlm(extractor, "extraction", "extract", m),
+                                                  ObservedLlm(resolver, "resolution", "resolve", m),
+                                                  ObservedLlm(relations, "relations", "extract", m))
                 self.barrier = ProjectionBarrier(self.pool, s.decisions_topic, self._end_offset)
                 steps.append(Formation(producer=self.producer, decisions_topic=s.decisions_topic,
                                        embedder=embedder, extractor=extractor, resolver=resolver,
                                        dead_letters=dead, pool=self.pool, barrier=self.barrier,
                                        relations=relations, gate_observations=s.gate_observations,
-                                       partitions=partitions, sealer=self.sealer, ends_keys=True))
+                                       partitions=partitions, sealer=self.sealer, ends_keys=True,
+                                       decided=self.metrics.decided))
                 log.info("formation ready: embedder=%s extractor=%s resolver=%s",
                          embedder.model_id, extractor.model_id, resolver.model_id)
             else:
@@ -138,6 +152,21 @@ class Runtime:
                 # One consumer serves every step of the topic: resume at the least advanced one.
                 await align([self.steps[step][1] for step in steps], topic, positions, self._seek)
 
+    async def measure_lag(self, topics: dict[str, tuple[str, ...]]) -> None:
+        """Each step's lag per partition of its topic, into the metrics: stored positions
+        against the high-water marks."""
+        from aiokafka import TopicPartition
+
+        if not self.steps:
+            return
+        for topic, names in topics.items():
+            tps = [TopicPartition(topic, p) for p in await partitions_of(self.offsets, topic)]
+            ends = await self.offsets.end_offsets(tps)
+            for name in names:
+                stored = await pos.load(self.pool, name, topic)
+                for tp, end in ends.items():
+                    self.metrics.lag.labels(name, topic, str(tp.partition)).set(max(0, end - stored.get(tp.partition, 0)))
+
     def forget(self, tps) -> None:
         for _, gate in self.steps.values():
             gate.forget([(tp.topic, tp.partition) for tp in tps])
@@ -145,15 +174,30 @@ class Runtime:
             self.barrier.forget([tp.partition for tp in tps if tp.topic == self.settings.events_topic])
 
     async def run_batch(self, names: Sequence[str], events: Sequence) -> None:
-        """Open the batch's sealed records once, then hand it to each step of ``names``."""
-        name = names[0]
+        """Hand the batch to each step of ``names`` (one topic's): the records each step's gate
+        admits, opened once and in log order by that topic's sealer (a record the gates turn
+        away is never opened, so a forget is never read ahead of the records before it)."""
+        name = "opening"
         try:
             records = [from_faust(e) for e in events]
-            records = await _retrying("opening", lambda: self.sealer.open(records))
+            admitted = {n: await self.steps[n][1].admit(records) for n in names}
+            wanted = {id(r) for mine in admitted.values() for r in mine}
+            opened: dict[int, object] = {}
+            topic = records[0].topic if records else None
+            if wanted and topic != self.settings.ingress_topic:  # ingress records are plain, sealed by their step
+                order = [r for r in records if id(r) in wanted]
+                done = await _retrying("opening", lambda: self.sealers[topic].open(order))
+                opened = {id(r): o for r, o in zip(order, done)}
+            if topic in self.sealers:
+                sealer = self.sealers[topic]
+                self.metrics.shredded.labels(topic).inc(sealer.shredded - self._shredded.get(topic, 0))
+                self._shredded[topic] = sealer.shredded
             for name in names:
-                step, gate = self.steps[name]
-                if mine := await gate.admit(records):
-                    await _retrying(name, lambda: step.process(mine))
+                step = self.steps[name][0]
+                if mine := [opened.get(id(r), r) for r in admitted[name]]:
+                    with self.metrics.batch.labels(name).time():
+                        await _retrying(name, lambda: step.process(mine))
+                    self.metrics.records.labels(name).inc(len(mine))
         except asyncio.CancelledError:
             raise
         except BaseException:
@@ -224,6 +268,13 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     for name, step_names in routes.items():
         _agent(app, app.topic(name, **raw), step_names, consume)
 
+    @app.timer(interval=LAG_EVERY_S)
+    async def lag_into_metrics():
+        try:
+            await runtime.measure_lag(routes)
+        except Exception:  # a gauge, not the pipeline: try again next time
+            log.warning("measuring lag for the metrics failed", exc_info=True)
+
     @app.timer(interval=RESEEK_AFTER_S)
     async def reseek_silent_partitions():
         for _, gate in list(runtime.steps.values()):
@@ -266,6 +317,8 @@ def run_worker(settings: Settings, dsn: str, role: str, loglevel: str = "INFO") 
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; one of {ROLES}")
     runtime = Runtime(settings, dsn, role)
+    if settings.metrics_port is not None:
+        runtime.metrics.serve(settings.metrics_port + ROLES.index(role))
     app = create_app(settings, runtime)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
     worker.execute_from_commandline()

@@ -12,7 +12,8 @@ def isolated(base: Settings, prefix: str) -> tuple[Settings, str]:
     tag = uuid.uuid4().hex[:8]
     return base.model_copy(update={
         "events_topic": f"{prefix}.{tag}.events", "decisions_topic": f"{prefix}.{tag}.decisions",
-        "dead_letter_topic": f"{prefix}.{tag}.dead-letter", "group_id": f"{prefix}-{tag}",
+        "dead_letter_topic": f"{prefix}.{tag}.dead-letter", "ingress_topic": f"{prefix}.{tag}.ingress",
+        "group_id": f"{prefix}-{tag}",
         "postgres_schema": f"{prefix}_{tag}",
     }), tag
 

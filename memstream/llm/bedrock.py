@@ -95,6 +95,7 @@ class _Converse:
     def __init__(self, client, model_id: str, *, attempts: int = 5, backoff: float = 0.5, max_tokens: int = 1024):
         self._client, self.model_id = client, model_id
         self._attempts, self._backoff, self._max_tokens = attempts, backoff, max_tokens
+        self.tokens = (0, 0)  # input and output tokens of every call so far (Converse's usage)
 
     def request(self, system: str, user: str, tool: dict) -> dict:
         return {
@@ -115,6 +116,8 @@ class _Converse:
         ):
             with attempt:
                 response = await asyncio.to_thread(self._client.converse, **request)
+        usage = response.get("usage", {})
+        self.tokens = (self.tokens[0] + usage.get("inputTokens", 0), self.tokens[1] + usage.get("outputTokens", 0))
         return _parse(response, name, model)
 
 
@@ -134,7 +137,17 @@ def _render_turn(turn: TurnRecorded) -> str:
             f"ASSISTANT: {turn.assistant_message}")
 
 
-class BedrockExtractor:
+class _Counted:
+    """Tokens used so far, for the workers' metrics."""
+
+    _converse: _Converse
+
+    @property
+    def tokens(self) -> tuple[int, int]:
+        return self._converse.tokens
+
+
+class BedrockExtractor(_Counted):
     """``ExtractionClient`` over Bedrock Converse."""
 
     def __init__(self, client, model_id: str, **kw: Any):
@@ -150,7 +163,7 @@ class BedrockExtractor:
         return [CandidateFact(**f.model_dump()) for f in out.facts]  # type: ignore[attr-defined]
 
 
-class BedrockResolver:
+class BedrockResolver(_Counted):
     """``ResolutionClient`` over Bedrock Converse. Neighbours are shown numbered; the model
     answers with an index, mapped back to the fact id here (it never sees ids)."""
 
@@ -203,7 +216,7 @@ RELATE_PROMPT = (
 )
 
 
-class BedrockRelationExtractor:
+class BedrockRelationExtractor(_Counted):
     """``RelationExtractionClient`` over Bedrock Converse."""
 
     def __init__(self, client, model_id: str, **kw: Any):

@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from memstream.sealing.kek import Kek, KekUnavailable, KmsKek, LocalKek
-from memstream.sealing.keys import DataKeys, NotSealed, PostgresWrappedKeys, Shredded
+from memstream.sealing.keys import DataKeys, NotSealed, PostgresWrappedKeys, Shredded, WrongKek
 
-__all__ = ["DataKeys", "Kek", "KekUnavailable", "KmsKek", "LocalKek", "NotSealed", "Shredded", "data_keys", "kek_for"]
+__all__ = ["DataKeys", "Kek", "KekUnavailable", "KmsKek", "LocalKek", "NotSealed", "Shredded", "WrongKek", "data_keys",
+           "kek_for"]
 
 
 def kek_for(kek: str, home: Path) -> Kek:
@@ -24,7 +25,13 @@ def kek_for(kek: str, home: Path) -> Kek:
 
 
 async def data_keys(settings, pool) -> DataKeys:
-    """The deployment's data keys, in ``settings.keys_schema`` of ``pool``'s database."""
+    """The deployment's data keys, in ``settings.keys_schema`` of ``pool``'s database. A local
+    key-encryption key is made on first use only while the store is empty: a process started
+    elsewhere (another ``MEMSTREAM_HOME``) must not make a second one."""
     store = PostgresWrappedKeys(pool, settings.keys_schema)
     await store.migrate()
+    path = Path(settings.home) / "keys" / "kek"
+    if settings.kek == "local" and not path.exists() and await store.holds_keys():
+        raise WrongKek(f"no key-encryption key at {path.resolve()}, but {settings.keys_schema} holds data keys "
+                       "wrapped by one: run this process with the deployment's MEMSTREAM_HOME (or restore the file)")
     return DataKeys(kek_for(settings.kek, settings.home), store)

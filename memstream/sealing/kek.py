@@ -2,6 +2,7 @@
 without it. The contract is ``Kek``; a local file by default, AWS KMS in production."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Protocol
@@ -52,7 +53,8 @@ class LocalKek:
         if len(key) != 32:
             raise KekUnavailable(f"{self.path} is not a 256-bit key-encryption key ({len(key)} bytes)")
         self._aead = AESGCM(key)
-        self.kek_id = f"local:{self.path.name}"
+        # Named by a fingerprint, not the file: a process with another key file is told so.
+        self.kek_id = f"local:{hashlib.sha256(b'memstream-kek-id' + key).hexdigest()[:16]}"
 
     def wrap(self, data_key: bytes, user_id: str) -> bytes:
         nonce = os.urandom(12)

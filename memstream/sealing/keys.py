@@ -37,6 +37,12 @@ class NotSealed(MemstreamError, ValueError):
     """The bytes are not a sealed blob (or were damaged)."""
 
 
+class WrongKek(MemstreamError):
+    """The data keys were wrapped by another key-encryption key than this process has (a host
+    started with another ``MEMSTREAM_HOME``, a KEK file replaced): nothing opens, and retrying
+    will not help — fix the deployment."""
+
+
 def user_key(user_id: str) -> bytes:
     return hashlib.sha256(user_id.encode()).digest()
 
@@ -49,6 +55,10 @@ class WrappedKeys(Protocol):
     generation unless another caller made one first; returns the live one either way.
     ``destroy(user, generation)``: the user has no live key from now on (when ``generation`` is
     given: only if it is the live one); a generation is never reused.
+    ``stamp(user, forget)``: the generation the forget ``forget`` (its 16-byte event id) ends —
+    the live one (0: none) the first time it is asked, the same ever after, so a forget sealed
+    again (a retried append, a restarted ingress) never ends a key the user got after it.
+    ``holds_keys()``: whether any key was ever stored.
     ``user`` is ``user_key(user_id)``."""
 
     async def current(self, user: bytes) -> tuple[int, str, bytes] | None: ...
@@ -57,6 +67,10 @@ class WrappedKeys(Protocol):
 
     async def destroy(self, user: bytes, generation: int | None = None) -> None: ...
 
+    async def stamp(self, user: bytes, forget: bytes) -> int: ...
+
+    async def holds_keys(self) -> bool: ...
+
 
 class MemoryWrappedKeys:
     """A process's own store (tests, one-off tools): lost with the process."""
@@ -64,6 +78,7 @@ class MemoryWrappedKeys:
     def __init__(self) -> None:
         self._live: dict[bytes, tuple[int, str, bytes]] = {}
         self._last: dict[bytes, int] = {}
+        self._stamps: dict[bytes, int] = {}
 
     async def current(self, user: bytes):
         return self._live.get(user)
@@ -77,6 +92,12 @@ class MemoryWrappedKeys:
     async def destroy(self, user: bytes, generation: int | None = None) -> None:
         if user in self._live and generation in (None, self._live[user][0]):
             del self._live[user]
+
+    async def stamp(self, user: bytes, forget: bytes) -> int:
+        return self._stamps.setdefault(forget, self._live[user][0] if user in self._live else 0)
+
+    async def holds_keys(self) -> bool:
+        return bool(self._last)
 
 
 class PostgresWrappedKeys:
@@ -96,7 +117,9 @@ class PostgresWrappedKeys:
                 f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"; '
                 f'CREATE TABLE IF NOT EXISTS "{self._schema}".data_keys (user_key bytea PRIMARY KEY, '
                 "generation int NOT NULL, kek_id text NOT NULL, wrapped bytea, "
-                "created_at timestamptz NOT NULL DEFAULT now(), destroyed_at timestamptz)")
+                "created_at timestamptz NOT NULL DEFAULT now(), destroyed_at timestamptz); "
+                f'CREATE TABLE IF NOT EXISTS "{self._schema}".forgets (forget bytea PRIMARY KEY, '
+                "user_key bytea NOT NULL, generation int NOT NULL, stamped_at timestamptz NOT NULL DEFAULT now())")
 
     async def current(self, user: bytes):
         r = await self._pool.fetchrow(f'SELECT generation, kek_id, wrapped FROM "{self._schema}".data_keys '
@@ -116,6 +139,21 @@ class PostgresWrappedKeys:
                                  "WHERE user_key = $1 AND wrapped IS NOT NULL AND ($2::int IS NULL OR generation = $2)",
                                  user, generation)
 
+    async def stamp(self, user: bytes, forget: bytes) -> int:
+        k = f'"{self._schema}"'
+        found = await self._pool.fetchval(
+            f"WITH live AS (SELECT coalesce((SELECT generation FROM {k}.data_keys WHERE user_key = $1 "
+            f"AND wrapped IS NOT NULL), 0) AS g), made AS (INSERT INTO {k}.forgets (forget, user_key, generation) "
+            "SELECT $2, $1, g FROM live ON CONFLICT (forget) DO NOTHING RETURNING generation) "
+            f"SELECT generation FROM made UNION ALL SELECT generation FROM {k}.forgets WHERE forget = $2 LIMIT 1",
+            user, forget)
+        if found is None:  # stamped by another process since this statement began
+            found = await self._pool.fetchval(f"SELECT generation FROM {k}.forgets WHERE forget = $1", forget)
+        return found
+
+    async def holds_keys(self) -> bool:
+        return await self._pool.fetchval(f'SELECT EXISTS (SELECT FROM "{self._schema}".data_keys)')
+
 
 def generation_of(sealed: bytes) -> int:
     """The key generation a sealed blob was sealed under (readable without any key)."""
@@ -134,7 +172,10 @@ class DataKeys:
     def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000, fresh_s: float = 5.0):
         self._kek, self._store, self._keep, self._fresh_s = kek, store, keep, fresh_s
         self._keys: OrderedDict[bytes, tuple[int, AESGCM, float]] = OrderedDict()
-        self._lock = asyncio.Lock()
+        self._locks: dict[bytes, asyncio.Lock] = {}  # per user: one user's key lookups never wait on another's
+
+    def _lock(self, user: bytes) -> asyncio.Lock:
+        return self._locks.setdefault(user, asyncio.Lock())
 
     async def _live(self, user_id: str, create: bool, newer_than: int = 0) -> tuple[int, AESGCM] | None:
         """The user's live key: the one held, unless it is stale for sealing (``create``) or
@@ -144,18 +185,23 @@ class DataKeys:
                 not create or time.monotonic() - held[2] < self._fresh_s):
             self._keys.move_to_end(user)
             return held[:2]
-        async with self._lock:
+        async with self._lock(user):
             found = await self._store.current(user)
             if found is None and create:
-                found = await self._store.create(user, self._kek.kek_id, self._kek.wrap(AESGCM.generate_key(256), user_id))
+                # A KMS key-encryption key is a network call: never on the event loop.
+                wrapped = await asyncio.to_thread(self._kek.wrap, AESGCM.generate_key(256), user_id)
+                found = await self._store.create(user, self._kek.kek_id, wrapped)
             if found is None:
                 self._keys.pop(user, None)
                 return None
-            generation, _, wrapped = found
+            generation, kek_id, wrapped = found
+            if kek_id != self._kek.kek_id:
+                raise WrongKek(f"a data key of this user is wrapped by {kek_id}, this process has {self._kek.kek_id}: "
+                               "every process of a deployment needs the same key-encryption key")
             if held is not None and held[0] == generation:
                 live = held[0], held[1], time.monotonic()
             else:
-                live = generation, AESGCM(self._kek.unwrap(wrapped, user_id)), time.monotonic()
+                live = generation, AESGCM(await asyncio.to_thread(self._kek.unwrap, wrapped, user_id)), time.monotonic()
             self._keys[user] = live
             while len(self._keys) > self._keep:
                 self._keys.popitem(last=False)
@@ -166,8 +212,18 @@ class DataKeys:
         found = await self._store.current(user_key(user_id))
         return 0 if found is None else found[0]
 
-    async def seal(self, user_id: str, plaintext: bytes, context: str) -> bytes:
-        generation, aead = await self._live(user_id, create=True)
+    async def stamp(self, user_id: str, forget: bytes) -> int:
+        """The key generation the forget with event id ``forget`` ends (``WrappedKeys.stamp``)."""
+        return await self._store.stamp(user_key(user_id), forget)
+
+    async def seal(self, user_id: str, plaintext: bytes, context: str, generation: int | None = None) -> bytes:
+        """Seal under the user's live key (made on first use); under ``generation`` only, when
+        given — ``Shredded`` if that is no longer the live one (content derived from a record
+        sealed under it is never sealed again under a newer key)."""
+        found = await self._live(user_id, create=generation is None, newer_than=(generation or 1) - 1)
+        if found is None or generation not in (None, found[0]):
+            raise Shredded(f"generation {generation} is no longer the user's live key")
+        generation, aead = found
         nonce = os.urandom(12)
         return _HEAD.pack(MAGIC, generation, nonce) + aead.encrypt(nonce, plaintext, _aad(user_id, context))
 
@@ -192,7 +248,7 @@ class DataKeys:
         """End the user's live key (only ``generation``, when given: a forget applied twice, or
         after the user came back, must not end the key of what they said since)."""
         user = user_key(user_id)
-        async with self._lock:
+        async with self._lock(user):
             await self._store.destroy(user, generation)
             if (held := self._keys.get(user)) is not None and generation in (None, held[0]):
                 del self._keys[user]

@@ -39,6 +39,7 @@ from memstream.streams.formation.decide import Context, decide
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
 from memstream.streams.formation.views import FactView, PostgresView
 from memstream.streams.records import Record, next_offsets
+from memstream.sealing.keys import Shredded
 from memstream.streams.sealing import RecordSealer
 
 log = logging.getLogger("memstream.formation")
@@ -132,11 +133,12 @@ class Formation:
                  resolver: ResolutionClient, dead_letters, pool: asyncpg.Pool, barrier: ProjectionBarrier | None,
                  relations: RelationExtractionClient | None = None, gate_observations: int = 3,
                  record_position: bool = True, partitions: int | None = None,
-                 sealer: RecordSealer | None = None, ends_keys: bool = False):
+                 sealer: RecordSealer | None = None, ends_keys: bool = False, decided=None):
         self._relations, self._partitions = relations, partitions
         # ``ends_keys``: this formation destroys a forgotten user's data key once it has sealed
         # every decision before the forget (the live one; a reform rebuilds after the fact).
         self._sealer, self._ends_keys = sealer or RecordSealer(None), ends_keys
+        self._decided = decided or (lambda decisions: None)  # told every decision produced (metrics)
         self._producer, self._topic, self._embedder = producer, decisions_topic, embedder
         self._extractor, self._resolver = extractor, resolver
         self._dead, self._pool, self._barrier = dead_letters, pool, barrier
@@ -151,9 +153,16 @@ class Formation:
                 await self._barrier.wait(partition)
         decisions = await self.decide(turns, letters=letters)
         decisions += nothing_decided(records, decisions)
-        futures = [await self._producer.send(self._topic, await self._sealer.seal(d), key=r.key, partition=r.partition)
-                   for r, d in decisions]
+        futures, sent = [], []
+        for r, d in decisions:
+            try:
+                value = await self._sealer.seal(d, r.generation)
+            except Shredded:
+                continue  # its record's key is gone (forgotten since, and this a retry): nothing to keep
+            futures.append(await self._producer.send(self._topic, value, key=r.key, partition=r.partition))
+            sent.append(d)
         metas = await asyncio.gather(*futures)
+        self._decided(sent)
         if self._ends_keys:
             for _, d in decisions:
                 if isinstance(d, MemoryForgotten) and d.kind == "user":
@@ -256,7 +265,7 @@ class Formation:
         if isinstance(e, UserForgotten):
             self._fact_vectors.clear()  # fact texts, some of them theirs
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user",
-                                    generation=e.generation)]
+                                    generation=await self._sealer.stamp(e))]
         return []
 
     @staticmethod

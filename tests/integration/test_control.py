@@ -230,15 +230,15 @@ async def test_a_users_export_imported_into_a_fresh_deployment_projects_to_the_s
 
     tag = uuid_.uuid4().hex[:8]
     target = Settings(home=HOME, events_topic=f"i{tag}.events", decisions_topic=f"i{tag}.decisions",
-                      dead_letter_topic=f"i{tag}.dead-letter", group_id=f"gi{tag}", postgres_schema=f"i_{tag}",
-                      partitions=settings.partitions)
+                      dead_letter_topic=f"i{tag}.dead-letter", ingress_topic=f"i{tag}.ingress", group_id=f"gi{tag}",
+                      postgres_schema=f"i_{tag}", keys_schema=f"ik_{tag}", partitions=settings.partitions)  # new keys
     await ensure_topics(target)
     await migrate(dsn, target.postgres_schema)
     w2 = Worker(target, tmp_path / "target.log")
     try:
         await w2.wait_assigned()
         done = await import_user(target, archive)
-        assert done == {"user_id": "exp", "events": 6, "decisions": header["decisions"]}
+        assert done == {"user_id": "exp", "events": 6, "decisions": header["decisions"], "dead_lettered": 0}
         remapped = {"episodes": "source_partition, source_offset", "person_identities": "source_offset"}
 
         async def same() -> bool:
@@ -261,6 +261,7 @@ async def test_a_users_export_imported_into_a_fresh_deployment_projects_to_the_s
     finally:
         w2.stop()
         await drop_schema(dsn, target.postgres_schema)
+        await drop_schema(dsn, target.keys_schema)
 
 
 def _segments_holding(stack, needles: dict[str, bytes]) -> dict[str, list[str]]:

@@ -303,7 +303,7 @@ async def test_a_turn_a_plain_client_put_on_another_partition_than_its_user_is_d
 async def test_positions_pass_dead_lettered_and_command_records_so_every_lag_returns_to_zero(settings, conn, dsn,
                                                                                           workers):
     from memstream.schemas import ReminderScheduled
-    from memstream.streams.status import projection_status
+    from memstream.streams.status import pipeline_status
 
     w = workers()
     await w.wait_assigned()
@@ -322,9 +322,7 @@ async def test_positions_pass_dead_lettered_and_command_records_so_every_lag_ret
         await log.append(ReminderScheduled.new(user_id="lag-other", text="stretch", due_at=datetime.now(timezone.utc)))
 
     async def lags():
-        lines = await projection_status(settings, dsn)
-        rows = [line.split() for line in lines[1:] if not line.startswith("dead letters")]
-        return {(r[0], r[1], int(r[2])): int(r[5]) for r in rows}
+        return {(p.projection, p.topic, p.partition): p.lag for p in (await pipeline_status(settings, dsn)).positions}
 
     async def settled():
         now = await lags()

@@ -13,7 +13,7 @@ from memstream.schemas import (SYSTEM_USER, ExpertIdentityUpserted, LogPosition,
                                decode_event)
 from memstream.schemas.events import new_event_id
 from memstream.sealing.kek import LocalKek
-from memstream.sealing.keys import DataKeys, MemoryWrappedKeys
+from memstream.sealing.keys import DataKeys, MemoryWrappedKeys, Shredded
 from memstream.streams.admission import admit
 from memstream.streams.records import Record
 from memstream.streams.sealing import RecordSealer
@@ -102,3 +102,28 @@ async def test_a_damaged_or_moved_sealed_record_is_dead_lettered_with_the_reason
     [r] = await RecordSealer(keys).open(on_log([moved]))
     [(_, stage, reason)] = admit([r], "formation", None)[1]
     assert "does not open" in reason and r.wire_value == moved  # the letter keeps the record as on the log
+
+
+async def test_a_forget_sealed_again_after_the_user_came_back_still_ends_only_its_own_key(keys):
+    """A retried append or a restarted ingress seals the same forget twice: its stamp is fixed
+    the first time, and a client's own ``generation`` is never believed."""
+    sealer = RecordSealer(keys)
+    await sealer.seal(turn("ana", "first life"))
+    forget = msgspec.structs.replace(forgotten("ana"), generation=999_999)  # a plain client's guess
+    first = msgspec.json.decode(await sealer.seal(forget))
+    await sealer.end("ana", first["generation"])
+    comeback = await sealer.seal(turn("ana", "second life"))
+    again = msgspec.json.decode(await sealer.seal(forget))
+    assert first["generation"] == again["generation"] == 1
+    [_, opened] = await RecordSealer(keys).open(on_log([msgspec.json.encode(again), comeback]))
+    assert opened.sealing is None
+
+
+async def test_what_derives_from_a_forgotten_record_is_never_sealed_under_a_newer_key(keys):
+    sealer = RecordSealer(keys)
+    [source] = await sealer.open(on_log([await sealer.seal(turn("ana", "old secret"))]))
+    assert source.generation == 1
+    await sealer.end("ana", 1)
+    await sealer.seal(turn("ana", "back again"))  # generation 2 is live now
+    with pytest.raises(Shredded):  # a retried formation batch: its decision is dropped, not re-sealed
+        await sealer.seal(decode_event(source.value), source.generation)

@@ -1,0 +1,150 @@
+"""``memstream status`` on the real stack: real positions and lags (records and seconds) that grow
+while the worker is stopped and return to zero when it resumes, the dead letters with the last
+one's reason, the worker groups' members and assignments, and a health check's exit code."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from memstream.stack.worker_process import worker_env
+from memstream.streams.producer import TurnLog
+
+from .conftest import HOME, ROOT, wait_until
+from .helpers import turns
+
+pytestmark = pytest.mark.asyncio
+
+
+def status(settings, *args: str) -> subprocess.CompletedProcess:
+    env = worker_env(settings.model_copy(update={"home": HOME}))
+    return subprocess.run([sys.executable, "-m", "memstream.cli", "status", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def lags(report: dict) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
+    for p in report["positions"]:
+        out[(p["projection"], p["topic"])] = out.get((p["projection"], p["topic"]), 0) + p["lag"]
+    return out
+
+
+async def test_status_shows_a_lag_that_grows_while_the_worker_is_stopped_and_clears_when_it_resumes(
+        settings, conn, workers):
+    w = workers()
+    await w.wait_assigned()
+    async with TurnLog(settings) as log:
+        await log.append_many(turns(8, users=2, prefix="st"))
+    bad = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await bad.start()
+    try:
+        await bad.send_and_wait(settings.ingress_topic, b"not json", key=b"st-user-0")
+    finally:
+        await bad.stop()
+
+    def settled():
+        done = status(settings, "--json", "--max-lag", "0")
+        report = json.loads(done.stdout)
+        return done.returncode == 0 and report["dead_letters"] == 1 and report
+
+    report = await wait_until(lambda: _async(settled), timeout=60, what="every step at lag 0")
+    steps = {p["projection"] for p in report["positions"]}
+    assert {"formation", "episodes", "facts", "graph", "commands", "sealing"} <= steps
+    assert report["last_dead_letter"]["stage"] == "sealing" and "undecodable" in report["last_dead_letter"]["reason"]
+    groups = report["groups"]
+    assert set(groups) == {settings.group_id, f"{settings.group_id}-projections"}
+    formation_parts = {a for m in groups[settings.group_id] for a in m["assigned"]}
+    assert formation_parts >= {f"{settings.events_topic}/{p}" for p in range(settings.partitions)}
+
+    w.stop()
+    async with TurnLog(settings) as log:
+        await log.append_many(turns(5, users=1, prefix="st2"))
+    behind = status(settings, "--json", "--max-lag", "0")
+    assert behind.returncode == 2  # the health check fails while the worker is away
+    report = json.loads(behind.stdout)
+    assert lags(report)[("formation", settings.events_topic)] == 5 and report["max_lag"] >= 5
+    oldest = max(p["lag_s"] or 0 for p in report["positions"] if p["projection"] == "formation")
+    assert 0 < oldest < 60
+    assert "lag" in status(settings).stdout.splitlines()[0]  # the table for people
+
+    workers()
+    await wait_until(lambda: _async(lambda: status(settings, "--max-lag", "0").returncode == 0), timeout=90,
+                     what="the lag to clear once a worker is back")
+
+
+async def _async(fn):
+    import asyncio
+
+    return await asyncio.to_thread(fn)
+
+
+def _free_port_pair() -> int:
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two free neighbouring ports")
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """``name{labels}`` -> value of a Prometheus text exposition."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"] = s.value
+    return out
+
+
+async def test_the_workers_serve_metrics_of_what_they_applied_decided_embedded_and_dead_lettered(
+        settings, conn, tmp_path):
+    from .conftest import Worker
+
+    port = _free_port_pair()
+    w = Worker(settings.model_copy(update={"metrics_port": port}), tmp_path / "worker.log")
+    try:
+        await w.wait_assigned()
+        async with TurnLog(settings) as log:
+            await log.append_many(turns(6, users=2, prefix="mx"))
+        bad = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+        await bad.start()
+        try:
+            await bad.send_and_wait(settings.events_topic, b"not json", key=b"mx-user-0")
+        finally:
+            await bad.stop()
+
+        def ready():
+            formation, projections = _scrape(port), _scrape(port + 1)
+            done = (formation.get("memstream_decisions_total{kind=EpisodeRecorded}", 0) >= 6
+                    and projections.get("memstream_records_total{step=episodes}", 0) >= 6
+                    and formation.get("memstream_dead_letters_total{stage=formation}", 0) == 1)
+            return done and (formation, projections)
+
+        formation, projections = await wait_until(lambda: _async(ready), timeout=60, what="the metrics to count it all")
+        assert formation["memstream_embedding_seconds_count{}"] >= 1
+        extraction = [v for k, v in formation.items() if k.startswith("memstream_llm_calls_total{") and "stage=extraction" in k]
+        assert sum(extraction) >= 6  # one extraction call per turn (the offline client: no tokens, no cost)
+        assert projections["memstream_batch_seconds_count{step=facts}"] >= 1
+
+        def lag_gauged():
+            lags = {k: v for k, v in _scrape(port + 1).items() if k.startswith("memstream_lag_records{")}
+            return lags and all(v == 0 for v in lags.values()) and lags
+
+        lags = await wait_until(lambda: _async(lag_gauged), timeout=30, what="a zero lag in the gauge")
+        assert any("step=episodes" in k for k in lags)
+    finally:
+        w.stop()
