@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from memstream.config import Settings
+from memstream.progress import progress
 from memstream.schemas.events import ACTORS
 
 
@@ -163,7 +164,8 @@ def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: s
     s = _settings(ctx)
     check_schema_name(into)
     names = list(PROJECTIONS) if projections == ("all",) else list(projections)
-    report = asyncio.run(replay(s, resolve_dsn(s), into, names, topic=topic))
+    with progress("replay") as on_progress:
+        report = asyncio.run(replay(s, resolve_dsn(s), into, names, topic=topic, on_progress=on_progress))
     click.echo(json.dumps(report.as_dict()) if as_json else report.render())
 
 
@@ -183,7 +185,9 @@ def reform(ctx: click.Context, extractor: str, since, topic: str | None, as_json
     s = _settings(ctx)
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=timezone.utc)
-    report = asyncio.run(run(s, extractor=extractor, topic=topic or f"{s.decisions_topic}.reform-{extractor}", since=since))
+    with progress("reform", unit="events") as on_progress:
+        report = asyncio.run(run(s, extractor=extractor, topic=topic or f"{s.decisions_topic}.reform-{extractor}",
+                                 since=since, on_progress=on_progress))
     click.echo(json.dumps(report.as_dict()) if as_json else report.render())
 
 
@@ -375,7 +379,7 @@ def forget_user(ctx, user, yes, actor, reason, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def export_cmd(ctx, user: str, path: Path, as_json: bool) -> None:
-    """Write USER's log (events and decisions, unsealed) as a versioned JSONL archive."""
+    """Write USER's log (events and decisions, opened) as a versioned JSONL archive."""
     from memstream.portability import export_user
 
     header = _typed(export_user(_settings(ctx), user, path))
@@ -392,6 +396,52 @@ def import_cmd(ctx, path: Path, as_json: bool) -> None:
 
     done = _typed(import_user(_settings(ctx), path))
     _echo(done, as_json, [f"imported {done['events']} events and {done['decisions']} decisions of {done['user_id']!r}"])
+
+
+@main.group("dead-letters")
+def dead_letters() -> None:
+    """Inspect the dead-letter topic and put fixed records back on the log."""
+
+
+@dead_letters.command("list")
+@click.option("--limit", type=click.IntRange(min=1), help="only the newest N")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dead_letters_list(ctx, limit: int | None, as_json: bool) -> None:
+    """Every letter still on the topic: its name, when, which step refused it, whence, and why."""
+    from memstream.dead_letters import Letter, letters
+
+    found = [Letter.of(r) for r in _typed(letters(_settings(ctx), limit))]
+    _echo([x.as_dict() for x in found], as_json,
+          [f"{x.name}  {x.at}  {x.stage:<10} {x.source}  {x.reason}" for x in found] or ["no dead letters"])
+
+
+@dead_letters.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dead_letters_show(ctx, name: str, as_json: bool) -> None:
+    """Letter NAME (PARTITION/OFFSET) in full: why, and the record as it was refused."""
+    from memstream.dead_letters import Letter, letter
+
+    r = _typed(letter(_settings(ctx), name))
+    value = (r.value or b"").decode(errors="replace")
+    _echo({**Letter.of(r).as_dict(), "value": value}, as_json, [*(f"{k}: {v}" for k, v in Letter.of(r).as_dict().items()),
+                                                              "", value])
+
+
+@dead_letters.command("retry")
+@click.argument("name")
+@click.option("--fixed", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="append this file's bytes instead of the letter's record (the fixed record)")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dead_letters_retry(ctx, name: str, fixed: Path | None, as_json: bool) -> None:
+    """Append letter NAME's record again (or --fixed FILE) where it belongs on the log."""
+    from memstream.dead_letters import retry
+
+    done = _typed(retry(_settings(ctx), name, fixed))
+    _echo(done, as_json, [f"letter {name} appended to {done['topic']}/{done['partition']}/{done['offset']}"])
 
 
 def _position(pos) -> dict:

@@ -61,7 +61,10 @@ class ReformReport:
                 f"({self.skipped_events} undecodable skipped, {self.shredded} shredded) in {self.seconds:.1f}s")
 
 
-async def reform(settings: Settings, *, extractor: str, topic: str, since: datetime | None = None) -> ReformReport:
+async def reform(settings: Settings, *, extractor: str, topic: str, since: datetime | None = None,
+                 on_progress=None) -> ReformReport:
+    """Form the events again into ``topic`` (``on_progress(done, total)``: events formed so far)."""
+    on_progress = on_progress or (lambda done, total: None)
     extraction, resolution, relations = llm_clients(settings.model_copy(update={"extractor": extractor}))
     embedder = await asyncio.to_thread(default_embedder, settings.embed_threads, settings.embedding_variant)
     producer = idempotent_producer(settings.kafka_bootstrap)
@@ -119,6 +122,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                 await asyncio.gather(*futures)
                 counts["events"] += len(batch)
                 counts["new"] += len(made)
+                on_progress(counts["events"], sum(high[tp] - start[tp] for tp in events))
 
             if since is not None:
                 c.assign(decisions)

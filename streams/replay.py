@@ -88,8 +88,9 @@ async def replay_episodes(settings: Settings, dsn: str, into: str, **kw) -> Repl
 
 
 async def replay(settings: Settings, dsn: str, into: str, projections: list[str], *,
-                 topic: str | None = None, batch_size: int = 500) -> ReplayReport:
-    """Rebuild ``projections`` from ``topic`` (default: the live decisions topic) into ``into``."""
+                 topic: str | None = None, batch_size: int = 500, on_progress=None) -> ReplayReport:
+    """Rebuild ``projections`` from ``topic`` (default: the live decisions topic) into ``into``.
+    ``on_progress(done, total)`` is told the records applied of each topic read, after each batch."""
     unknown = set(projections) - set(PROJECTIONS)
     if unknown:
         raise ReplayError(f"unknown projections {sorted(unknown)}; known: {PROJECTIONS}")
@@ -109,7 +110,8 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
             keys = await data_keys(settings, pool)
             for source, names in groups:
                 if names:
-                    part = await _replay(settings, consumer, pool, into, names, source, RecordSealer(keys))
+                    part = await _replay(settings, consumer, pool, into, names, source, RecordSealer(keys),
+                                         on_progress or (lambda done, total: None))
                     report = part if report is None else report.merge(part)
             return report
     finally:
@@ -117,7 +119,7 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
 
 
 async def _replay(settings: Settings, consumer, pool, into: str, projections: list[str], topic: str,
-                  sealer: RecordSealer) -> ReplayReport:
+                  sealer: RecordSealer, on_progress) -> ReplayReport:
     tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
     if not tps:
         raise ReplayError(f"topic {topic} does not exist")
@@ -135,12 +137,15 @@ async def _replay(settings: Settings, consumer, pool, into: str, projections: li
     steps = [available[name]() for name in projections]
     records = 0
 
+    total = sum(high.values())
+
     async def apply(batch) -> None:
         nonlocal records
         batch = await sealer.open(batch)
         for step in steps:
             await step.process(batch)
         records += len(batch)
+        on_progress(records, total)
 
     t0 = time.perf_counter()
     await drain(consumer, tps, high, apply)

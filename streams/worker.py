@@ -54,6 +54,7 @@ from memstream.streams.step import Step
 log = logging.getLogger("memstream.worker")
 
 EXIT_FATAL = 70
+EXIT_PARTITIONS = 78  # EX_CONFIG: the deployment changed under the worker; restarting will not help
 LAG_EVERY_S = 5.0
 
 
@@ -65,6 +66,7 @@ class Runtime:
         self.metrics = WorkerMetrics(usd_per_mtok=(settings.llm_usd_per_mtok_input, settings.llm_usd_per_mtok_output))
         self._lock = asyncio.Lock()
         self._shredded: dict[str, int] = {}
+        self.partitions: int | None = None
         self.steps: dict[str, tuple[Step, PositionGate]] = {}
         self.app: faust.App | None = None
 
@@ -90,6 +92,7 @@ class Runtime:
             # A record on another partition than Kafka's default partitioner gives its user is
             # dead-lettered (admission): that needs the events topic's partition count.
             partitions = len(await partitions_of(self.offsets, s.events_topic)) or None
+            self.partitions = partitions
             if self.role == "formation":
                 m = self.metrics
                 embedder = TimedEmbedder(await asyncio.to_thread(default_embedder, s.embed_threads, s.embedding_variant), m)
@@ -151,6 +154,23 @@ class Runtime:
                 positions = {tp.partition: await consumer.position(tp) for tp in mine}
                 # One consumer serves every step of the topic: resume at the least advanced one.
                 await align([self.steps[step][1] for step in steps], topic, positions, self._seek)
+
+    async def check_partitions(self) -> None:
+        """Stop the process if the events or decisions topic's partition count changed under it:
+        Kafka's partitioner then sends a user's new records to another partition than their
+        history, and per-user order — what every projection rests on — is gone for them."""
+        if not self.steps or self.partitions is None:
+            return
+        s = self.settings
+        now = {t: len(await partitions_of(self.offsets, t)) for t in (s.events_topic, s.decisions_topic)}
+        if any(n and n != self.partitions for n in now.values()):  # 0: metadata not there yet
+            log.critical(
+                "the partition count changed under this worker: it started with %d partitions, the topics now have %s. "
+                "Someone added partitions (kafka-topics --alter): users' new records may land on another partition "
+                "than their history. Stop the producers, and see README, Operations: 'Partitions'.",
+                self.partitions, now)
+            logging.shutdown()
+            os._exit(EXIT_PARTITIONS)
 
     async def measure_lag(self, topics: dict[str, tuple[str, ...]]) -> None:
         """Each step's lag per partition of its topic, into the metrics: stored positions
@@ -270,6 +290,7 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     @app.timer(interval=LAG_EVERY_S)
     async def lag_into_metrics():
+        await runtime.check_partitions()
         try:
             await runtime.measure_lag(routes)
         except Exception:  # a gauge, not the pipeline: try again next time
@@ -291,6 +312,7 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender, assigned, **kwargs):
+        await runtime.check_partitions()  # new partitions trigger a rebalance: see it at once
         runtime.forget(assigned)
         mine = sorted(f"{tp.topic}/{tp.partition}" for tp in assigned if tp.topic in routes)
         log.info("%s assigned partitions: %s", role, " ".join(mine) or "(none)")

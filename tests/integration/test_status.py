@@ -25,6 +25,18 @@ def status(settings, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+async def turns_and_a_bad_record(settings, sent, topic: str) -> None:
+    """``sent`` through ``TurnLog``, then a record that is not JSON on ``topic`` (a dead letter)."""
+    async with TurnLog(settings) as log:
+        await log.append_many(sent)
+    bad = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await bad.start()
+    try:
+        await bad.send_and_wait(topic, b"not json", key=sent[0].user_id.encode())
+    finally:
+        await bad.stop()
+
+
 def lags(report: dict) -> dict[tuple[str, str], int]:
     out: dict[tuple[str, str], int] = {}
     for p in report["positions"]:
@@ -36,23 +48,17 @@ async def test_status_shows_a_lag_that_grows_while_the_worker_is_stopped_and_cle
         settings, conn, workers):
     w = workers()
     await w.wait_assigned()
-    async with TurnLog(settings) as log:
-        await log.append_many(turns(8, users=2, prefix="st"))
-    bad = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
-    await bad.start()
-    try:
-        await bad.send_and_wait(settings.ingress_topic, b"not json", key=b"st-user-0")
-    finally:
-        await bad.stop()
+    await turns_and_a_bad_record(settings, turns(8, users=2, prefix="st"), settings.ingress_topic)
+
+    every_step = {"formation", "episodes", "facts", "graph", "commands", "sealing"}
 
     def settled():
         done = status(settings, "--json", "--max-lag", "0")
         report = json.loads(done.stdout)
-        return done.returncode == 0 and report["dead_letters"] == 1 and report
+        steps = {p["projection"] for p in report["positions"]}
+        return done.returncode == 0 and report["dead_letters"] == 1 and every_step <= steps and report
 
     report = await wait_until(lambda: _async(settled), timeout=60, what="every step at lag 0")
-    steps = {p["projection"] for p in report["positions"]}
-    assert {"formation", "episodes", "facts", "graph", "commands", "sealing"} <= steps
     assert report["last_dead_letter"]["stage"] == "sealing" and "undecodable" in report["last_dead_letter"]["reason"]
     groups = report["groups"]
     assert set(groups) == {settings.group_id, f"{settings.group_id}-projections"}
@@ -118,14 +124,7 @@ async def test_the_workers_serve_metrics_of_what_they_applied_decided_embedded_a
     w = Worker(settings.model_copy(update={"metrics_port": port}), tmp_path / "worker.log")
     try:
         await w.wait_assigned()
-        async with TurnLog(settings) as log:
-            await log.append_many(turns(6, users=2, prefix="mx"))
-        bad = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
-        await bad.start()
-        try:
-            await bad.send_and_wait(settings.events_topic, b"not json", key=b"mx-user-0")
-        finally:
-            await bad.stop()
+        await turns_and_a_bad_record(settings, turns(6, users=2, prefix="mx"), settings.events_topic)
 
         def ready():
             formation, projections = _scrape(port), _scrape(port + 1)
