@@ -153,20 +153,30 @@ def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool, metri
 @click.argument("projections", nargs=-1, required=True)
 @click.option("--into", "into", required=True, help="target schema (created; must not hold these projections)")
 @click.option("--from-topic", "topic", help="decisions topic to replay (default: the live one)")
+@click.option("--bulk", is_flag=True, help="episodes: load first, index after (streams.rebuild; much faster)")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: str | None, as_json: bool) -> None:
-    """Replay PROJECTIONS (episodes, facts, or all) from offset 0 into SCHEMA, up to the
-    high-water marks seen at start. Never calls an LLM or the embedder."""
+def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: str | None, bulk: bool,
+           as_json: bool) -> None:
+    """Replay PROJECTIONS (episodes, facts, graph, commands, or all) from offset 0 into SCHEMA, up
+    to the high-water marks seen at start. Never calls an LLM or the embedder."""
     from memstream.projections.schema_names import check_schema_name
+    from memstream.streams.rebuild import rebuild_episodes
     from memstream.streams.replay import PROJECTIONS, replay
 
     s = _settings(ctx)
     check_schema_name(into)
     names = list(PROJECTIONS) if projections == ("all",) else list(projections)
-    with progress("replay") as on_progress:
-        report = asyncio.run(replay(s, resolve_dsn(s), into, names, topic=topic, on_progress=on_progress))
-    click.echo(json.dumps(report.as_dict()) if as_json else report.render())
+    reports = []
+    if bulk and "episodes" in names:
+        names.remove("episodes")
+        with progress("rebuild episodes") as on_progress:
+            reports.append(asyncio.run(rebuild_episodes(s, resolve_dsn(s), into, topic=topic, on_progress=on_progress)))
+    if names:
+        with progress("replay") as on_progress:
+            reports.append(asyncio.run(replay(s, resolve_dsn(s), into, names, topic=topic, on_progress=on_progress)))
+    for report in reports:
+        click.echo(json.dumps(report.as_dict()) if as_json else report.render())
 
 
 @main.command()
@@ -471,6 +481,24 @@ def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_jso
     from memstream.bench.ingest import run_ingest_bench
 
     report = asyncio.run(run_ingest_bench(_settings(ctx), turns=turns, users=users, rate=rate))
+    click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
+
+
+@bench.command("rebuild")
+@click.option("--episodes", default=100_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--users", default=1000, show_default=True, type=click.IntRange(min=1))
+@click.option("--compare-replay", is_flag=True, help="also time the batch-by-batch replay of the same topic")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def bench_rebuild(ctx: click.Context, episodes: int, users: int, compare_replay: bool, as_json: bool) -> None:
+    """Rebuild N recorded episodes (vectors in the log) into a fresh schema; seconds per phase.
+
+    Self-contained: its own topics and schemas (dropped at the end; topics are kept)."""
+    from memstream.bench.rebuild import run_rebuild_bench
+
+    with progress("rebuild") as on_progress:
+        report = asyncio.run(run_rebuild_bench(_settings(ctx), episodes=episodes, users=users,
+                                               compare_replay=compare_replay, on_progress=on_progress))
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
 
 
