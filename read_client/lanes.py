@@ -8,6 +8,9 @@ import time
 from typing import Any, Awaitable, Callable, TypeVar
 
 import asyncpg
+from opentelemetry.trace import Status, StatusCode
+
+from memstream.read_client.metrics import tracer
 
 log = logging.getLogger("memstream.read")
 
@@ -26,14 +29,17 @@ class Channels:
 
     async def channel(self, name: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T | None:
         t = time.perf_counter()
-        try:
-            return await fn(*args)
-        except Exception:
-            log.exception("read channel %s failed; its section is empty", name)
-            self.degraded.append(name)
-            return None
-        finally:
-            self.timings[name] = (time.perf_counter() - t) * 1000
+        with tracer.start_as_current_span(f"memstream.read.{name}") as span:
+            try:
+                return await fn(*args)
+            except Exception as exc:
+                log.exception("read channel %s failed; its section is empty", name)
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, "degraded"))
+                self.degraded.append(name)
+                return None
+            finally:
+                self.timings[name] = (time.perf_counter() - t) * 1000
 
     async def lane(self, steps: list[tuple], after: asyncio.Future | None = None, pool: asyncpg.Pool | None = None,
                    ready: dict[str, asyncio.Event] | None = None) -> None:

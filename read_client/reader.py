@@ -23,6 +23,7 @@ from memstream.read_client.memories import check_page, memory_page, memory_stats
 from memstream.read_client.arguments import check_read, check_user
 from memstream.read_client.budget import Budgets, TokenCounter, pack
 from memstream.read_client.lanes import Channels
+from memstream.read_client.metrics import ReadMetrics, tracer
 from memstream.read_client.pools import connect_pools, prepare_text_lane
 from memstream.read_client.retrieval_gate import needs_retrieval
 from memstream.read_client.terms import keyword_terms
@@ -70,7 +71,8 @@ class MemoryReader:
     def __init__(self, *, pool: asyncpg.Pool, redis: aioredis.Redis | None, embedder: Embedder,
                  schema: str, tier0_turns: int = 20, episode_weights: Weights = EPISODE_WEIGHTS,
                  fact_weights: Weights = FACT_WEIGHTS, edge_candidates: int = EDGE_CANDIDATES,
-                 budgets: Budgets = Budgets(), keyword_mode: str = "words", text_pool: asyncpg.Pool | None = None):
+                 budgets: Budgets = Budgets(), keyword_mode: str = "words", text_pool: asyncpg.Pool | None = None,
+                 metrics: ReadMetrics | None = None):
         if keyword_mode not in ("words", "names"):
             raise InvalidArgument("keyword_mode is 'words' or 'names'")
         self._edge_candidates, self._budgets, self._keyword_mode = edge_candidates, budgets, keyword_mode
@@ -80,6 +82,7 @@ class MemoryReader:
         self._schema, self._tier0 = schema, tier0_turns
         self._episode_weights, self._fact_weights = episode_weights, fact_weights
         self._closed = False
+        self._metrics = metrics
         self._epoch: int | None = None
         self._profile_epoch: int | None = None
         # One embedding at a time: onnxruntime already uses every core it is given, and
@@ -87,7 +90,8 @@ class MemoryReader:
         self._embed_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-embed")
 
     @classmethod
-    async def connect(cls, settings, dsn: str | None = None, *, embedder: Embedder | None = None) -> MemoryReader:
+    async def connect(cls, settings, dsn: str | None = None, *, embedder: Embedder | None = None,
+                      metrics: ReadMetrics | None = None) -> MemoryReader:
         """A reader on its own pools and Redis client, with the weights, budgets and keyword mode
         of ``settings.read_*``. ``dsn`` defaults to ``settings.dsn()``: ``postgres_dsn``, or the
         local stack's socket."""
@@ -97,7 +101,7 @@ class MemoryReader:
         return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool,
                    fact_weights=settings.read_fact_weights, episode_weights=settings.read_episode_weights,
-                   budgets=settings.read_budgets, keyword_mode=settings.read_keyword_mode)
+                   budgets=settings.read_budgets, keyword_mode=settings.read_keyword_mode, metrics=metrics)
 
     prepare_text_lane = staticmethod(prepare_text_lane)
 
@@ -115,6 +119,25 @@ class MemoryReader:
                    wait_timeout: float = 5.0, now: datetime | None = None,
                    as_of: AsOf | datetime | None = None, identity_id: str | None = None,
                    budgets: Budgets | None = None) -> MemoryContext:
+        """The memory context for ``message`` (the contract above). Traced as span
+        ``memstream.read`` (a child span per channel) and, with ``metrics``, recorded into the
+        host's registry."""
+        with tracer.start_as_current_span("memstream.read") as span:
+            ctx = await self._read(user_id, conversation_id, message, after=after, k=k, k_facts=k_facts,
+                                   k_edges=k_edges, wait_timeout=wait_timeout, now=now, as_of=as_of,
+                                   identity_id=identity_id, budgets=budgets)
+            span.set_attributes({"memstream.gated": ctx.gated, "memstream.caught_up": ctx.caught_up,
+                                 "memstream.facts": len(ctx.facts), "memstream.episodes": len(ctx.episodes),
+                                 "memstream.edges": len(ctx.edges), "memstream.degraded": list(ctx.degraded)})
+        if self._metrics is not None:
+            self._metrics.observe(ctx.timings_ms, ctx.degraded)
+        return ctx
+
+    async def _read(self, user_id: str, conversation_id: str, message: str, *,
+                    after: LogPosition | None = None, k: int = 5, k_facts: int = 10, k_edges: int = 8,
+                    wait_timeout: float = 5.0, now: datetime | None = None,
+                    as_of: AsOf | datetime | None = None, identity_id: str | None = None,
+                    budgets: Budgets | None = None) -> MemoryContext:
         if self._closed:
             # A usage error, not a failing store: otherwise every section came back degraded.
             raise ReaderClosed("this MemoryReader is closed")

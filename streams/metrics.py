@@ -7,9 +7,11 @@ import logging
 import time
 from typing import Sequence
 
+from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 log = logging.getLogger("memstream.metrics")
+tracer = trace.get_tracer("memstream.worker")  # a span per step batch; a no-op without an SDK
 
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

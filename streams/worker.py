@@ -43,7 +43,7 @@ from memstream.streams.position_gate import RESEEK_AFTER_S, PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
 from memstream.streams.ingress import IngressSealing
-from memstream.streams.metrics import ObservedLlm, TimedEmbedder, WorkerMetrics
+from memstream.streams.metrics import ObservedLlm, TimedEmbedder, WorkerMetrics, tracer
 from memstream.streams.sealing import RecordSealer
 from memstream.sealing import data_keys
 from memstream.streams.formation.forming import Formation, ProjectionBarrier
@@ -215,7 +215,9 @@ class Runtime:
             for name in names:
                 step = self.steps[name][0]
                 if mine := [opened.get(id(r), r) for r in admitted[name]]:
-                    with self.metrics.batch.labels(name).time():
+                    with self.metrics.batch.labels(name).time(), tracer.start_as_current_span(
+                            f"memstream.step.{name}", attributes={"memstream.records": len(mine),
+                                                                  "messaging.destination.name": topic}):
                         await _retrying(name, lambda: step.process(mine))
                     self.metrics.records.labels(name).inc(len(mine))
         except asyncio.CancelledError:

@@ -289,16 +289,17 @@ async def test_a_forgotten_users_words_and_vectors_leave_every_kafka_segment_and
 
     from .conftest import Worker
 
-    settings = settings.model_copy(update={"plaintext_retention_s": 3})
-    await ensure_topics(settings)  # the short window, on the topics the fixture made
-    w = Worker(settings, tmp_path / "worker.log")  # with it: a worker sets the window it is given
+    # A window long enough to see the plaintext where it is first, shortened before the forget
+    # (ensure_topics applies a window to existing topics, as a worker does when it starts).
+    w = Worker(settings.model_copy(update={"plaintext_retention_s": 600}), tmp_path / "worker.log")
     try:
-        await _forget_eve(stack, settings, conn, dsn, embedder, w)
+        await _forget_eve(stack, settings, conn, dsn, embedder, w,
+                          shorten=lambda: ensure_topics(settings.model_copy(update={"plaintext_retention_s": 3})))
     finally:
         w.stop()
 
 
-async def _forget_eve(stack, settings, conn, dsn, embedder, w):
+async def _forget_eve(stack, settings, conn, dsn, embedder, w, shorten):
     import json
     import uuid as uuid_mod
     import zlib
@@ -362,6 +363,7 @@ async def _forget_eve(stack, settings, conn, dsn, embedder, w):
             f"vector {n}": v[100:140].encode() for n, v in enumerate(vectors)}  # base64 on the wire, as sealed inside
         before = _segments_holding(stack, needles)
         assert set(before) == {"ingress", "dead letter"}, before  # plain only where the window bounds it
+        await shorten()
 
         async with TurnLog(settings) as log:
             pos = await control.forget_user(log, "eve", reason="erase me")

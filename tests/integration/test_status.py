@@ -133,7 +133,7 @@ async def test_the_workers_serve_metrics_of_what_they_applied_decided_embedded_a
                     and formation.get("memstream_dead_letters_total{stage=formation}", 0) == 1)
             return done and (formation, projections)
 
-        formation, projections = await wait_until(lambda: _async(ready), timeout=60, what="the metrics to count it all")
+        formation, projections = await wait_until(lambda: _async(ready), timeout=120, what="the metrics to count it all")
         assert formation["memstream_embedding_seconds_count{}"] >= 1
         extraction = [v for k, v in formation.items() if k.startswith("memstream_llm_calls_total{") and "stage=extraction" in k]
         assert sum(extraction) >= 6  # one extraction call per turn (the offline client: no tokens, no cost)
@@ -143,7 +143,42 @@ async def test_the_workers_serve_metrics_of_what_they_applied_decided_embedded_a
             lags = {k: v for k, v in _scrape(port + 1).items() if k.startswith("memstream_lag_records{")}
             return lags and all(v == 0 for v in lags.values()) and lags
 
-        lags = await wait_until(lambda: _async(lag_gauged), timeout=30, what="a zero lag in the gauge")
+        lags = await wait_until(lambda: _async(lag_gauged), timeout=60, what="a zero lag in the gauge")
         assert any("step=episodes" in k for k in lags)
     finally:
         w.stop()
+
+
+async def test_a_read_records_its_parts_into_the_hosts_registry_and_traces_a_span_per_channel(settings, conn, dsn,
+                                                                                          workers):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from prometheus_client import CollectorRegistry
+
+    from memstream.embedding import default_embedder
+    from memstream.read_client import MemoryReader, ReadMetrics
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    trace.set_tracer_provider(provider)  # the host's SDK; memstream only uses the API
+    w = workers()
+    await w.wait_assigned()
+    async with TurnLog(settings) as log:
+        pos = await log.append(turns(1, users=1, prefix="otel")[0])
+    registry = CollectorRegistry()
+    reader = await MemoryReader.connect(settings, dsn, embedder=default_embedder(), metrics=ReadMetrics(registry))
+    try:
+        ctx = await reader.read("otel-user-0", "c", "what about my cat Miso?", after=pos, wait_timeout=30)
+    finally:
+        await reader.close()
+    assert ctx.caught_up
+    assert registry.get_sample_value("memstream_read_seconds_count", {"part": "total"}) == 1
+    assert registry.get_sample_value("memstream_read_seconds_count", {"part": "embed"}) == 1
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    read = finished["memstream.read"]
+    channels = [s for s in finished.values() if s.name.startswith("memstream.read.")]
+    assert channels and all(s.parent is not None and s.parent.span_id == read.context.span_id for s in channels)
+    assert read.attributes["memstream.caught_up"] is True and "otel" not in str(dict(read.attributes))  # no ids, no words
