@@ -24,7 +24,7 @@ from memstream.schemas.errors import MemstreamError
 from memstream.embedding import default_embedder
 from memstream.projections import db
 from memstream.schemas import FactDecision, GraphDecision, decode_decision
-from memstream.sealing import data_keys
+from memstream.sealing import Shredded, data_keys
 from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.forming import Formation, decode_turns, nothing_decided
 from memstream.streams.formation.views import MemoryView
@@ -117,8 +117,13 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                 counts["skipped"] += len(letters)
                 made = await formation.decide(turns, view, graph, letters=letters)
                 made += nothing_decided(batch, made)
-                futures = [await producer.send(topic, await sealer.seal(d, r.generation), key=r.key, partition=r.partition)
-                           for r, d in made]
+                futures = []
+                for r, d in made:
+                    try:
+                        value = await sealer.seal(d, r.generation)
+                    except Shredded:
+                        continue  # the user was forgotten while this reform ran
+                    futures.append(await producer.send(topic, value, key=r.key, partition=r.partition))
                 await asyncio.gather(*futures)
                 counts["events"] += len(batch)
                 counts["new"] += len(made)

@@ -162,7 +162,11 @@ class Runtime:
         if not self.steps or self.partitions is None:
             return
         s = self.settings
-        now = {t: len(await partitions_of(self.offsets, t)) for t in (s.events_topic, s.decisions_topic)}
+        try:
+            now = {t: len(await partitions_of(self.offsets, t)) for t in (s.events_topic, s.decisions_topic)}
+        except Exception:  # a broker between answers: the next check or rebalance sees it
+            log.warning("could not check the topics' partition counts", exc_info=True)
+            return
         if any(n and n != self.partitions for n in now.values()):  # 0: metadata not there yet
             log.critical(
                 "the partition count changed under this worker: it started with %d partitions, the topics now have %s. "
