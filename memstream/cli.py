@@ -392,7 +392,8 @@ def export_cmd(ctx, user: str, path: Path, as_json: bool) -> None:
     """Write USER's log (events and decisions, opened) as a versioned JSONL archive."""
     from memstream.portability import export_user
 
-    header = _typed(export_user(_settings(ctx), user, path))
+    with progress("export") as on_progress:
+        header = _typed(export_user(_settings(ctx), user, path, on_progress))
     _echo(header, as_json, [f"{header['events']} events and {header['decisions']} decisions of {user!r} -> {path}"])
 
 
@@ -404,7 +405,8 @@ def import_cmd(ctx, path: Path, as_json: bool) -> None:
     """Append an exported user's log to this deployment's topics (formation decides nothing again)."""
     from memstream.portability import import_user
 
-    done = _typed(import_user(_settings(ctx), path))
+    with progress("import") as on_progress:
+        done = _typed(import_user(_settings(ctx), path, on_progress))
     _echo(done, as_json, [f"imported {done['events']} events and {done['decisions']} decisions of {done['user_id']!r}"])
 
 
@@ -557,7 +559,8 @@ def eval_locomo(ctx: click.Context, path: Path, conv: str | None, k: int, as_jso
     from memstream.bench.locomo import run_locomo_eval
 
     try:
-        report = asyncio.run(run_locomo_eval(_settings(ctx), path, conv=conv, k=k))
+        with progress("locomo questions", unit="questions") as on_progress:
+            report = asyncio.run(run_locomo_eval(_settings(ctx), path, conv=conv, k=k, on_progress=on_progress))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

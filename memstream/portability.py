@@ -46,16 +46,17 @@ log = logging.getLogger("memstream.portability")
 FORMAT, VERSION = "memstream-export", 1
 
 
-async def _read(consumer, topic: str, partition: int, key: bytes) -> list:
+async def _read(consumer, topic: str, partition: int, key: bytes, on_progress) -> list:
     tp = TopicPartition(topic, partition)
     consumer.assign([tp])
     await consumer.seek_to_beginning(tp)
-    out = []
+    out, high = [], await consumer.end_offsets([tp])
 
     async def keep(batch) -> None:
         out.extend(r for r in batch if r.key == key)
+        on_progress(batch[-1].offset + 1, high[tp])
 
-    await drain(consumer, [tp], await consumer.end_offsets([tp]), keep)
+    await drain(consumer, [tp], high, keep)
     return out
 
 
@@ -63,8 +64,10 @@ async def _sealer(settings, pool) -> RecordSealer:
     return RecordSealer(await data_keys(settings, pool), seal=settings.seal_records)
 
 
-async def export_user(settings, user_id: str, path: Path) -> dict:
-    """Write ``user_id``'s events and decisions to ``path``, opened; returns the header."""
+async def export_user(settings, user_id: str, path: Path, on_progress=None) -> dict:
+    """Write ``user_id``'s events and decisions to ``path``, opened; returns the header.
+    ``on_progress(done, total)``: records of the user's partition read, per topic."""
+    on_progress = on_progress or (lambda done, total: None)
     key = user_id.encode()
     pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
     try:
@@ -74,8 +77,8 @@ async def export_user(settings, user_id: str, path: Path) -> dict:
             if not n:
                 raise InvalidArgument(f"no events topic {settings.events_topic!r}")
             partition = expected_partition(key, n)
-            events = await sealer.open(await _read(consumer, settings.events_topic, partition, key))
-            decisions = await sealer.open(await _read(consumer, settings.decisions_topic, partition, key))
+            events = await sealer.open(await _read(consumer, settings.events_topic, partition, key, on_progress))
+            decisions = await sealer.open(await _read(consumer, settings.decisions_topic, partition, key, on_progress))
     finally:
         await pool.close()
     # What was said before a forget of the user is shredded: not theirs to take along any more.
@@ -121,9 +124,12 @@ def read_archive(path: Path) -> tuple[dict, list[dict], list[dict]]:
     return header, events, decisions
 
 
-async def import_user(settings, path: Path) -> dict:
-    """Append an archive's events and decisions to ``settings``' topics; returns the counts."""
+async def import_user(settings, path: Path, on_progress=None) -> dict:
+    """Append an archive's events and decisions to ``settings``' topics; returns the counts.
+    ``on_progress(done, total)``: records appended."""
     header, events, decisions = read_archive(path)
+    on_progress = on_progress or (lambda done, total: None)
+    total = len(events) + len(decisions)
     # Only the archive's user's records go onto the target's log; one naming another user, or one
     # the source dead-lettered, goes to the target's dead-letter topic (its plaintext window)
     # with the reason — never plain onto the events topic, which keeps records forever.
@@ -151,6 +157,7 @@ async def import_user(settings, path: Path) -> dict:
             meta = await (await producer.send(settings.events_topic, await sealer.seal(event), key=user.encode(),
                                               headers=[(IMPORTED, b"1")]))
             moved[x["offset"]] = LogPosition(settings.events_topic, meta.partition, meta.offset)
+            on_progress(len(moved) + letters, total)
         futures = []
         for x in decisions:
             d = decode_decision(json.dumps(x["record"]).encode())
@@ -162,6 +169,7 @@ async def import_user(settings, path: Path) -> dict:
             d = msgspec.structs.replace(d, source=where)
             futures.append(await producer.send(settings.decisions_topic, await sealer.seal(d), key=user.encode(),
                                                partition=where.partition))
+            on_progress(len(events) + len(futures), total)
         for f in futures:
             await f
     finally:

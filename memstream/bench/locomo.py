@@ -300,7 +300,7 @@ def select_samples(samples: list[Sample], conv: str | None) -> list[Sample]:
 
 
 async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None, k: int = 5,
-                          catch_up_timeout: float = CATCH_UP_TIMEOUT_S) -> dict:
+                          catch_up_timeout: float = CATCH_UP_TIMEOUT_S, on_progress=None) -> dict:
     """Ingest ``path`` through a fresh pipeline (own topics, group and schema), ask every question
     and score the evidence among the returned episodes. The schema is dropped and the worker
     stopped afterwards, whatever happens; the topics stay, as with ``bench ingest``."""
@@ -329,7 +329,7 @@ async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None
         ingest_s = time.perf_counter() - t0
         log.info("ingested %d turns in %.1f s (including worker start-up)",
                  sum(len(s.utterances) for x in samples for s in x.sessions), ingest_s)
-        results, latencies, degraded = await _ask(reader, samples, tag, k)
+        results, latencies, degraded = await _ask(reader, samples, tag, k, on_progress or (lambda done, total: None))
     finally:
         if reader is not None:
             await reader.close()
@@ -374,17 +374,19 @@ async def _wait_caught_up(reader, last: dict, worker, timeout: float) -> None:
                 break
 
 
-async def _ask(reader, samples: Sequence[Sample], tag: str, k: int):
+async def _ask(reader, samples: Sequence[Sample], tag: str, k: int, on_progress):
     """Ask every question one at a time (so latencies are not queueing behind each other)."""
     results: list[tuple[int, list[str], list[str]]] = []
     latencies: list[float] = []
     degraded = 0
+    total = sum(len(sample.questions) for sample in samples)
     for sample in samples:
         user_id = user_id_for(tag, sample)
         for q in sample.questions:
             t = time.perf_counter()
             ctx = await reader.read(user_id, QA_CONVERSATION, q.question, k=k)
             latencies.append((time.perf_counter() - t) * 1000)
+            on_progress(len(latencies), total)
             if ctx.degraded:
                 degraded += 1
                 log.warning("read for %r was degraded: %s", q.question, ctx.degraded)
