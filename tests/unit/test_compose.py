@@ -59,7 +59,9 @@ def test_redis_has_the_local_stacks_major_version():
     assert image("redis") == ("redis", local)
 
 
-def test_the_commands_its_services_run_exist():
+def test_the_commands_its_services_run_exist_and_their_options_parse():
     for name, service in SERVICES.items():
         if "build" in service:
-            assert service["command"][0] in main.commands, (name, service["command"])
+            command, *args = service["command"]
+            assert command in main.commands, (name, service["command"])
+            main.commands[command].make_context(command, list(args))  # raises on an unknown option
