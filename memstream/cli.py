@@ -180,6 +180,31 @@ def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: s
 
 
 @main.command()
+@click.argument("schema")
+@click.option("--drop-old", is_flag=True, help="drop the schema that was live (default: kept as <live>_old_<n>)")
+@click.option("--force", is_flag=True, help="switch even if the rebuilt schema's rows differ from the live one's")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json: bool) -> None:
+    """Make SCHEMA (rebuilt with `memstream replay all --into SCHEMA`) the live schema, atomically.
+
+    Stop the workers first; readers keep serving through it. SCHEMA is caught up with the log,
+    compared with the live schema, then swapped in by name in one transaction."""
+    from memstream.projections.schema_names import check_schema_name
+    from memstream.streams.rebuild import SwitchRefused, switch as run
+
+    s = _settings(ctx)
+    check_schema_name(schema)
+    try:
+        done = asyncio.run(run(s, resolve_dsn(s), schema, drop_old=drop_old, force=force))
+    except SwitchRefused as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo(done, as_json, [f"{done['live']} is now what {done['from']} was; the old one "
+                          + (f"kept as {done['old']}" if done["old"] else "dropped")
+                          + f" ({done['caught_up_records']} records caught up); start the workers again"])
+
+
+@main.command()
 @click.option("--extractor", required=True, type=click.Choice(["offline", "offline-strict", "bedrock"]))
 @click.option("--since", type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]),
               help="re-form events from this time on (UTC if no offset); earlier decisions are copied")

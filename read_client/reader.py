@@ -41,6 +41,7 @@ log = logging.getLogger("memstream.read")
 ANN_CANDIDATES = 20  # the first stage of the funnel: ANN / keyword top-k before the rerank
 EDGE_CANDIDATES = 10  # directly matched edges
 HOP_LIMIT = 20  # edges pulled in by one-hop expansion, at most
+EPOCH_FRESH_S = 1.0  # how long a reader trusts the epochs it read (a switch changes them)
 # What a turn or command changes, each with its position on the events topic: ``after=`` waits for all.
 READ_YOUR_WRITES = ("episodes", "facts", "graph", "commands")
 
@@ -83,8 +84,7 @@ class MemoryReader:
         self._episode_weights, self._fact_weights = episode_weights, fact_weights
         self._closed = False
         self._metrics = metrics
-        self._epoch: int | None = None
-        self._profile_epoch: int | None = None
+        self._epochs: dict[str, tuple[int, float]] = {}  # projection -> (epoch, when asked)
         # One embedding at a time: onnxruntime already uses every core it is given, and
         # concurrent runs would oversubscribe them and starve the event loop.
         self._embed_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-embed")
@@ -273,9 +273,8 @@ class MemoryReader:
     async def _recent_turns(self, user_id: str, conversation_id: str) -> list[Turn]:
         if self._redis is not None:
             try:
-                if self._epoch is None:
-                    self._epoch = await positions.epoch(self._pool, "episodes")
-                cached = await session_cache.recent_turns(self._redis, self._schema, self._epoch,
+                epoch = await self._epoch_of("episodes", self._pool)
+                cached = await session_cache.recent_turns(self._redis, self._schema, epoch,
                                                           user_id, conversation_id, self._tier0)
                 if cached:
                     return [Turn(**t) for t in cached]
@@ -285,13 +284,21 @@ class MemoryReader:
         return [Turn(**{k: r[k] for k in Turn.model_fields}) for r in rows]
 
     async def _profile(self, user_id: str) -> dict:
-        if self._profile_epoch is None:
-            self._profile_epoch = await positions.epoch(self._text_pool, "profile")
+        epoch = await self._epoch_of("profile", self._text_pool)
         try:
-            return await profile_q.read(self._redis, self._text_pool, self._schema, self._profile_epoch, user_id)
+            return await profile_q.read(self._redis, self._text_pool, self._schema, epoch, user_id)
         except Exception:
             log.exception("tier 1 cache unavailable; reading the profile from Postgres")
-            return await profile_q.read(None, self._text_pool, self._schema, self._profile_epoch, user_id)
+            return await profile_q.read(None, self._text_pool, self._schema, epoch, user_id)
+
+    async def _epoch_of(self, projection: str, pool) -> int:
+        """The projection's epoch (part of its Redis keys), asked again after ``EPOCH_FRESH_S``:
+        a rebuilt schema switched in (``streams.rebuild.switch``) has new epochs, and this reader
+        must not serve the old build's caches for longer than that."""
+        held = self._epochs.get(projection)
+        if held is None or time.monotonic() - held[1] > EPOCH_FRESH_S:
+            held = self._epochs[projection] = (await positions.epoch(pool, projection), time.monotonic())
+        return held[0]
 
     async def _nearest(self, conn, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
         vec = await embedding

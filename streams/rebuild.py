@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 
+import asyncpg
 import numpy as np
 from aiokafka import TopicPartition
 from pgvector import Vector
@@ -115,8 +116,6 @@ async def _build(dsn: str, schema: str, parent: str, children: list[tuple[str, s
     """The partitions' indexes on ``workers`` connections at once (Postgres builds a partitioned
     index one partition after another, and a partition of 3k rows gets no parallel workers), then
     attached to the parent: the same indexes, under the same names, as the migrations make."""
-    import asyncpg
-
     queue = list(children)
 
     async def work() -> None:
@@ -227,3 +226,94 @@ async def rebuild_episodes(settings: Settings, dsn: str, into: str, *, topic: st
                            {p: round(s, 2) for p, s in seconds.items()})
     log.info(report.render())
     return report
+
+
+class SwitchRefused(ReplayError):
+    """A switch that would not be safe now (workers running, the rebuilt schema behind or unequal)."""
+
+
+async def catch_up(settings: Settings, dsn: str, schema: str) -> int:
+    """Apply to ``schema`` what the log holds past its stored positions, up to the high-water
+    marks now, through the live projections' steps; returns the records read."""
+    from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
+    from memstream.streams.replay import SkippedLetters
+
+    pool = await db.create_pool(dsn, schema, max_size=2)
+    read = 0
+    try:
+        keys = await data_keys(settings, pool)
+        sink = SkippedLetters()
+        groups = {settings.decisions_topic: [EpisodesProjection(pool=pool, redis=None, schema=schema, dead_letters=sink,
+                                                                tier0_turns=settings.tier0_turns),
+                                             FactsProjection(pool=pool, dead_letters=sink),
+                                             GraphProjection(pool=pool, dead_letters=sink)],
+                  settings.events_topic: [CommandsProjection(pool=pool, dead_letters=sink, partitions=settings.partitions)]}
+        async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as consumer:
+            for topic, steps in groups.items():
+                stored = {s.name: await pos.load(pool, s.name, topic) for s in steps}
+                tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+                consumer.assign(tps)
+                for tp in tps:
+                    consumer.seek(tp, min(stored[s.name].get(tp.partition, 0) for s in steps))
+                sealer = RecordSealer(keys)
+
+                async def apply(batch) -> None:
+                    nonlocal read
+                    batch = await sealer.open(batch)
+                    for step in steps:
+                        mine = [r for r in batch if r.offset >= stored[step.name].get(r.partition, 0)]
+                        if mine:
+                            await step.process(mine)
+                    read += len(batch)
+
+                await drain(consumer, tps, await consumer.end_offsets(tps), apply)
+    finally:
+        await pool.close()
+    return read
+
+
+async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = False, force: bool = False) -> dict:
+    """Make ``schema`` (a rebuild) the live one: refuse while workers run, catch it up with the
+    log, compare it with the live schema table by table, then in one transaction rename the live
+    schema to ``<live>_old_<n>`` and ``schema`` to the live name — every reader's next statement
+    reads the new one (Postgres re-resolves a session's search path when a schema is renamed,
+    prepared statements included) — and give the new schema's projections epochs past the old
+    ones, so no Redis cache of the old build is read. Start the workers again afterwards."""
+    from memstream.projections.compare import TABLES, diff_counts
+    from memstream.streams.status import worker_groups
+
+    live = settings.postgres_schema
+    if schema == live:
+        raise SwitchRefused("that is the live schema already")
+    running = {g: m for g, m in (await worker_groups(settings)).items() if m}
+    if running:
+        raise SwitchRefused(f"workers are running ({', '.join(running)}): stop them, then switch; start them after")
+    caught = await catch_up(settings, dsn, schema)
+    conn = await asyncpg.connect(dsn)
+    try:
+        differ = {t: d for t in (t for ts in TABLES.values() for t in ts)
+                  if (d := await diff_counts(conn, live, schema, t)) != (0, 0)}
+        if differ and not force:
+            raise SwitchRefused(f"{schema} differs from {live} (rows only in each): {differ}; --force to switch anyway")
+        n = 1 + await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, $1)", f"{live}_old_")
+        old = f"{live}_old_{n}"
+        async with conn.transaction():
+            epochs = dict(await conn.fetch(f'SELECT projection, epoch FROM "{live}".projection_epochs'))
+            await conn.execute(f'ALTER SCHEMA "{live}" RENAME TO "{old}"')
+            await conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{live}"')
+            for name in (old, live):  # functions fixed to their schema's name (the postings triggers)
+                for fn in await conn.fetch(
+                        "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = $1::regnamespace "
+                        "AND EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')", name):
+                    await conn.execute(f'ALTER FUNCTION {fn[0]} SET search_path = "{name}", public')
+            for projection, epoch in epochs.items():
+                await conn.execute(f'UPDATE "{live}".projection_epochs SET epoch = greatest(epoch, $2) + 1 '
+                                   "WHERE projection = $1", projection, epoch)
+        if drop_old:
+            await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
+    finally:
+        await conn.close()
+    log.info("switched: %s is live (was %s), the old one %s; %d records caught up", live, schema,
+             "dropped" if drop_old else f"kept as {old}", caught)
+    return {"live": live, "from": schema, "old": None if drop_old else old, "caught_up_records": caught,
+            "differences": differ}

@@ -74,7 +74,7 @@ async def pipeline_status(settings: Settings, dsn: str) -> Status:
     async with groupless_consumer(settings.kafka_bootstrap) as consumer:
         positions = await _positions(consumer, rows)
         dead, last = await _dead_letters(consumer, settings.dead_letter_topic)
-    return Status(positions, dead, last, await _groups(settings))
+    return Status(positions, dead, last, await worker_groups(settings))
 
 
 async def projection_status(settings: Settings, dsn: str) -> list[str]:
@@ -125,7 +125,7 @@ async def _dead_letters(consumer, topic: str) -> tuple[int, dict | None]:
                                 "source": h.get("memstream.source", ""), "at_ms": last.timestamp}
 
 
-async def _groups(settings: Settings) -> dict[str, list[Member]]:
+async def worker_groups(settings: Settings) -> dict[str, list[Member]]:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=10000)
     await admin.start()
     try:

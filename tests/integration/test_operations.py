@@ -23,3 +23,69 @@ async def test_a_worker_stops_with_a_clear_error_when_partitions_are_added_under
     assert code == 78, w.log()[-3000:]
     assert "the partition count changed under this worker" in w.log()
     assert "Operations" in w.log()  # where to read what to do
+
+
+async def test_a_rebuilt_schema_is_switched_in_under_read_load_and_the_workers_continue_on_it(
+        settings, conn, dsn, workers):
+    """Rebuild into a side schema while the live one serves, stop the workers, switch: readers
+    reading all along never fail nor see a half-built schema, and see the new one at once (its
+    rows carry a mark the old ones lack); the workers, started again, project onto it."""
+    from memstream.embedding import default_embedder
+    from memstream.projections.db import drop_schema
+    from memstream.read_client import MemoryReader
+    from memstream.streams.producer import TurnLog
+    from memstream.streams.rebuild import SwitchRefused, switch
+    from memstream.streams.replay import replay
+
+    from .conftest import wait_until
+    from .helpers import schemas_named, turns
+
+    w = workers()
+    await w.wait_assigned()
+    async with TurnLog(settings) as log:
+        await log.append_many(turns(40, users=2, prefix="bg"))
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 40 FROM episodes"), what="40 episodes")
+    side = settings.postgres_schema + "_next"
+    await replay(settings, dsn, side, ["episodes", "facts", "graph", "commands"])
+    with pytest.raises(SwitchRefused, match="workers are running"):
+        await switch(settings, dsn, side)
+    async with TurnLog(settings) as log:  # decided after the rebuild: the switch catches the side schema up
+        await log.append_many(turns(4, users=2, prefix="bg2"))
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 44 FROM episodes"), what="44 episodes")
+    w.stop()
+    await conn.execute(f'UPDATE "{side}".episodes SET assistant_message = assistant_message || \' [next]\'')
+
+    reader = await MemoryReader.connect(settings, dsn, embedder=default_embedder())
+    seen, stop = [], asyncio.Event()
+
+    async def read_all_along():
+        while not stop.is_set():
+            ctx = await reader.read("bg-user-0", "conv-0-0", "tell me about my cat Miso", k=5)
+            assert not ctx.degraded, ctx.degraded
+            seen.append(all(e.assistant_message.endswith("[next]") for e in ctx.episodes) and bool(ctx.episodes))
+
+    load = asyncio.ensure_future(read_all_along())
+    try:
+        await asyncio.sleep(1)
+        with pytest.raises(SwitchRefused, match="differs"):  # the mark: not what a replay of the log writes
+            await switch(settings, dsn, side)
+        done = await switch(settings, dsn, side, force=True)
+        await asyncio.sleep(1)
+    finally:
+        stop.set()
+        await load
+        await reader.close()
+    assert done["old"] == f"{settings.postgres_schema}_old_1"
+    assert await conn.fetchval("SELECT count(*) FROM episodes") == 44  # the 4 decided after the rebuild, caught up
+    flips = [a for a, b in zip(seen, seen[1:]) if a != b]
+    assert seen[0] is False and seen[-1] is True and len(flips) == 1  # old, then new, never back
+    assert await schemas_named(dsn, side) == set()  # the side schema is the live one now
+    try:
+        workers()
+        async with TurnLog(settings) as log:
+            await log.append(turns(1, users=1, prefix="bg3")[0])
+        await wait_until(lambda: conn.fetchval("SELECT count(*) = 45 FROM episodes"), timeout=60,
+                         what="a new turn, postings and all")
+        assert await conn.fetchval("SELECT count(*) FROM episodes_terms WHERE user_id = 'bg3-user-0'") > 0
+    finally:
+        await drop_schema(dsn, done["old"])
