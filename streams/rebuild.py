@@ -243,12 +243,13 @@ async def catch_up(settings: Settings, dsn: str, schema: str) -> int:
     try:
         keys = await data_keys(settings, pool)
         sink = SkippedLetters()
-        groups = {settings.decisions_topic: [EpisodesProjection(pool=pool, redis=None, schema=schema, dead_letters=sink,
-                                                                tier0_turns=settings.tier0_turns),
-                                             FactsProjection(pool=pool, dead_letters=sink),
-                                             GraphProjection(pool=pool, dead_letters=sink)],
-                  settings.events_topic: [CommandsProjection(pool=pool, dead_letters=sink, partitions=settings.partitions)]}
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as consumer:
+            events = len(await partitions_of(consumer, settings.events_topic)) or None  # admission's count
+            groups = {settings.decisions_topic: [
+                          EpisodesProjection(pool=pool, redis=None, schema=schema, dead_letters=sink,
+                                             tier0_turns=settings.tier0_turns),
+                          FactsProjection(pool=pool, dead_letters=sink), GraphProjection(pool=pool, dead_letters=sink)],
+                      settings.events_topic: [CommandsProjection(pool=pool, dead_letters=sink, partitions=events)]}
             for topic, steps in groups.items():
                 stored = {s.name: await pos.load(pool, s.name, topic) for s in steps}
                 tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
