@@ -29,7 +29,7 @@ from memstream.schemas import EpisodeRecorded, InvalidEvent, MemoryForgotten, de
 from memstream.sealing import data_keys
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.records import next_offsets
-from memstream.streams.replay import ReplayError
+from memstream.streams.replay import ReplayError, from_the_beginning
 from memstream.streams.sealing import RecordSealer
 
 log = logging.getLogger("memstream.rebuild")
@@ -171,12 +171,7 @@ async def rebuild_episodes(settings: Settings, dsn: str, into: str, *, topic: st
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest", max_poll_records=5000,
                                       fetch_max_bytes=64 * 1024 * 1024,
                                       max_partition_fetch_bytes=16 * 1024 * 1024) as consumer:
-            tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
-            if not tps:
-                raise ReplayError(f"topic {topic} does not exist")
-            consumer.assign(tps)
-            high = await consumer.end_offsets(tps)
-            await consumer.seek_to_beginning(*tps)
+            tps, high = await from_the_beginning(consumer, topic)
             total = sum(high.values())
 
             async def fold_in(batch) -> None:
@@ -235,8 +230,7 @@ class SwitchRefused(ReplayError):
 async def catch_up(settings: Settings, dsn: str, schema: str) -> int:
     """Apply to ``schema`` what the log holds past its stored positions, up to the high-water
     marks now, through the live projections' steps; returns the records read."""
-    from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
-    from memstream.streams.replay import SkippedLetters
+    from memstream.streams.replay import SkippedLetters, replay_steps
 
     pool = await db.create_pool(dsn, schema, max_size=2)
     read = 0
@@ -245,11 +239,9 @@ async def catch_up(settings: Settings, dsn: str, schema: str) -> int:
         sink = SkippedLetters()
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as consumer:
             events = len(await partitions_of(consumer, settings.events_topic)) or None  # admission's count
-            groups = {settings.decisions_topic: [
-                          EpisodesProjection(pool=pool, redis=None, schema=schema, dead_letters=sink,
-                                             tier0_turns=settings.tier0_turns),
-                          FactsProjection(pool=pool, dead_letters=sink), GraphProjection(pool=pool, dead_letters=sink)],
-                      settings.events_topic: [CommandsProjection(pool=pool, dead_letters=sink, partitions=events)]}
+            groups = {t: replay_steps(settings, pool, schema, sink, names, events)
+                      for t, names in ((settings.decisions_topic, ["episodes", "facts", "graph"]),
+                                       (settings.events_topic, ["commands"]))}
             for topic, steps in groups.items():
                 stored = {s.name: await pos.load(pool, s.name, topic) for s in steps}
                 tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]

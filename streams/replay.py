@@ -118,23 +118,35 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
         await pool.close()
 
 
-async def _replay(settings: Settings, consumer, pool, into: str, projections: list[str], topic: str,
-                  sealer: RecordSealer, on_progress) -> ReplayReport:
+async def from_the_beginning(consumer, topic: str) -> tuple[list[TopicPartition], dict[TopicPartition, int]]:
+    """Every partition of ``topic`` assigned at offset 0, and the high-water marks now."""
     tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
     if not tps:
         raise ReplayError(f"topic {topic} does not exist")
     consumer.assign(tps)
     high = await consumer.end_offsets(tps)
     await consumer.seek_to_beginning(*tps)
-    sink = SkippedLetters()
+    return tps, high
+
+
+def replay_steps(settings: Settings, pool, into: str, sink, names, events_partitions: int | None) -> list:
+    """The live projections' steps ``names`` writing into schema ``into``, without the live
+    deployment's side effects (Tier 0, the dead-letter topic: ``sink``)."""
     available = {
         "episodes": lambda: EpisodesProjection(pool=pool, redis=None, schema=into, dead_letters=sink,
                                                tier0_turns=settings.tier0_turns),
         "facts": lambda: FactsProjection(pool=pool, dead_letters=sink),
         "graph": lambda: GraphProjection(pool=pool, dead_letters=sink),
-        "commands": lambda: CommandsProjection(pool=pool, dead_letters=sink, partitions=len(tps)),
+        "commands": lambda: CommandsProjection(pool=pool, dead_letters=sink, partitions=events_partitions),
     }
-    steps = [available[name]() for name in projections]
+    return [available[name]() for name in names]
+
+
+async def _replay(settings: Settings, consumer, pool, into: str, projections: list[str], topic: str,
+                  sealer: RecordSealer, on_progress) -> ReplayReport:
+    tps, high = await from_the_beginning(consumer, topic)
+    sink = SkippedLetters()
+    steps = replay_steps(settings, pool, into, sink, projections, len(tps))
     records = 0
 
     total = sum(high.values())

@@ -77,10 +77,6 @@ async def pipeline_status(settings: Settings, dsn: str) -> Status:
     return Status(positions, dead, last, await worker_groups(settings))
 
 
-async def projection_status(settings: Settings, dsn: str) -> list[str]:
-    return (await pipeline_status(settings, dsn)).lines()
-
-
 async def _positions(consumer, rows) -> list[Position]:
     tps = [TopicPartition(t, p) for t in sorted({r["topic"] for r in rows}) for p in await partitions_of(consumer, t)]
     ends = await consumer.end_offsets(tps) if tps else {}
