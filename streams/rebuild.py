@@ -291,6 +291,11 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
         n = 1 + await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, $1)", f"{live}_old_")
         old = f"{live}_old_{n}"
         async with conn.transaction():
+            # Formation's and the ingress sealing's positions are not rebuilt (they are where the
+            # stopped workers left the log): without them the workers would start those again at 0.
+            await conn.execute(
+                f'INSERT INTO "{schema}".projection_positions SELECT * FROM "{live}".projection_positions p '
+                f'WHERE NOT EXISTS (SELECT FROM "{schema}".projection_positions q WHERE q.projection = p.projection)')
             epochs = dict(await conn.fetch(f'SELECT projection, epoch FROM "{live}".projection_epochs'))
             await conn.execute(f'ALTER SCHEMA "{live}" RENAME TO "{old}"')
             await conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{live}"')

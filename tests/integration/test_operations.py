@@ -76,6 +76,9 @@ async def test_a_rebuilt_schema_is_switched_in_under_read_load_and_the_workers_c
         await load
         await reader.close()
     assert done["old"] == f"{settings.postgres_schema}_old_1"
+    carried = "SELECT projection, topic, partition, next_offset FROM {}.projection_positions " \
+              "WHERE projection IN ('formation', 'sealing') ORDER BY 1, 2, 3"
+    assert await conn.fetch(carried.format(settings.postgres_schema)) == await conn.fetch(carried.format(done["old"]))
     assert await conn.fetchval("SELECT count(*) FROM episodes") == 44  # the 4 decided after the rebuild, caught up
     flips = [a for a, b in zip(seen, seen[1:]) if a != b]
     assert seen[0] is False and seen[-1] is True and len(flips) == 1  # old, then new, never back
