@@ -19,6 +19,26 @@ def _settings(ctx: click.Context) -> Settings:
     return ctx.obj["settings"]
 
 
+def _log(ctx: click.Context) -> Settings:
+    """The settings with the topics the log lives in now (moved by `partitions grow`)."""
+    if "log" not in ctx.obj:
+        import asyncpg
+
+        from memstream.streams.log_topics import live_log
+
+        s = _settings(ctx)
+
+        async def resolve() -> Settings:
+            conn = await asyncpg.connect(resolve_dsn(s))
+            try:
+                return await live_log(s, conn)
+            finally:
+                await conn.close()
+
+        ctx.obj["log"] = asyncio.run(resolve())
+    return ctx.obj["log"]
+
+
 def resolve_dsn(settings: Settings) -> str:
     """The configured DSN, or the local stack's Postgres socket."""
     try:
@@ -130,7 +150,7 @@ def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool, metri
     if metrics_port is not None:
         os.environ["MEMSTREAM_METRICS_PORT"] = str(metrics_port)  # the roles' child processes read it too
         ctx.obj["settings"] = _settings(ctx).model_copy(update={"metrics_port": metrics_port})
-    s = _settings(ctx)
+    s = _log(ctx)
     dsn = resolve_dsn(s)
 
     async def prepare() -> None:
@@ -164,7 +184,7 @@ def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: s
     from memstream.streams.rebuild import rebuild_episodes
     from memstream.streams.replay import PROJECTIONS, replay
 
-    s = _settings(ctx)
+    s = _log(ctx)
     check_schema_name(into)
     names = list(PROJECTIONS) if projections == ("all",) else list(projections)
     reports = []
@@ -193,7 +213,7 @@ def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json
     from memstream.projections.schema_names import check_schema_name
     from memstream.streams.rebuild import SwitchRefused, switch as run
 
-    s = _settings(ctx)
+    s = _log(ctx)
     check_schema_name(schema)
     try:
         done = asyncio.run(run(s, resolve_dsn(s), schema, drop_old=drop_old, force=force))
@@ -202,6 +222,64 @@ def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json
     _echo(done, as_json, [f"{done['live']} is now what {done['from']} was; the old one "
                           + (f"kept as {done['old']}" if done["old"] else "dropped")
                           + f" ({done['caught_up_records']} records caught up); start the workers again"])
+
+
+@main.command()
+@click.option("--into", help="the schema to build (default: <live schema>_rebuild)")
+@click.option("--drop-old", is_flag=True, help="drop the schema that was live once switched")
+@click.option("--force", is_flag=True, help="switch even if the rebuilt rows differ from the live ones")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def rebuild(ctx: click.Context, into: str | None, drop_old: bool, force: bool, as_json: bool) -> None:
+    """Blue-green: rebuild every projection from the log into a fresh schema while the live one
+    serves (`replay all --bulk`), then switch to it (`switch`) once the workers are stopped."""
+    from memstream.projections.schema_names import check_schema_name
+    from memstream.streams.rebuild import SwitchRefused, rebuild_episodes, switch as run
+    from memstream.streams.replay import PROJECTIONS, replay
+
+    s = _log(ctx)
+    dsn = resolve_dsn(s)
+    into = check_schema_name(into or f"{s.postgres_schema}_rebuild")
+    with progress("rebuild episodes") as on_progress:
+        asyncio.run(rebuild_episodes(s, dsn, into, on_progress=on_progress))
+    with progress("replay") as on_progress:
+        asyncio.run(replay(s, dsn, into, [p for p in PROJECTIONS if p != "episodes"], on_progress=on_progress))
+    try:
+        done = asyncio.run(run(s, dsn, into, drop_old=drop_old, force=force))
+    except SwitchRefused as exc:
+        raise click.ClickException(f"built {into}, not switched: {exc}. Then: memstream switch {into}") from None
+    _echo(done, as_json, [f"rebuilt into {into}, now live as {done['live']}; the old one "
+                          + (f"kept as {done['old']}" if done["old"] else "dropped")])
+
+
+@main.group()
+def partitions() -> None:
+    """The log's partition count."""
+
+
+@partitions.command("grow")
+@click.option("--to", "to", required=True, type=click.IntRange(min=2), help="the new count: a multiple of today's")
+@click.option("--drain-timeout", default=300.0, show_default=True, type=click.FloatRange(min=1), metavar="SECONDS",
+              help="how long to wait for the workers to finish the old topics once they are fenced")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def partitions_grow(ctx: click.Context, to: int, drain_timeout: float, as_json: bool) -> None:
+    """Move the log to new topics of TO partitions, keeping every user's records in order.
+
+    Copies the log while everything runs, then fences the old topics (appends wait), lets the
+    running workers finish them, and cuts over; the workers restart on the new topics by
+    themselves. Interrupted, run it again: it resumes."""
+    from memstream.schemas.errors import InvalidArgument
+    from memstream.streams.partition_growth import GrowthError, grow_partitions
+
+    s = _settings(ctx)
+    try:
+        with progress("copy") as on_progress:
+            report = asyncio.run(grow_partitions(s, resolve_dsn(s), to, on_progress=on_progress,
+                                                 drain_timeout_s=drain_timeout))
+    except (GrowthError, InvalidArgument) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(report.as_dict()) if as_json else report.render())
 
 
 @main.command()
@@ -217,7 +295,7 @@ def reform(ctx: click.Context, extractor: str, since, topic: str | None, as_json
 
     from memstream.streams.reform import reform as run
 
-    s = _settings(ctx)
+    s = _log(ctx)
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=timezone.utc)
     with progress("reform", unit="events") as on_progress:
@@ -238,7 +316,7 @@ def status(ctx: click.Context, as_json: bool, watch: float | None, max_lag: int 
 
     from memstream.streams.status import pipeline_status
 
-    s = _settings(ctx)
+    s = _log(ctx)
     dsn = resolve_dsn(s)
     while True:
         report = asyncio.run(pipeline_status(s, dsn))
@@ -418,7 +496,7 @@ def export_cmd(ctx, user: str, path: Path, as_json: bool) -> None:
     from memstream.portability import export_user
 
     with progress("export") as on_progress:
-        header = _typed(export_user(_settings(ctx), user, path, on_progress))
+        header = _typed(export_user(_log(ctx), user, path, on_progress))
     _echo(header, as_json, [f"{header['events']} events and {header['decisions']} decisions of {user!r} -> {path}"])
 
 
@@ -431,7 +509,7 @@ def import_cmd(ctx, path: Path, as_json: bool) -> None:
     from memstream.portability import import_user
 
     with progress("import") as on_progress:
-        done = _typed(import_user(_settings(ctx), path, on_progress))
+        done = _typed(import_user(_log(ctx), path, on_progress))
     _echo(done, as_json, [f"imported {done['events']} events and {done['decisions']} decisions of {done['user_id']!r}"])
 
 
@@ -448,7 +526,7 @@ def dead_letters_list(ctx, limit: int | None, as_json: bool) -> None:
     """Every letter still on the topic: its name, when, which step refused it, whence, and why."""
     from memstream.dead_letters import Letter, letters
 
-    found = [Letter.of(r) for r in _typed(letters(_settings(ctx), limit))]
+    found = [Letter.of(r) for r in _typed(letters(_log(ctx), limit))]
     _echo([x.as_dict() for x in found], as_json,
           [f"{x.name}  {x.at}  {x.stage:<10} {x.source}  {x.reason}" for x in found] or ["no dead letters"])
 
@@ -461,7 +539,7 @@ def dead_letters_show(ctx, name: str, as_json: bool) -> None:
     """Letter NAME (PARTITION/OFFSET) in full: why, and the record as it was refused."""
     from memstream.dead_letters import Letter, letter
 
-    r = _typed(letter(_settings(ctx), name))
+    r = _typed(letter(_log(ctx), name))
     value = (r.value or b"").decode(errors="replace")
     _echo({**Letter.of(r).as_dict(), "value": value}, as_json, [*(f"{k}: {v}" for k, v in Letter.of(r).as_dict().items()),
                                                               "", value])
@@ -477,7 +555,7 @@ def dead_letters_retry(ctx, name: str, fixed: Path | None, as_json: bool) -> Non
     """Append letter NAME's record again (or --fixed FILE) where it belongs on the log."""
     from memstream.dead_letters import retry
 
-    done = _typed(retry(_settings(ctx), name, fixed))
+    done = _typed(retry(_log(ctx), name, fixed))
     _echo(done, as_json, [f"letter {name} appended to {done['topic']}/{done['partition']}/{done['offset']}"])
 
 

@@ -72,15 +72,32 @@ async def letter(settings, name: str) -> Record:
     return found[0]
 
 
+async def _log_names(settings) -> tuple[set[str], set[str]]:
+    """The events and decisions topics the log lives in now and those it moved out of."""
+    import asyncpg
+
+    from memstream.streams.log_topics import moves
+
+    conn = await asyncpg.connect(settings.dsn())
+    try:
+        moved = [m for m in await moves(conn, settings) if m["state"] == "moved"]
+    finally:
+        await conn.close()
+    return ({settings.events_topic, *(m["from_events"] for m in moved)},
+            {settings.decisions_topic, *(m["from_decisions"] for m in moved)})
+
+
 async def retry(settings, name: str, fixed: Path | None = None) -> dict:
     """Append letter ``name`` again (its value, or the bytes of ``fixed``); returns where it went."""
     r = await letter(settings, name)
     value = fixed.read_bytes() if fixed is not None else r.value or b""
     source = Letter.of(r).source.split("/")
     topic = source[0] if len(source) == 3 else ""
-    if topic == settings.decisions_topic:
-        target, partition = settings.decisions_topic, int(source[1])
-    elif topic in (settings.events_topic, settings.ingress_topic):
+    events, decisions = await _log_names(settings)
+    if topic in decisions:
+        # Its partition on the live topic: the one it came from, or its key's after a move.
+        target, partition = settings.decisions_topic, int(source[1]) if topic == settings.decisions_topic else None
+    elif topic in events or topic == settings.ingress_topic:
         target = settings.events_topic if b'"sealed"' in value[:200] else settings.ingress_topic
         partition = None  # by key: the user's partition
     else:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from aiokafka.errors import MessageSizeTooLargeError
+
 from memstream.projections import positions as pos
 from memstream.schemas import InvalidEvent, decode_event
 from memstream.streams.records import Record, next_offsets
@@ -28,11 +30,14 @@ log = logging.getLogger("memstream.ingress")
 class IngressSealing:
     name = "sealing"
 
-    def __init__(self, *, producer, events_topic: str, sealer: RecordSealer, dead_letters, pool):
-        self._producer, self._topic, self._sealer = producer, events_topic, sealer
+    def __init__(self, *, producer, settings, sealer: RecordSealer, dead_letters, pool):
+        self._producer, self._settings, self._topic, self._sealer = producer, settings, settings.events_topic, sealer
         self._dead, self._pool = dead_letters, pool
+        self._fenced = False
 
     async def process(self, records: list[Record]) -> None:
+        if self._fenced:
+            return  # not applied, position not stored: read again once the worker moved over
         letters, futures = [], []
         for r in records:
             try:
@@ -44,8 +49,23 @@ class IngressSealing:
                 letters.append((r, self.name, "record key does not match user_id: per-user order is not guaranteed"))
                 continue
             futures.append(await self._producer.send(self._topic, await self._sealer.seal(event), key=r.key))
-        await asyncio.gather(*futures)
+        try:
+            await asyncio.gather(*futures)
+        except MessageSizeTooLargeError:
+            if not await self._moving():
+                raise
+            # The events topic is fenced for a move (streams.partition_growth): returning keeps
+            # this process's consumer going (the projections finish the old topics meanwhile);
+            # the worker restarts on the new topics when the move is done and reads these again.
+            log.warning("%s is fenced: the log is moving to more partitions; ingress waits for it", self._topic)
+            self._fenced = True
+            return
         await self._dead.send(letters)
         self._dead.observe(len(records) - len(letters))
         async with self._pool.acquire() as conn, conn.transaction():
             await pos.save(conn, self.name, next_offsets(records))
+
+    async def _moving(self) -> bool:
+        from memstream.streams.log_topics import moves
+
+        return any(m["from_events"] == self._topic and m["state"] != "copying" for m in await moves(self._pool, self._settings))

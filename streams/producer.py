@@ -6,7 +6,7 @@ import logging
 from typing import Sequence
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError, MessageSizeTooLargeError
 
 from memstream.config import Settings
 from memstream.schemas import Event, LogPosition
@@ -15,6 +15,8 @@ from memstream.streams.errors import BrokerUnavailable
 from memstream.streams.sealing import RecordSealer
 
 log = logging.getLogger("memstream.streams")
+
+MOVE_WAIT_S = 120.0  # how long an append waits for a move of the log (streams.partition_growth) to finish
 
 
 def idempotent_producer(bootstrap: str, **extra) -> AIOKafkaProducer:
@@ -38,10 +40,14 @@ class TurnLog:
     Each event is sealed with its user's data key before it leaves the host (``streams.sealing``;
     a ``UserForgotten`` is stamped with the key generation it ends): the log reaches the key
     store in Postgres (``Settings.dsn()``), or ``sealer`` is given.
+
+    The log's topics are the ones it lives in now (``streams.log_topics``): while it moves to
+    more partitions the old topic refuses writes, and an append waits (up to ``MOVE_WAIT_S``)
+    until the move is done, then goes to the new topic, after everything appended before it.
     """
 
     def __init__(self, settings: Settings, sealer: RecordSealer | None = None):
-        self._settings, self._sealer = settings, sealer
+        self._settings, self._sealer, self._given_sealer = settings, sealer, sealer
         self._producer = idempotent_producer(settings.kafka_bootstrap)
         self._pool = None
         self._started = False
@@ -55,23 +61,56 @@ class TurnLog:
             await self._producer.stop()
             raise BrokerUnavailable(f"cannot reach Kafka at {self._settings.kafka_bootstrap}: {exc}") from exc
         self._started = True
-        if self._sealer is None:
-            try:
+        try:
+            if self._sealer is None:
                 self._sealer = await self._own_sealer()
-            except BaseException:
-                await self.stop()
-                raise
+            await self._follow_moves()
+        except BaseException:
+            await self.stop()
+            raise
 
     async def _own_sealer(self) -> RecordSealer:
         """Sealing with the deployment's data keys, over a small pool of this log's own."""
-        from memstream.projections import db
         from memstream.sealing import data_keys
 
         s = self._settings
         if not s.seal_records:
             return RecordSealer(None)
-        self._pool = await db.create_pool(s.dsn(), s.postgres_schema, min_size=0, max_size=2)
-        return RecordSealer(await data_keys(s, self._pool))
+        return RecordSealer(await data_keys(s, await self._db()))
+
+    async def _db(self):
+        from memstream.projections import db
+
+        if self._pool is None:
+            s = self._settings
+            self._pool = await db.create_pool(s.dsn(), s.postgres_schema, min_size=0, max_size=2)
+        return self._pool
+
+    async def _follow_moves(self) -> bool:
+        """Point at the topics the log lives in now; whether they changed."""
+        from memstream.streams.log_topics import live_log
+
+        now = await live_log(self._settings, await self._db())
+        moved = now.events_topic != self._settings.events_topic
+        if moved:
+            log.info("the log moved: appending to %s", now.events_topic)
+            self._settings = now
+        return moved
+
+    async def _after_move(self, topic: str) -> bool:
+        """After a refused append: wait for the log's move out of ``topic``, if one is under way."""
+        from memstream.streams.log_topics import move_from
+
+        move = await move_from(self._settings, await self._db())
+        if move is None or move["state"] == "copying":
+            return False  # not fenced by a move: the record is really too large
+        deadline = asyncio.get_running_loop().time() + MOVE_WAIT_S
+        while not await self._follow_moves():
+            if asyncio.get_running_loop().time() > deadline:
+                raise BrokerUnavailable(f"the log is moving out of {topic} (memstream partitions grow) and has not "
+                                        f"finished within {MOVE_WAIT_S:.0f} s; retry the append")
+            await asyncio.sleep(0.25)
+        return True
 
     async def stop(self) -> None:
         if self._started:
@@ -79,7 +118,8 @@ class TurnLog:
             self._started = False
         if self._pool is not None:
             await self._pool.close()
-            self._pool, self._sealer = None, None
+            self._pool = None
+        self._sealer = self._given_sealer
 
     async def __aenter__(self) -> TurnLog:
         await self.start()
@@ -94,14 +134,27 @@ class TurnLog:
     async def append_many(self, events: Sequence[Event]) -> list[LogPosition]:
         checked = [validated(e) for e in events]  # raises InvalidEvent before any send
         await self.start()
-        topic = self._settings.events_topic
-        try:
-            futures = [
-                await self._producer.send(topic, await self._sealer.seal(e), key=e.user_id.encode())
-                for e in checked
-            ]
-            metas = await asyncio.gather(*futures)
-        except KafkaError as exc:
-            raise BrokerUnavailable(f"Kafka did not acknowledge the append: {exc}") from exc
-        return [LogPosition(topic, m.partition, m.offset) for m in metas]
+        done: list[LogPosition | None] = [None] * len(checked)
+        while True:
+            topic = self._settings.events_topic
+            todo = [i for i, p in enumerate(done) if p is None]
+            try:
+                futures = [await self._producer.send(topic, await self._sealer.seal(checked[i]),
+                                                     key=checked[i].user_id.encode()) for i in todo]
+                results = await asyncio.gather(*futures, return_exceptions=True)
+            except KafkaError as exc:
+                raise BrokerUnavailable(f"Kafka did not acknowledge the append: {exc}") from exc
+            for i, r in zip(todo, results):
+                if not isinstance(r, BaseException):
+                    done[i] = LogPosition(topic, r.partition, r.offset)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if not failed:
+                return done  # type: ignore[return-value]
+            # A record refused for its size by a topic that was fenced for a move: once the move
+            # is done, the rest go to the new topic (after what the old one took: per user, a prefix).
+            if not (all(isinstance(r, MessageSizeTooLargeError) for r in failed) and await self._after_move(topic)):
+                exc = failed[0]
+                if isinstance(exc, KafkaError):
+                    raise BrokerUnavailable(f"Kafka did not acknowledge the append: {exc}") from exc
+                raise exc
 

@@ -84,6 +84,13 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
             if since is not None:
                 found = await c.offsets_for_times({tp: int(since.timestamp() * 1000) for tp in events})
                 start = {tp: (found[tp].offset if found.get(tp) else high[tp]) for tp in events}
+            async def start_of(tp: TopicPartition) -> int:
+                # A decision copied by a move of the log names its event's place on the old topic.
+                if tp not in start:
+                    found = await c.offsets_for_times({tp: int(since.timestamp() * 1000)}) if since else {}
+                    start[tp] = found[tp].offset if found.get(tp) else (await c.end_offsets([tp]))[tp] if since else 0
+                return start[tp]
+
             view = MemoryView(embedder.model_id)
             graph = GraphView(None)
             counts = {"copied": 0, "events": 0, "new": 0, "skipped": 0}
@@ -94,7 +101,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                     if r.sealing is not None:
                         continue  # shredded: a forgotten user's
                     d = decode_decision(r.value or b"")
-                    if d.source.offset >= start[TopicPartition(settings.events_topic, d.source.partition)]:
+                    if d.source.offset >= await start_of(TopicPartition(d.source.topic, d.source.partition)):
                         continue  # formed again below
                     if isinstance(d, FactDecision):
                         view.apply(d)

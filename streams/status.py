@@ -16,6 +16,7 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
 from memstream.config import Settings
 from memstream.projections import db
+from memstream.streams.log_topics import moves
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 
 
@@ -43,6 +44,7 @@ class Status:
     dead_letters: int
     last_dead_letter: dict | None
     groups: dict[str, list[Member]] = field(default_factory=dict)
+    moves: list[dict] = field(default_factory=list)  # the log's moves to more partitions (streams.log_topics)
 
     @property
     def max_lag(self) -> int:
@@ -62,19 +64,26 @@ class Status:
         for group, members in self.groups.items():
             out.append(f"group {group}: {len(members)} member(s)")
             out += [f"  {m.client_id} {m.host}: {' '.join(m.assigned) or '(none)'}" for m in members]
+        out += [f"log moved from {m['from_events']} ({m['from_partitions']} partitions) to {m['to_events']} "
+                f"({m['partitions']}): {m['state']}" for m in self.moves]
         return out
 
 
 async def pipeline_status(settings: Settings, dsn: str) -> Status:
     pool = await db.create_pool(dsn, settings.postgres_schema, max_size=1)
     try:
-        rows = await pool.fetch("SELECT projection, topic, partition, next_offset FROM projection_positions ORDER BY 1, 2, 3")
+        # The topics the log lives in now: positions on topics it moved out of are history.
+        rows = await pool.fetch("SELECT projection, topic, partition, next_offset FROM projection_positions "
+                                "WHERE topic = ANY($1::text[]) ORDER BY 1, 2, 3",
+                                [settings.events_topic, settings.decisions_topic, settings.ingress_topic])
+        moved = [{k: m[k] for k in ("from_events", "to_events", "from_partitions", "partitions", "state")}
+                 for m in await moves(pool, settings)]
     finally:
         await pool.close()
     async with groupless_consumer(settings.kafka_bootstrap) as consumer:
         positions = await _positions(consumer, rows)
         dead, last = await _dead_letters(consumer, settings.dead_letter_topic)
-    return Status(positions, dead, last, await worker_groups(settings))
+    return Status(positions, dead, last, await worker_groups(settings), moved)
 
 
 async def _positions(consumer, rows) -> list[Position]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -116,7 +117,7 @@ class Runtime:
                                              schema=s.postgres_schema))
                 steps.append(GraphProjection(pool=self.pool, dead_letters=dead))
                 steps.append(CommandsProjection(pool=self.pool, dead_letters=dead, partitions=partitions))
-                steps.append(IngressSealing(producer=self.producer, events_topic=s.events_topic, sealer=self.sealer,
+                steps.append(IngressSealing(producer=self.producer, settings=s, sealer=self.sealer,
                                             dead_letters=dead, pool=self.pool))
             for step in steps:
                 self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek))
@@ -162,6 +163,7 @@ class Runtime:
         if not self.steps or self.partitions is None:
             return
         s = self.settings
+        await self.check_moved()
         try:
             now = {t: len(await partitions_of(self.offsets, t)) for t in (s.events_topic, s.decisions_topic)}
         except Exception:  # a broker between answers: the next check or rebalance sees it
@@ -175,6 +177,22 @@ class Runtime:
                 self.partitions, now)
             logging.shutdown()
             os._exit(EXIT_PARTITIONS)
+
+    async def check_moved(self) -> None:
+        """Restart this process on the log's new topics once it moved (``streams.partition_growth``):
+        the old ones are fenced and every record of them applied; positions wait on the new ones."""
+        from memstream.streams.log_topics import move_from
+
+        try:
+            move = await move_from(self.settings, self.pool)
+        except Exception:
+            log.warning("could not check whether the log moved", exc_info=True)
+            return
+        if move is not None and move["state"] == "moved":
+            log.warning("the log moved from %s to %s (%d partitions): restarting on the new topics",
+                        self.settings.events_topic, move["to_events"], move["partitions"])
+            logging.shutdown()
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
     async def measure_lag(self, topics: dict[str, tuple[str, ...]]) -> None:
         """Each step's lag per partition of its topic, into the metrics: stored positions

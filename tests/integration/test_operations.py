@@ -92,3 +92,43 @@ async def test_a_rebuilt_schema_is_switched_in_under_read_load_and_the_workers_c
         assert await conn.fetchval("SELECT count(*) FROM episodes_terms WHERE user_id = 'bg3-user-0'") > 0
     finally:
         await drop_schema(dsn, done["old"])
+
+
+async def test_memstream_rebuild_builds_beside_the_live_schema_and_switches_only_once_the_workers_are_stopped(
+        settings, conn, dsn, workers):
+    import json
+    import subprocess
+    import sys
+
+    from memstream.projections.db import drop_schema
+    from memstream.stack.worker_process import worker_env
+    from memstream.streams.producer import TurnLog
+
+    from .conftest import HOME, ROOT, wait_until
+    from .helpers import schemas_named, turns
+
+    env = worker_env(settings.model_copy(update={"home": HOME}))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "memstream.cli", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    w = workers()
+    await w.wait_assigned()
+    async with TurnLog(settings) as log:
+        await log.append_many(turns(20, users=2, prefix="rb"))
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 20 FROM episodes"), what="20 episodes")
+    built = settings.postgres_schema + "_rebuild"
+    try:
+        refused = cli("rebuild")
+        assert refused.returncode == 1 and "not switched" in refused.stderr and "workers are running" in refused.stderr
+        assert await schemas_named(dsn, built) == {built}  # built beside the live one, which kept serving
+        w.stop()
+        await drop_schema(dsn, built)
+        done = cli("rebuild", "--drop-old", "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["live"] == settings.postgres_schema
+        assert await conn.fetchval("SELECT count(*) FROM episodes") == 20
+        assert await schemas_named(dsn, built) == set() and await schemas_named(dsn, f"{settings.postgres_schema}_old") == set()
+    finally:
+        await drop_schema(dsn, built)
