@@ -607,6 +607,22 @@ def bench_rebuild(ctx: click.Context, episodes: int, users: int, compare_replay:
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
 
 
+@bench.command("grow")
+@click.option("--turns", default=100_000, show_default=True, type=click.IntRange(min=1),
+              help="turns, and as many recorded episodes with vectors")
+@click.option("--users", default=1000, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def bench_grow(ctx: click.Context, turns: int, users: int, as_json: bool) -> None:
+    """Grow a log of N turns and N decisions to twice its partitions: copy rate, and how long
+    appends wait at the fence. Self-contained, like `bench rebuild`."""
+    from memstream.bench.grow import run_grow_bench
+
+    with progress("copy") as on_progress:
+        report = asyncio.run(run_grow_bench(_settings(ctx), turns=turns, users=users, on_progress=on_progress))
+    click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
+
+
 @bench.command("read")
 @click.option("--rows", default=1_000_000, show_default=True, type=click.IntRange(min=1), help="corpus size across all users")
 @click.option("--readers", default=32, show_default=True, type=click.IntRange(min=1), help="concurrent readers in the concurrency phase")

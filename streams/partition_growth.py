@@ -262,9 +262,9 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
                             break
                     # Fence once the workers are nearly done with the old topics: appends wait
                     # while they finish, so the less left, the shorter the wait.
-                    await _drained(offsets, pool, live.events_topic, ["formation", "commands"], drain_timeout_s,
+                    await _drained(offsets, pool, live.events_topic, n, ["formation", "commands"], drain_timeout_s,
                                    slack=LAG_BEFORE_FENCE)
-                    await _drained(offsets, pool, live.decisions_topic, ["episodes", "facts", "graph"],
+                    await _drained(offsets, pool, live.decisions_topic, n, ["episodes", "facts", "graph"],
                                    drain_timeout_s, slack=LAG_BEFORE_FENCE)
                     for c in copies:
                         await c.round(consumer, offsets, producer, pool, on_progress)
@@ -273,12 +273,12 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
                 fenced = time.monotonic()
                 await _fence(admin, live.events_topic)
                 report.phases["fence events"] = time.monotonic() - fenced
-                await _drained(offsets, pool, live.events_topic, ["formation"], drain_timeout_s)
+                await _drained(offsets, pool, live.events_topic, n, ["formation"], drain_timeout_s)
                 report.phases["formation finishes"] = time.monotonic() - fenced - sum(report.phases.values())
                 await _fence(admin, live.decisions_topic)
                 report.phases["fence decisions"] = time.monotonic() - fenced - sum(report.phases.values())
-                await _drained(offsets, pool, live.decisions_topic, ["episodes", "facts", "graph"], drain_timeout_s)
-                await _drained(offsets, pool, live.events_topic, ["commands"], drain_timeout_s)
+                await _drained(offsets, pool, live.decisions_topic, n, ["episodes", "facts", "graph"], drain_timeout_s)
+                await _drained(offsets, pool, live.events_topic, n, ["commands"], drain_timeout_s)
                 report.phases["projections finish"] = time.monotonic() - fenced - sum(report.phases.values())
                 for c in copies:
                     await c.round(consumer, offsets, producer, pool, on_progress)
@@ -324,10 +324,11 @@ async def _fence(admin, topic: str) -> None:
     raise GrowthError(f"the broker did not take the fence on {topic} within 30 s")
 
 
-async def _drained(consumer, pool, topic: str, steps: list[str], timeout_s: float, slack: int = 0) -> None:
-    """Wait until ``steps`` have applied every record of the fenced ``topic``; with ``slack``,
-    until at most that many are left of a topic still written to (at most ``timeout_s``)."""
-    tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+async def _drained(consumer, pool, topic: str, n: int, steps: list[str], timeout_s: float, slack: int = 0) -> None:
+    """Wait until ``steps`` have applied every record of the fenced ``topic`` (``n``
+    partitions); with ``slack``, until at most that many are left of a topic still written to
+    (at most ``timeout_s``)."""
+    tps = [TopicPartition(topic, p) for p in range(n)]
     deadline = time.monotonic() + timeout_s
     while True:
         ends = await consumer.end_offsets(tps)
