@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiokafka.errors import MessageSizeTooLargeError
 
@@ -33,11 +34,13 @@ class IngressSealing:
     def __init__(self, *, producer, settings, sealer: RecordSealer, dead_letters, pool):
         self._producer, self._settings, self._topic, self._sealer = producer, settings, settings.events_topic, sealer
         self._dead, self._pool = dead_letters, pool
-        self._fenced = False
+        self._fenced = 0.0  # when the events topic was found fenced
 
     async def process(self, records: list[Record]) -> None:
         if self._fenced:
-            return  # not applied, position not stored: read again once the worker moved over
+            if time.monotonic() - self._fenced < 10 or await self._moving():
+                return  # not applied, position not stored: read again once the worker moved over
+            self._fenced = 0.0  # the fence was lifted by hand: go on
         letters, futures = [], []
         for r in records:
             try:
@@ -58,7 +61,7 @@ class IngressSealing:
             # this process's consumer going (the projections finish the old topics meanwhile);
             # the worker restarts on the new topics when the move is done and reads these again.
             log.warning("%s is fenced: the log is moving to more partitions; ingress waits for it", self._topic)
-            self._fenced = True
+            self._fenced = time.monotonic()
             return
         await self._dead.send(letters)
         self._dead.observe(len(records) - len(letters))

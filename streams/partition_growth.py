@@ -51,6 +51,7 @@ FENCE = {"max.message.bytes": "0"}
 IDENTITY_COMMANDS = frozenset({"PersonIdentitySet", "ExpertIdentityUpserted", "ExpertIdentityDeleted"})
 SMALL_TAIL = 1000  # records left after a copy round: fence now, the pause is short
 MAX_ROUNDS = 5
+DRAINED = {"events": ("formation", "commands"), "decisions": ("episodes", "facts", "graph")}  # steps per old topic
 LAG_BEFORE_FENCE = 100  # records the workers have left on the old topics when they are fenced (at best)
 
 
@@ -109,6 +110,11 @@ class _Copy:
             return partition
         return expected_partition(key, self.to)
 
+    def identity(self, r, old_partition: int) -> bool:
+        """An identity command the commands projection applied (one on its key's partition)."""
+        return (r.key is not None and expected_partition(r.key, self.n) == old_partition
+                and _type(r.value) in IDENTITY_COMMANDS)
+
     def load(self, state: dict) -> None:
         mine = state.get(self.src, {})
         self.sources = {int(p): o for p, o in mine.get("sources", {}).items()}
@@ -134,7 +140,7 @@ class _Copy:
             for r in batch:
                 p, o = _moved_from(r.headers)
                 self.last[r.partition] = o
-                if _type(r.value) in IDENTITY_COMMANDS:
+                if self.identity(r, p):
                     mapped.append((self.src, _user_key(r.key), o, r.partition, r.offset))
             self.targets[batch[-1].partition] = batch[-1].offset + 1
 
@@ -168,7 +174,7 @@ class _Copy:
                     meta = await fut
                     self.last[t] = r.offset
                     self.targets[t] = meta.offset + 1
-                    if _type(r.value) in IDENTITY_COMMANDS:
+                    if self.identity(r, r.partition):
                         identities.append((self.src, _user_key(r.key), r.offset, t, meta.offset))
                 self.sources[batch[0].partition] = batch[-1].offset + 1
                 self.copied += len(sends)
@@ -218,11 +224,15 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
                           drain_timeout_s: float = 300.0) -> GrowthReport:
     """Move the log to ``to`` partitions (see the module docstring); resumes a move under way."""
     t0 = time.monotonic()
-    pool = await db.create_pool(dsn, settings.postgres_schema, min_size=0, max_size=2)
+    pool = await db.create_pool(dsn, settings.postgres_schema, min_size=0, max_size=3)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15000)
     await admin.start()
+    lock = await pool.acquire()
     try:
         await create_tables(pool, settings)
+        # One run at a time: two would copy every record twice.
+        if not await lock.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", f"memstream-grow:{settings.keys_schema}"):
+            raise GrowthError("another `memstream partitions grow` is running for this deployment")
         live = await live_log(settings, pool)
         # Two consumers: offset lookups would wait behind the reader's long-polling fetches.
         async with groupless_consumer(settings.kafka_bootstrap) as consumer, \
@@ -262,9 +272,9 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
                             break
                     # Fence once the workers are nearly done with the old topics: appends wait
                     # while they finish, so the less left, the shorter the wait.
-                    await _drained(offsets, pool, live.events_topic, n, ["formation", "commands"], drain_timeout_s,
+                    await _drained(offsets, pool, live.events_topic, n, list(DRAINED["events"]), drain_timeout_s,
                                    slack=LAG_BEFORE_FENCE)
-                    await _drained(offsets, pool, live.decisions_topic, n, ["episodes", "facts", "graph"],
+                    await _drained(offsets, pool, live.decisions_topic, n, list(DRAINED["decisions"]),
                                    drain_timeout_s, slack=LAG_BEFORE_FENCE)
                     for c in copies:
                         await c.round(consumer, offsets, producer, pool, on_progress)
@@ -277,7 +287,7 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
                 report.phases["formation finishes"] = time.monotonic() - fenced - sum(report.phases.values())
                 await _fence(admin, live.decisions_topic)
                 report.phases["fence decisions"] = time.monotonic() - fenced - sum(report.phases.values())
-                await _drained(offsets, pool, live.decisions_topic, n, ["episodes", "facts", "graph"], drain_timeout_s)
+                await _drained(offsets, pool, live.decisions_topic, n, list(DRAINED["decisions"]), drain_timeout_s)
                 await _drained(offsets, pool, live.events_topic, n, ["commands"], drain_timeout_s)
                 report.phases["projections finish"] = time.monotonic() - fenced - sum(report.phases.values())
                 for c in copies:
@@ -288,12 +298,18 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
                 await producer.stop()
             new_ends = {c.src: await offsets.end_offsets([TopicPartition(c.dst, t) for t in range(to)])
                         for c in copies}
-            await _cut_over(pool, settings, live, move, to, new_ends)
+            old_ends = {c.src: await offsets.end_offsets([TopicPartition(c.src, p) for p in range(n)]) for c in copies}
+            if any(c.sources.get(tp.partition, 0) != end for c in copies for tp, end in old_ends[c.src].items()):
+                raise GrowthError("records reached the old topics after the fence (a broker applied it late): "
+                                  "run the command again")
+            await _cut_over(pool, settings, live, move, to, new_ends, old_ends)
             report.fenced_s = time.monotonic() - fenced
         report.seconds = time.monotonic() - t0
         log.info("%s", report.render())
         return report
     finally:
+        await lock.execute("SELECT pg_advisory_unlock_all()")
+        await pool.release(lock)
         await admin.close()
         await pool.close()
 
@@ -312,16 +328,33 @@ async def _create(admin, settings: Settings, names: list[str], partitions: int) 
 
 async def _fence(admin, topic: str) -> None:
     """No producer can append to ``topic`` from now on (the broker refuses any record)."""
-    await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=FENCE)])
+    # AlterConfigs replaces a topic's whole dynamic config: send what is set (retention forever)
+    # with the fence, or the old topics would fall back to the broker's 7-day retention.
+    configs = {**await _dynamic_configs(admin, topic), **FENCE}
+    answers = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=configs)])
+    errors = [(code, msg) for a in answers for code, msg, *_ in a.resources if code]
+    if errors:
+        raise GrowthError(f"the broker refused the fence on {topic}: {errors}")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-        entries = {e[0]: e[1] for r in described for res in r.resources for e in res[4]}
-        if entries.get("max.message.bytes") == FENCE["max.message.bytes"]:
+        if (await _dynamic_configs(admin, topic)).get("max.message.bytes") == FENCE["max.message.bytes"]:
             await asyncio.sleep(0.5)  # the partition leaders apply the config from the metadata log
             return
         await asyncio.sleep(0.1)
     raise GrowthError(f"the broker did not take the fence on {topic} within 30 s")
+
+
+async def _dynamic_configs(admin, topic: str) -> dict[str, str]:
+    """The configs set on ``topic`` itself (not the broker's defaults)."""
+    described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    out = {}
+    for answer in described:
+        for res in answer.resources:
+            for name, value, _read_only, source, *_ in res[4]:
+                # DescribeConfigs v0 says "is default" (a bool), v1+ the source (1: set on the topic).
+                if (not source) if isinstance(source, bool) else source == 1:
+                    out[name] = value
+    return out
 
 
 async def _drained(consumer, pool, topic: str, n: int, steps: list[str], timeout_s: float, slack: int = 0) -> None:
@@ -348,12 +381,23 @@ async def _drained(consumer, pool, topic: str, n: int, steps: list[str], timeout
         await asyncio.sleep(0.2)
 
 
-async def _cut_over(pool, settings: Settings, live: Settings, move, to: int, new_ends) -> None:
+async def _cut_over(pool, settings: Settings, live: Settings, move, to: int, new_ends, old_ends) -> None:
     """Positions onto the new topics (everything copied was applied), identity offsets mapped,
-    the move done: one transaction."""
+    the move done: one transaction, taken only from the fenced state and only if every step
+    still stands at the end of the old topics."""
     renamed = {live.events_topic: move["to_events"], live.decisions_topic: move["to_decisions"]}
     keys = settings.keys_schema
     async with pool.acquire() as conn, conn.transaction():
+        done = await conn.execute(f'UPDATE "{keys}".log_moves SET state = \'moved\', moved_at = now() '
+                                  "WHERE from_events = $1 AND state = 'fenced'", live.events_topic)
+        if done != "UPDATE 1":
+            raise GrowthError(f"the move out of {live.events_topic} is not fenced any more (another run cut over?)")
+        for topic, steps in ((live.events_topic, DRAINED["events"]), (live.decisions_topic, DRAINED["decisions"])):
+            at = {(r["projection"], r["partition"]): r["next_offset"] for r in await conn.fetch(
+                "SELECT projection, partition, next_offset FROM projection_positions WHERE topic = $1", topic)}
+            if behind := [f"{step} {topic}/{tp.partition}" for step in steps for tp, end in old_ends[topic].items()
+                          if end and at.get((step, tp.partition), 0) < end]:
+                raise GrowthError(f"not applied to the end of the old topics: {', '.join(behind)}; run the command again")
         rows = await conn.fetch("SELECT DISTINCT projection, topic FROM projection_positions WHERE topic = ANY($1::text[])",
                                 list(renamed))
         ends = {renamed[src]: {tp.partition: o for tp, o in e.items()} for src, e in new_ends.items()}
@@ -368,5 +412,3 @@ async def _cut_over(pool, settings: Settings, live: Settings, move, to: int, new
                            live.events_topic)
         await conn.execute("UPDATE expert_identities t SET source_offset = m.new_offset " + mapped.format("$2::text"),
                            live.events_topic, SYSTEM_USER)  # the host-wide key's
-        await conn.execute(f'UPDATE "{keys}".log_moves SET state = \'moved\', moved_at = now() WHERE from_events = $1',
-                           live.events_topic)

@@ -5,6 +5,7 @@ import asyncio
 import logging
 from typing import Sequence
 
+import asyncpg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaError, MessageSizeTooLargeError
 
@@ -64,7 +65,13 @@ class TurnLog:
         try:
             if self._sealer is None:
                 self._sealer = await self._own_sealer()
-            await self._follow_moves()
+            try:
+                await self._follow_moves()
+            except (LookupError, OSError, asyncpg.PostgresError) as exc:
+                if self._given_sealer is None and self._settings.seal_records:
+                    raise  # the key store answered a moment ago: this is not a missing database
+                # Sealing without the key store (a given sealer): a move is found when its fence refuses a record.
+                log.warning("cannot look up where the log lives (%s); appending to %s", exc, self._settings.events_topic)
         except BaseException:
             await self.stop()
             raise

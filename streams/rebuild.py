@@ -265,6 +265,22 @@ async def catch_up(settings: Settings, dsn: str, schema: str) -> int:
     return read
 
 
+async def _built_from_the_live_topics(settings: Settings, dsn: str, schema: str) -> None:
+    """Refuse a schema built before the log moved to more partitions: its positions and
+    identity offsets are on the old topics (``streams.partition_growth`` moves the live ones)."""
+    from memstream.streams.log_topics import moves
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        topics = {r[0] for r in await conn.fetch(f'SELECT DISTINCT topic FROM "{schema}".projection_positions')}
+        moved = {m["from_decisions"]: m["to_decisions"] for m in await moves(conn, settings) if m["state"] == "moved"}
+    finally:
+        await conn.close()
+    if settings.decisions_topic not in topics and (old := topics & set(moved)):
+        raise SwitchRefused(f"{schema} was built from {', '.join(sorted(old))}, before the log moved to "
+                            f"{settings.decisions_topic}: drop it and rebuild it from the log")
+
+
 async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = False, force: bool = False) -> dict:
     """Make ``schema`` (a rebuild) the live one: refuse while workers run, catch it up with the
     log, compare it with the live schema table by table, then in one transaction rename the live
@@ -281,6 +297,7 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
     running = {g: m for g, m in (await worker_groups(settings)).items() if m}
     if running:
         raise SwitchRefused(f"workers are running ({', '.join(running)}): stop them, then switch; start them after")
+    await _built_from_the_live_topics(settings, dsn, schema)
     caught = await catch_up(settings, dsn, schema)
     conn = await asyncpg.connect(dsn)
     try:
