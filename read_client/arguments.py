@@ -43,14 +43,34 @@ def check_read(user_id, conversation_id, message, *, after, k, k_facts, k_edges,
         times += [("as_of.valid_time", as_of.valid_time), ("as_of.recorded_time", as_of.recorded_time)]
     elif as_of is not None:
         times.append(("as_of", as_of))
-    for name, value in times:
-        if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
-            # A naive time would be read in some zone nobody chose: off by hours on both time axes.
-            raise InvalidArgument(f"{name} must be a timezone-aware datetime, not {value!r}")
+    _aware(times)
     if identity_id is not None and (not isinstance(identity_id, str) or not identity_id):
         raise InvalidArgument(f"identity_id must be a non-empty string or None, not {identity_id!r}")
     if budgets is not None and not isinstance(budgets, Budgets):
         raise InvalidArgument(f"budgets must be a Budgets, not {type(budgets).__name__}")
+
+
+SEARCH_KINDS = ("facts", "episodes", "edges")
+
+
+def check_search(user_id, query, *, kinds, k, as_of, now) -> None:
+    check_user(user_id)
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidArgument(f"query must be a non-blank string, not {query!r}")
+    storable("query", query)
+    if isinstance(kinds, str) or not kinds or any(kind not in SEARCH_KINDS for kind in kinds):
+        raise InvalidArgument(f"kinds must be a non-empty sequence of {', '.join(SEARCH_KINDS)}, not {kinds!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 100:
+        raise InvalidArgument(f"k must be an integer from 1 to 100, not {k!r}")
+    _aware([("now", now)] + ([("as_of.valid_time", as_of.valid_time), ("as_of.recorded_time", as_of.recorded_time)]
+                             if isinstance(as_of, AsOf) else [("as_of", as_of)]))
+
+
+def _aware(times) -> None:
+    for name, value in times:
+        if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+            # A naive time would be read in some zone nobody chose: off by hours on both time axes.
+            raise InvalidArgument(f"{name} must be a timezone-aware datetime, not {value!r}")
 
 
 def storable(name: str, text: str) -> None:

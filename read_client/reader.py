@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from datetime import datetime, timezone
+from typing import Sequence
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -20,7 +21,7 @@ from memstream.projections.graph import query as graph_q
 from memstream.projections.profile import query as profile_q
 from memstream.read_client.memories import KINDS as memories_kinds
 from memstream.read_client.memories import check_page, memory_page, memory_stats
-from memstream.read_client.arguments import check_read, check_user
+from memstream.read_client.arguments import SEARCH_KINDS, check_read, check_search, check_user
 from memstream.read_client.budget import Budgets, TokenCounter, pack
 from memstream.read_client.lanes import Channels
 from memstream.read_client.metrics import ReadMetrics, tracer
@@ -34,7 +35,7 @@ from memstream.schemas import LogPosition
 from memstream.schemas.vocabulary import canonical, single_valued
 from memstream.schemas.errors import InvalidArgument, ReaderClosed
 from memstream.schemas.read_models import (AsOf, FactVersion, MemoryContext, MemoryPage, MemoryStats, RankedEdge,
-                                           RankedEpisode, RankedFact, Reminder, Turn)
+                                           RankedEpisode, RankedFact, Reminder, SearchResult, Turn)
 
 log = logging.getLogger("memstream.read")
 
@@ -151,21 +152,10 @@ class MemoryReader:
             ctx.caught_up = await self._wait_for(after, wait_timeout)
             timings["wait"] = (time.perf_counter() - t0) * 1000
         now = now or datetime.now(timezone.utc)
-        if isinstance(as_of, datetime):
-            as_of = AsOf(valid_time=as_of, recorded_time=as_of)
-        if as_of is not None:
-            recorded = as_of.recorded_time or now
-            as_of = AsOf(valid_time=as_of.valid_time or recorded, recorded_time=recorded)
-            ctx.as_of = as_of
-
-        async def embedded():
-            t = time.perf_counter()
-            vec = (await asyncio.get_running_loop().run_in_executor(self._embed_pool, self._embedder.embed, [message]))[0]
-            timings["embed"] = (time.perf_counter() - t) * 1000
-            return vec
+        ctx.as_of = as_of = _as_of(as_of, now)
 
         ctx.gated = not needs_retrieval(message)
-        embedding = None if ctx.gated else asyncio.ensure_future(embedded())
+        embedding = None if ctx.gated else asyncio.ensure_future(self._embedded(message, timings))
         # The text lane runs its channels one after another on one connection while the query is
         # embedded (on two cores, more concurrent statements only queued for the same cores: each
         # ran 3-5x slower), keyword first so that little of it is left when the vector channels
@@ -183,29 +173,12 @@ class MemoryReader:
             fv = ("facts_vector", self._nearest, facts_q, user_id, embedding)
             ev = ("episodes_vector", self._nearest, episodes_q, user_id, embedding)
             ed = ("edges", self._edges, user_id, embedding, as_of, k_edges)
-        w = self._episode_weights
         keyword_ready = {"episodes_keyword": asyncio.Event()}
-        episodes: list = []
-
-        async def episodes_lane(steps: list[tuple]) -> None:
-            # Anchors need only this lane and the episodes keyword channel (the text lane's second),
-            # not edges: their adjacent turns are fetched while edges still runs (heavy p95 -0.5 to
-            # -0.9 ms, interleaved A/B).
-            nonlocal episodes
-            await ch.lane(steps, after=embedding)
-            await keyword_ready["episodes_keyword"].wait()
-            episodes = fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
-                            "episode_id", keyword_share=w.keyword_share)
-            if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
-                anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
-                step = ("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])
-                await ch.lane([step], pool=self._text_pool)
-                episodes = with_neighbours(episodes, got.get("episode_neighbours") or [], "episode_id",
-                                           w.neighbour_share, w.reply_share)
-
         await asyncio.gather(
             ch.lane(text_lane, pool=self._text_pool, ready=keyword_ready),
-            *([ch.lane([ed], after=embedding), episodes_lane([fv, ev])] if not ctx.gated else []),
+            *([ch.lane([ed], after=embedding),
+               ch.into("episodes", self._episodes_lane(ch, user_id, [fv, ev], embedding, keyword_ready))]
+              if not ctx.gated else []),
             ch.into("recent_turns", ch.channel("recent_turns", self._recent_turns, user_id, conversation_id)),
             ch.into("profile", ch.channel("profile", self._profile, user_id)))
         if embedding is not None:
@@ -214,26 +187,8 @@ class MemoryReader:
         ctx.expert_identity = got.get("expert_identity")
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
         ctx.recent_turns = got.get("recent_turns") or []
-        facts = rerank(latest_per_slot(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
-                                            "fact_id", keyword_share=self._fact_weights.keyword_share), single_valued), now,
-                       self._fact_weights, time_key="last_observed_at",
-                       importance=fact_importance, type_weight=fact_type)
-        ctx.facts = [
-            RankedFact(**{c: s.cand.row[c] for c in ("fact_id", "text", "category", "attribute", "value", "confidence",
-                                                     "explicit", "observation_count", "valid_from", "recorded_at")},
-                       score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
-                       importance=round(s.importance, 6), type_weight=s.type, channels=s.cand.channels)
-            for s in facts[:k_facts]
-        ]
-        ranked = rerank(episodes, now, w)
-        ctx.episodes = [
-            RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
-                                                         "user_message", "assistant_message")},
-                          metadata=_json(s.cand.row["metadata"]),
-                          score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
-                          channels=s.cand.channels)
-            for s in ranked[:k]
-        ]
+        ctx.facts = self._ranked_facts(got, now, k_facts)
+        ctx.episodes = self._ranked_episodes(got.get("episodes") or [], now, k)
         ctx.edges = got.get("edges") or []
         b = budgets or self._budgets
         ctx.facts, facts_used = pack(ctx.facts, lambda f: f.text, b.facts, self._tokens)
@@ -250,6 +205,99 @@ class MemoryReader:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("memory prompt for %s/%s:\n%s", user_id, conversation_id, render_context(ctx))
         return ctx
+
+    async def search(self, user_id: str, query: str, *, kinds: Sequence[str] = SEARCH_KINDS, k: int = 10,
+                     as_of: AsOf | datetime | None = None, now: datetime | None = None) -> SearchResult:
+        """The ``k`` best memories of each of ``kinds`` (facts, episodes, edges) for ``query``,
+        ranked as ``read`` ranks them (the same channels, fusion and rerank), without the rest of
+        a context: no recent turns, profile, identities or reminders, no retrieval gate, no token
+        budgets. ``as_of`` is the graph as it was, as in ``read``. Degrades per channel as
+        ``read`` does; bad arguments raise ``InvalidArgument`` before any I/O."""
+        if self._closed:
+            raise ReaderClosed("this MemoryReader is closed")
+        check_search(user_id, query, kinds=kinds, k=k, as_of=as_of, now=now)
+        with tracer.start_as_current_span("memstream.search") as span:
+            t0 = time.perf_counter()
+            ch = Channels(self._pool)
+            now = now or datetime.now(timezone.utc)
+            as_of = _as_of(as_of, now)
+            embedding = asyncio.ensure_future(self._embedded(query, ch.timings))
+            n = max(k, ANN_CANDIDATES)  # the full k, however large
+            text = [(f"{kind}_keyword", self._keyword, q, user_id, query, n)
+                    for kind, q in (("facts", facts_q), ("episodes", episodes_q)) if kind in kinds]
+            vector = [(f"{kind}_vector", self._nearest, q, user_id, embedding, n)
+                      for kind, q in (("facts", facts_q), ("episodes", episodes_q)) if kind in kinds]
+            keyword_ready = {"episodes_keyword": asyncio.Event()}
+            lanes = [ch.lane(text, pool=self._text_pool, ready=keyword_ready)]
+            if "edges" in kinds:
+                lanes.append(ch.lane([("edges", self._edges, user_id, embedding, as_of, k)], after=embedding))
+            if "episodes" in kinds:
+                lanes.append(ch.into("episodes", self._episodes_lane(ch, user_id, vector, embedding, keyword_ready)))
+            else:
+                lanes.append(ch.lane(vector, after=embedding))
+            await asyncio.gather(*lanes)
+            if not embedding.cancelled():
+                embedding.exception()  # retrieved: a failed embedding is logged by the channels that needed it
+            got = ch.got
+            result = SearchResult(user_id=user_id, query=query, as_of=as_of, degraded=ch.degraded,
+                                  facts=self._ranked_facts(got, now, k) if "facts" in kinds else [],
+                                  episodes=self._ranked_episodes(got.get("episodes") or [], now, k),
+                                  edges=(got.get("edges") or [])[:k])
+            ch.timings["total"] = (time.perf_counter() - t0) * 1000
+            result.timings_ms = {name: round(ms, 3) for name, ms in ch.timings.items()}
+            span.set_attributes({"memstream.facts": len(result.facts), "memstream.episodes": len(result.episodes),
+                                 "memstream.edges": len(result.edges), "memstream.degraded": list(result.degraded)})
+        if self._metrics is not None:
+            self._metrics.observe(result.timings_ms, result.degraded)
+        return result
+
+    async def _embedded(self, text: str, timings: dict[str, float]):
+        t = time.perf_counter()
+        vec = (await asyncio.get_running_loop().run_in_executor(self._embed_pool, self._embedder.embed, [text]))[0]
+        timings["embed"] = (time.perf_counter() - t) * 1000
+        return vec
+
+    async def _episodes_lane(self, ch: Channels, user_id: str, steps: list[tuple], embedding: asyncio.Future,
+                             keyword_ready: dict[str, asyncio.Event]) -> list:
+        """The vector channels of ``steps``, then the episodes fused with the keyword channel and
+        the adjacent turns of the best of them. Anchors need only this lane and the episodes
+        keyword channel (the text lane's second), not edges: their adjacent turns are fetched
+        while edges still runs (heavy p95 -0.5 to -0.9 ms, interleaved A/B)."""
+        w, got = self._episode_weights, ch.got
+        await ch.lane(steps, after=embedding)
+        await keyword_ready["episodes_keyword"].wait()
+        episodes = fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
+                        "episode_id", keyword_share=w.keyword_share)
+        if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
+            anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
+            step = ("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])
+            await ch.lane([step], pool=self._text_pool)
+            episodes = with_neighbours(episodes, got.get("episode_neighbours") or [], "episode_id",
+                                       w.neighbour_share, w.reply_share)
+        return episodes
+
+    def _ranked_facts(self, got: dict, now: datetime, k: int) -> list[RankedFact]:
+        facts = rerank(latest_per_slot(fuse({"vector": got.get("facts_vector") or [], "keyword": got.get("facts_keyword") or []},
+                                            "fact_id", keyword_share=self._fact_weights.keyword_share), single_valued), now,
+                       self._fact_weights, time_key="last_observed_at",
+                       importance=fact_importance, type_weight=fact_type)
+        return [
+            RankedFact(**{c: s.cand.row[c] for c in ("fact_id", "text", "category", "attribute", "value", "confidence",
+                                                     "explicit", "observation_count", "valid_from", "recorded_at")},
+                       score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
+                       importance=round(s.importance, 6), type_weight=s.type, channels=s.cand.channels)
+            for s in facts[:k]
+        ]
+
+    def _ranked_episodes(self, episodes: list, now: datetime, k: int) -> list[RankedEpisode]:
+        return [
+            RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
+                                                         "user_message", "assistant_message")},
+                          metadata=_json(s.cand.row["metadata"]),
+                          score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
+                          channels=s.cand.channels)
+            for s in rerank(episodes, now, self._episode_weights)[:k]
+        ]
 
     async def _wait_for(self, after: LogPosition, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -300,17 +348,18 @@ class MemoryReader:
             held = self._epochs[projection] = (await positions.epoch(pool, projection), time.monotonic())
         return held[0]
 
-    async def _nearest(self, conn, q, user_id: str, embedding: asyncio.Future) -> list[asyncpg.Record]:
+    async def _nearest(self, conn, q, user_id: str, embedding: asyncio.Future,
+                       n: int = ANN_CANDIDATES) -> list[asyncpg.Record]:
         vec = await embedding
-        return await q.nearest(conn, user_id, vec, ANN_CANDIDATES, self._embedder.model_id)
+        return await q.nearest(conn, user_id, vec, n, self._embedder.model_id)
 
-    async def _keyword(self, conn, q, user_id: str, message: str) -> list[asyncpg.Record]:
+    async def _keyword(self, conn, q, user_id: str, message: str, n: int = ANN_CANDIDATES) -> list[asyncpg.Record]:
         text = message
         if self._keyword_mode == "names":
             text = " ".join(keyword_terms(message))
             if not text:
                 return []  # nothing an embedding would blur: the vector channels cover it
-        return await q.keyword(conn, user_id, text, ANN_CANDIDATES)
+        return await q.keyword(conn, user_id, text, n)
 
     async def _edges(self, conn, user_id: str, embedding: asyncio.Future, as_of: AsOf | None, k: int) -> list[RankedEdge]:
         """Current edges by fact-sentence similarity plus a bounded one-hop expansion around the
@@ -363,6 +412,16 @@ class MemoryReader:
         """Every version of the fact's lineage, oldest first: what was believed, when and why."""
         rows = await facts_q.history(self._pool, user_id, fact_id)
         return [FactVersion(**{k: r[k] for k in FactVersion.model_fields}) for r in rows]
+
+
+def _as_of(as_of: AsOf | datetime | None, now: datetime) -> AsOf | None:
+    """``as_of`` with both axes set: a bare time is both; a missing axis is the other one, or now."""
+    if isinstance(as_of, datetime):
+        as_of = AsOf(valid_time=as_of, recorded_time=as_of)
+    if as_of is None:
+        return None
+    recorded = as_of.recorded_time or now
+    return AsOf(valid_time=as_of.valid_time or recorded, recorded_time=recorded)
 
 
 def _json(value):

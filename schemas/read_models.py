@@ -168,3 +168,17 @@ class MemoryStats(BaseModel):
     entities: int
     conversations: int
     last_recorded: datetime | None = Field(description="system time of the latest change to this user's memory")
+
+
+class SearchResult(BaseModel):
+    """``MemoryReader.search``: the best memories of each kind asked for a query, ranked as a
+    context's are, without the rest of a context."""
+
+    user_id: str
+    query: str
+    facts: list[RankedFact] = Field(default_factory=list)
+    episodes: list[RankedEpisode] = Field(default_factory=list)
+    edges: list[RankedEdge] = Field(default_factory=list)
+    degraded: list[str] = Field(default_factory=list)
+    as_of: AsOf | None = None
+    timings_ms: dict[str, float] = Field(default_factory=dict)

@@ -58,3 +58,23 @@ def test_a_bad_argument_is_refused_before_any_io_naming_what_is_wrong(reader, ch
 def test_a_negative_budget_cannot_be_made():
     with pytest.raises(ValueError, match="edges budget"):
         Budgets(edges=-1)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"user_id": ""}, "user_id is required"),
+    ({"query": "  "}, "query must be a non-blank string"),
+    ({"query": "where\x00"}, "query must not contain NUL"),
+    ({"kinds": ()}, "kinds must be a non-empty sequence"),
+    ({"kinds": "facts"}, "kinds must be a non-empty sequence"),
+    ({"kinds": ("facts", "profile")}, "kinds must be a non-empty sequence"),
+    ({"k": 0}, "k must be an integer from 1 to 100"),
+    ({"k": 101}, "k must be an integer from 1 to 100"),
+    ({"k": True}, "k must be an integer from 1 to 100"),
+    ({"as_of": NAIVE}, "as_of must be a timezone-aware datetime"),
+    ({"as_of": AsOf(valid_time=NAIVE)}, "as_of.valid_time must be a timezone-aware"),
+    ({"now": NAIVE}, "now must be a timezone-aware datetime"),
+])
+def test_search_refuses_bad_arguments_before_any_io(reader, change, says):
+    args = {"user_id": "u", "query": "where do I live?", **change}
+    with pytest.raises(ValueError, match=says):
+        asyncio.run(reader.search(**args))
