@@ -107,6 +107,17 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
     assert live.events_topic == f"{settings.events_topic}.p8" and report.partitions == 8
     assert report.copied[settings.events_topic] > 0 and report.copied[settings.decisions_topic] > 0
     assert "the log moved: appending to" in caplog.text  # the append that met the fence went on, on the new topic
+    from aiokafka.admin import AIOKafkaAdminClient
+    from memstream.streams.partition_growth import _dynamic_configs
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:  # fenced, and still kept forever: the fence must not reset the topic's own configs
+        for topic in (settings.events_topic, settings.decisions_topic):
+            assert (await _dynamic_configs(admin, topic)) == {"retention.ms": "-1", "retention.bytes": "-1",
+                                                              "max.message.bytes": "0"}, topic
+    finally:
+        await admin.close()
     total = sum(len(v) for v in sent.values())
     await wait_until(lambda: conn.fetchval("SELECT count(*) = $1 FROM episodes", total), timeout=120,
                      what=f"{total} episodes")
