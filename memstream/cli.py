@@ -208,8 +208,9 @@ def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: s
 def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json: bool) -> None:
     """Make SCHEMA (rebuilt with `memstream replay all --into SCHEMA`) the live schema, atomically.
 
-    Stop the workers first; readers keep serving through it. SCHEMA is caught up with the log,
-    compared with the live schema, then swapped in by name in one transaction."""
+    Readers keep serving through it; running workers pause (they restart and wait) and go on on
+    SCHEMA. SCHEMA is caught up with the log, compared with the live schema, then swapped in by
+    name in one transaction."""
     from memstream.projections.schema_names import check_schema_name
     from memstream.streams.rebuild import SwitchRefused, switch as run
 
@@ -221,7 +222,8 @@ def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json
         raise click.ClickException(str(exc)) from None
     _echo(done, as_json, [f"{done['live']} is now what {done['from']} was; the old one "
                           + (f"kept as {done['old']}" if done["old"] else "dropped")
-                          + f" ({done['caught_up_records']} records caught up); start the workers again"])
+                          + f" ({done['caught_up_records']} records caught up; workers paused "
+                          f"{done['workers_paused_s']:.1f} s)"])
 
 
 @main.command()
@@ -232,7 +234,7 @@ def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json
 @click.pass_context
 def rebuild(ctx: click.Context, into: str | None, drop_old: bool, force: bool, as_json: bool) -> None:
     """Blue-green: rebuild every projection from the log into a fresh schema while the live one
-    serves (`replay all --bulk`), then switch to it (`switch`) once the workers are stopped."""
+    serves (`replay all --bulk`), then switch to it (`switch`: running workers pause for it)."""
     from memstream.projections.schema_names import check_schema_name
     from memstream.streams.rebuild import SwitchRefused, rebuild_episodes, switch as run
     from memstream.streams.replay import PROJECTIONS, replay
@@ -247,7 +249,7 @@ def rebuild(ctx: click.Context, into: str | None, drop_old: bool, force: bool, a
     try:
         done = asyncio.run(run(s, dsn, into, drop_old=drop_old, force=force))
     except SwitchRefused as exc:
-        raise click.ClickException(f"built {into}, not switched: {exc}. Then: memstream switch {into}") from None
+        raise click.ClickException(f"built {into}, not switched: {exc}. Then: memstream switch {into} [--force]") from None
     _echo(done, as_json, [f"rebuilt into {into}, now live as {done['live']}; the old one "
                           + (f"kept as {done['old']}" if done["old"] else "dropped")])
 

@@ -53,12 +53,19 @@ async def moves(conn, settings: Settings) -> list[asyncpg.Record]:
 
 
 async def live_log(settings: Settings, conn) -> Settings:
-    """``settings`` with the events and decisions topics the log lives in now."""
+    """``settings`` with the events and decisions topics the log lives in now, and the workers'
+    consumer group for them (a new one per move: its offsets are committed at the cut-over, so
+    workers resume there instead of reading the copied log to skip it)."""
     by_source = {m["from_events"]: m for m in await moves(conn, settings)}
     s = settings
     while (m := by_source.get(s.events_topic)) is not None and m["state"] == "moved":
-        s = s.model_copy(update={"events_topic": m["to_events"], "decisions_topic": m["to_decisions"]})
+        s = moved(s, m)
     return s
+
+
+def moved(settings: Settings, move) -> Settings:
+    return settings.model_copy(update={"events_topic": move["to_events"], "decisions_topic": move["to_decisions"],
+                                       "group_id": f"{settings.group_id}.p{move['partitions']}"})
 
 
 async def move_from(settings: Settings, conn) -> asyncpg.Record | None:

@@ -40,7 +40,7 @@ from memstream.schemas.errors import InvalidArgument, MemstreamError
 from memstream.schemas.events import SYSTEM_USER
 from memstream.streams.admission import expected_partition
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
-from memstream.streams.log_topics import create_tables, live_log, move_from, progress
+from memstream.streams.log_topics import create_tables, live_log, move_from, moved, progress
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.topics import FOREVER, _wait_for_leaders
 
@@ -302,6 +302,7 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
             if any(c.sources.get(tp.partition, 0) != end for c in copies for tp, end in old_ends[c.src].items()):
                 raise GrowthError("records reached the old topics after the fence (a broker applied it late): "
                                   "run the command again")
+            await _commit_group_offsets(pool, live, moved(live, move), new_ends)
             await _cut_over(pool, settings, live, move, to, new_ends, old_ends)
             report.fenced_s = time.monotonic() - fenced
         report.seconds = time.monotonic() - t0
@@ -379,6 +380,29 @@ async def _drained(consumer, pool, topic: str, n: int, steps: list[str], timeout
             raise GrowthError(f"{behind} on {topic}: start the workers (they finish the old topics, then move on) "
                               "and run this again")
         await asyncio.sleep(0.2)
+
+
+async def _commit_group_offsets(pool, live: Settings, after: Settings, new_ends) -> None:
+    """The workers' groups for the new topics (unused until the cut-over) start where the
+    positions will: at the end of what was copied, and the ingress where its sealing stands."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import OffsetAndMetadata
+
+    sealing = {r["partition"]: r["next_offset"] for r in await pool.fetch(
+        "SELECT partition, next_offset FROM projection_positions WHERE projection = 'sealing' AND topic = $1",
+        live.ingress_topic)}
+    events = {TopicPartition(after.events_topic, tp.partition): o for tp, o in new_ends[live.events_topic].items()}
+    decisions = {TopicPartition(after.decisions_topic, tp.partition): o
+                 for tp, o in new_ends[live.decisions_topic].items()}
+    ingress = {TopicPartition(live.ingress_topic, p): o for p, o in sealing.items()}
+    for group, offsets in ((after.group_id, events), (f"{after.group_id}-projections", {**decisions, **events, **ingress})):
+        consumer = AIOKafkaConsumer(bootstrap_servers=live.kafka_bootstrap, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign(list(offsets))
+            await consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items() if o})
+        finally:
+            await consumer.stop()
 
 
 async def _cut_over(pool, settings: Settings, live: Settings, move, to: int, new_ends, old_ends) -> None:

@@ -104,9 +104,10 @@ class PositionGate:
 
 async def align(gates: list[PositionGate], topic: str, consumer_positions: dict[int, int | None], seek: Seeker) -> None:
     """After an assignment: where the consumer would resume past what the least advanced of
-    ``gates`` (the steps sharing this consumer) has applied, seek back to that position; where
-    it would resume before it (no group offsets yet: a new group, or topics the log moved to),
-    seek forward to it rather than read and skip what is applied."""
+    ``gates`` (the steps sharing this consumer) has applied, seek back to that position. Where
+    it would resume before it, the gates skip what is applied: seeking there too raced
+    aiokafka's fetcher (a KeyError in ``fetched_records`` that crashed the worker, seen when
+    every partition was sought at once after a restart)."""
     target: dict[int, int] = {}
     for gate in gates:
         for p, expected in (await gate.expect(topic, list(consumer_positions))).items():
@@ -117,7 +118,4 @@ async def align(gates: list[PositionGate], topic: str, consumer_positions: dict[
                         topic, p, at, "/".join(g.name for g in gates), target[p])
             for gate in gates:
                 gate.seek_started(topic, p)
-            await seek(topic, p, target[p])
-        elif (at is None or at < target[p]) and target[p] > 0:
-            log.info("%s/%s: resuming at the stored position %s, not %s", topic, p, target[p], at)
             await seek(topic, p, target[p])

@@ -31,6 +31,7 @@ from memstream.streams.kafka_util import drain, groupless_consumer, partitions_o
 from memstream.streams.records import next_offsets
 from memstream.streams.replay import ReplayError, from_the_beginning
 from memstream.streams.sealing import RecordSealer
+from memstream.streams import switch_lock
 
 log = logging.getLogger("memstream.rebuild")
 
@@ -281,26 +282,37 @@ async def _built_from_the_live_topics(settings: Settings, dsn: str, schema: str)
                             f"{settings.decisions_topic}: drop it and rebuild it from the log")
 
 
-async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = False, force: bool = False) -> dict:
-    """Make ``schema`` (a rebuild) the live one: refuse while workers run, catch it up with the
-    log, compare it with the live schema table by table, then in one transaction rename the live
+async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = False, force: bool = False,
+                 workers_timeout_s: float = 60.0) -> dict:
+    """Make ``schema`` (a rebuild) the live one: catch it up with the log, pause the workers
+    (``streams.switch_lock``: they restart and wait; ``workers_timeout_s`` for them to leave
+    their groups), catch up the tail they applied meanwhile, compare it with the live schema
+    table by table, then in one transaction rename the live
     schema to ``<live>_old_<n>`` and ``schema`` to the live name — every reader's next statement
     reads the new one (Postgres re-resolves a session's search path when a schema is renamed,
     prepared statements included) — and give the new schema's projections epochs past the old
-    ones, so no Redis cache of the old build is read. Start the workers again afterwards."""
+    ones, so no Redis cache of the old build is read. The workers go on on it by themselves."""
     from memstream.projections.compare import TABLES, diff_counts
     from memstream.streams.status import worker_groups
 
     live = settings.postgres_schema
     if schema == live:
         raise SwitchRefused("that is the live schema already")
-    running = {g: m for g, m in (await worker_groups(settings)).items() if m}
-    if running:
-        raise SwitchRefused(f"workers are running ({', '.join(running)}): stop them, then switch; start them after")
     await _built_from_the_live_topics(settings, dsn, schema)
-    caught = await catch_up(settings, dsn, schema)
+    caught = await catch_up(settings, dsn, schema)  # the bulk, with the workers going on
     conn = await asyncpg.connect(dsn)
     try:
+        # Pause the workers: they see the lock within seconds and restart, waiting on it; once
+        # they have left their groups nothing writes the live schema, and the tail is caught up.
+        await switch_lock.hold(conn, live)
+        t = time.monotonic()
+        while running := {g: m for g, m in (await worker_groups(settings)).items() if m}:
+            if time.monotonic() - t > workers_timeout_s:
+                raise SwitchRefused(f"workers are still running after {workers_timeout_s:.0f} s ({', '.join(running)}): "
+                                    "are they of this version? stop them, then switch")
+            await asyncio.sleep(0.5)
+        paused = time.monotonic()
+        caught += await catch_up(settings, dsn, schema)
         differ = {t: d for t in (t for ts in TABLES.values() for t in ts)
                   if (d := await diff_counts(conn, live, schema, t)) != (0, 0)}
         if differ and not force:
@@ -331,4 +343,5 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
     log.info("switched: %s is live (was %s), the old one %s; %d records caught up", live, schema,
              "dropped" if drop_old else f"kept as {old}", caught)
     return {"live": live, "from": schema, "old": None if drop_old else old, "caught_up_records": caught,
+            "workers_paused_s": round(time.monotonic() - paused, 2),
             "differences": differ}

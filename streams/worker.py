@@ -164,6 +164,7 @@ class Runtime:
             return
         s = self.settings
         await self.check_moved()
+        await self.check_switch()
         try:
             now = {t: len(await partitions_of(self.offsets, t)) for t in (s.events_topic, s.decisions_topic)}
         except Exception:  # a broker between answers: the next check or rebalance sees it
@@ -191,8 +192,22 @@ class Runtime:
         if move is not None and move["state"] == "moved":
             log.warning("the log moved from %s to %s (%d partitions): restarting on the new topics",
                         self.settings.events_topic, move["to_events"], move["partitions"])
-            logging.shutdown()
-            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+            _restart()
+
+    async def check_switch(self) -> None:
+        """Restart if a switch of the live schema is under way (``streams.switch_lock``): the
+        restarted process waits for it, then goes on on the switched-in schema."""
+        from memstream.streams.switch_lock import switching
+
+        try:
+            now = await switching(self.pool, self.settings.postgres_schema)
+        except Exception:
+            log.warning("could not check for a schema switch", exc_info=True)
+            return
+        if now:
+            log.warning("a switch of schema %s is under way: restarting, to go on on the switched-in one",
+                        self.settings.postgres_schema)
+            _restart()
 
     async def measure_lag(self, topics: dict[str, tuple[str, ...]]) -> None:
         """Each step's lag per partition of its topic, into the metrics: stored positions
@@ -350,6 +365,13 @@ def _agent(app: faust.App, topic, step_names: tuple[str, ...], consume) -> None:
         await consume(step_names, stream)
 
 
+def _restart() -> None:
+    """This process again, from the start (same arguments and environment): like a crash for
+    everything in flight, which positions make safe, but with the topics and schema read anew."""
+    logging.shutdown()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 def _fatal_on_failure(task: asyncio.Future) -> None:
     # Unaligned partitions could resume past unapplied records: stop rather than risk it.
     if not task.cancelled() and task.exception() is not None:
@@ -362,6 +384,9 @@ def run_worker(settings: Settings, dsn: str, role: str, loglevel: str = "INFO") 
     """Run one role until SIGTERM/SIGINT. Topics must exist (``ensure_topics``)."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; one of {ROLES}")
+    from memstream.streams.switch_lock import wait_for_switch
+
+    asyncio.run(wait_for_switch(dsn, settings.postgres_schema))
     runtime = Runtime(settings, dsn, role)
     if settings.metrics_port is not None:
         runtime.metrics.serve(settings.metrics_port + ROLES.index(role))

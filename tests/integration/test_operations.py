@@ -25,11 +25,12 @@ async def test_a_worker_stops_with_a_clear_error_when_partitions_are_added_under
     assert "Operations" in w.log()  # where to read what to do
 
 
-async def test_a_rebuilt_schema_is_switched_in_under_read_load_and_the_workers_continue_on_it(
+async def test_a_rebuilt_schema_is_switched_in_under_read_and_write_load_and_the_workers_continue_on_it(
         settings, conn, dsn, workers):
-    """Rebuild into a side schema while the live one serves, stop the workers, switch: readers
-    reading all along never fail nor see a half-built schema, and see the new one at once (its
-    rows carry a mark the old ones lack); the workers, started again, project onto it."""
+    """Rebuild into a side schema while the live one serves, then switch with the workers running:
+    readers reading all along never fail nor see a half-built schema, and see the new one at once
+    (its rows carry a mark the old ones lack); hosts appending all along lose nothing; the
+    workers pause for the swap and project onto the new schema what was appended meanwhile."""
     from memstream.embedding import default_embedder
     from memstream.projections.db import drop_schema
     from memstream.read_client import MemoryReader
@@ -47,12 +48,9 @@ async def test_a_rebuilt_schema_is_switched_in_under_read_load_and_the_workers_c
     await wait_until(lambda: conn.fetchval("SELECT count(*) = 40 FROM episodes"), what="40 episodes")
     side = settings.postgres_schema + "_next"
     await replay(settings, dsn, side, ["episodes", "facts", "graph", "commands"])
-    with pytest.raises(SwitchRefused, match="workers are running"):
-        await switch(settings, dsn, side)
     async with TurnLog(settings) as log:  # decided after the rebuild: the switch catches the side schema up
         await log.append_many(turns(4, users=2, prefix="bg2"))
     await wait_until(lambda: conn.fetchval("SELECT count(*) = 44 FROM episodes"), what="44 episodes")
-    w.stop()
     await conn.execute(f'UPDATE "{side}".episodes SET assistant_message = assistant_message || \' [next]\'')
 
     reader = await MemoryReader.connect(settings, dsn, embedder=default_embedder())
@@ -64,7 +62,16 @@ async def test_a_rebuilt_schema_is_switched_in_under_read_load_and_the_workers_c
             assert not ctx.degraded, ctx.degraded
             seen.append(all(e.assistant_message.endswith("[next]") for e in ctx.episodes) and bool(ctx.episodes))
 
+    appended = []
+
+    async def append_all_along():  # hosts go on appending: only the projections pause for the switch
+        async with TurnLog(settings) as log:
+            while not stop.is_set():
+                appended.append(await log.append(turns(1, users=1, prefix=f"bgw{len(appended)}")[0]))
+                await asyncio.sleep(0.1)
+
     load = asyncio.ensure_future(read_all_along())
+    writes = asyncio.ensure_future(append_all_along())
     try:
         await asyncio.sleep(1)
         with pytest.raises(SwitchRefused, match="differs"):  # the mark: not what a replay of the log writes
@@ -74,27 +81,31 @@ async def test_a_rebuilt_schema_is_switched_in_under_read_load_and_the_workers_c
     finally:
         stop.set()
         await load
+        await writes
         await reader.close()
     assert done["old"] == f"{settings.postgres_schema}_old_1"
     carried = "SELECT projection, topic, partition, next_offset FROM {}.projection_positions " \
               "WHERE projection IN ('formation', 'sealing') ORDER BY 1, 2, 3"
-    assert await conn.fetch(carried.format(settings.postgres_schema)) == await conn.fetch(carried.format(done["old"]))
-    assert await conn.fetchval("SELECT count(*) FROM episodes") == 44  # the 4 decided after the rebuild, caught up
+    now, then = (await conn.fetch(carried.format(settings.postgres_schema)), await conn.fetch(carried.format(done["old"])))
+    assert [r[:3] for r in now] == [r[:3] for r in then] and all(a[3] >= b[3] for a, b in zip(now, then))
+    assert appended and await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id LIKE 'bg%-user-%' "
+                                            "AND user_id NOT LIKE 'bgw%'") == 44  # the 4 decided after the rebuild
     flips = [a for a, b in zip(seen, seen[1:]) if a != b]
     assert seen[0] is False and seen[-1] is True and len(flips) == 1  # old, then new, never back
     assert await schemas_named(dsn, side) == set()  # the side schema is the live one now
+    assert "a switch of schema" in w.log() and w.proc.poll() is None  # paused for it, going on after it
     try:
-        workers()
         async with TurnLog(settings) as log:
             await log.append(turns(1, users=1, prefix="bg3")[0])
-        await wait_until(lambda: conn.fetchval("SELECT count(*) = 45 FROM episodes"), timeout=60,
-                         what="a new turn, postings and all")
+        total = 45 + len(appended)  # and every turn appended during the switch
+        await wait_until(lambda: conn.fetchval("SELECT count(*) = $1 FROM episodes", total), timeout=90,
+                         what="the turns appended during the switch and a new one, postings and all")
         assert await conn.fetchval("SELECT count(*) FROM episodes_terms WHERE user_id = 'bg3-user-0'") > 0
     finally:
         await drop_schema(dsn, done["old"])
 
 
-async def test_memstream_rebuild_builds_beside_the_live_schema_and_switches_only_once_the_workers_are_stopped(
+async def test_memstream_rebuild_builds_beside_the_live_schema_and_switches_with_the_workers_running(
         settings, conn, dsn, workers):
     import json
     import subprocess
@@ -120,15 +131,14 @@ async def test_memstream_rebuild_builds_beside_the_live_schema_and_switches_only
     await wait_until(lambda: conn.fetchval("SELECT count(*) = 20 FROM episodes"), what="20 episodes")
     built = settings.postgres_schema + "_rebuild"
     try:
-        refused = cli("rebuild")
-        assert refused.returncode == 1 and "not switched" in refused.stderr and "workers are running" in refused.stderr
-        assert await schemas_named(dsn, built) == {built}  # built beside the live one, which kept serving
-        w.stop()
-        await drop_schema(dsn, built)
         done = cli("rebuild", "--drop-old", "--json")
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["live"] == settings.postgres_schema
         assert await conn.fetchval("SELECT count(*) FROM episodes") == 20
         assert await schemas_named(dsn, built) == set() and await schemas_named(dsn, f"{settings.postgres_schema}_old") == set()
+        async with TurnLog(settings) as log:  # the workers went on, on the rebuilt schema
+            await log.append(turns(1, users=1, prefix="rb2")[0])
+        await wait_until(lambda: conn.fetchval("SELECT count(*) = 21 FROM episodes"), timeout=60, what="a new turn")
+        assert w.proc.poll() is None
     finally:
         await drop_schema(dsn, built)

@@ -122,6 +122,17 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
     await wait_until(lambda: conn.fetchval("SELECT count(*) = $1 FROM episodes", total), timeout=120,
                      what=f"{total} episodes")
     assert "restarting on the new topics" in w.log()
+    from aiokafka import AIOKafkaConsumer
+
+    group = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=live.group_id)
+    await group.start()
+    try:  # the workers' group for the new topics started where the copy ended, not at offset 0
+        assert live.group_id == f"{settings.group_id}.p8"
+        ends = await group.end_offsets([TopicPartition(live.events_topic, p) for p in range(8)])
+        for tp, end in ends.items():
+            assert (await group.committed(tp) or 0) > 0 or not end, tp
+    finally:
+        await group.stop()
     assert await conn.fetchval("SELECT attributes->>'name' FROM person_identities WHERE user_id = 'g-user-0'") == "After"
 
     # Each user's turns on the new events topic: every one of them, in the order appended.

@@ -74,14 +74,6 @@ async def test_align_seeks_back_only_partitions_the_consumer_would_resume_past_t
     assert [r.offset for r in await g.admit([rec(0, 5), rec(1, 7)])] == [5, 7]
 
 
-async def test_align_seeks_forward_where_the_consumer_would_resume_before_the_store():
-    f = Fakes({0: 500, 1: 3})  # e.g. the topics the log moved to: positions stored, no group offsets
-    g = PositionGate("x", f.load, f.seek)
-    await align([g], "t", {0: 0, 1: None}, f.seek)
-    assert f.seeks == [("t", 0, 500), ("t", 1, 3)]
-    assert [r.offset for r in await g.admit([rec(0, 499), rec(0, 500)])] == [500]
-
-
 async def test_steps_sharing_a_consumer_resume_at_the_least_advanced_one():
     ahead, behind = Fakes({0: 10}), Fakes({0: 4})
     a = PositionGate("episodes", ahead.load, ahead.seek)
