@@ -20,6 +20,7 @@ Loader = Callable[[str], Awaitable[dict[int, int]]]  # topic -> {partition: next
 Seeker = Callable[[str, int, int], Awaitable[None]]  # (topic, partition, offset)
 
 RESEEK_AFTER_S = 5.0
+STALLED_AFTER_S = 15.0
 MAX_SEEKS = 3
 
 
@@ -30,6 +31,7 @@ class PositionGate:
         self._next: dict[tuple[str, int], int] = {}
         self._seeking: dict[tuple[str, int], tuple[int, float]] = {}  # tp -> (seeks, since)
         self._heard: dict[tuple[str, int], float] = {}  # tp being sought -> when a record last came
+        self._moved: dict[tuple[str, int], float] = {}  # tp -> when a record was last admitted
 
     def forget(self, tps: Iterable[tuple[str, int]]) -> None:
         """Drop cached positions (on rebalance: another worker may have moved them)."""
@@ -37,6 +39,7 @@ class PositionGate:
             self._next.pop(tp, None)
             self._seeking.pop(tp, None)
             self._heard.pop(tp, None)
+            self._moved.pop(tp, None)
 
     async def expect(self, topic: str, partitions) -> dict[int, int]:
         """Reload the stored positions of ``partitions`` (after an assignment)."""
@@ -45,10 +48,27 @@ class PositionGate:
             self._next[(topic, p)] = stored.get(p, 0)
             self._seeking.pop((topic, p), None)
             self._heard.pop((topic, p), None)
+            self._moved[(topic, p)] = time.monotonic()
         return {p: self._next[(topic, p)] for p in partitions}
 
     def seek_started(self, topic: str, partition: int) -> None:
         self._seeking[(topic, partition)] = (1, time.monotonic())
+
+    async def reseek_stalled(self, highwater: Callable[[str, int], int | None]) -> None:
+        """Seek again where records are in the log past the position (``highwater``) but none
+        was admitted for ``STALLED_AFTER_S``: Faust drops records below its own read offset, and
+        a seek that raced its drain loop (which sets that offset after each record it hands on)
+        leaves the re-read records dropped — seen once after a restart under load, the ingress
+        stuck 43 records short with nothing more arriving to show the gap."""
+        now = time.monotonic()
+        for tp, expected in list(self._next.items()):
+            end = highwater(*tp)
+            if (end is not None and end > expected and tp not in self._seeking
+                    and now - self._moved.setdefault(tp, now) >= STALLED_AFTER_S):
+                log.warning("%s: %s/%s has records up to %s but none past %s came for %.0f s; seeking again",
+                            self.name, tp[0], tp[1], end, expected, now - self._moved[tp])
+                self._moved[tp] = now
+                await self._seek(tp[0], tp[1], expected)
 
     async def reseek_silent(self) -> None:
         """Seek again where a seek-back delivered nothing at all for ``RESEEK_AFTER_S`` (called on
@@ -82,6 +102,7 @@ class PositionGate:
             self._seeking.pop(tp, None)
             self._heard.pop(tp, None)
             self._next[tp] = r.offset + 1
+            self._moved[tp] = time.monotonic()
             admitted.append(r)
         return admitted
 

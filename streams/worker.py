@@ -337,8 +337,15 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     @app.timer(interval=RESEEK_AFTER_S)
     async def reseek_silent_partitions():
+        def highwater(topic: str, partition: int) -> int | None:
+            try:
+                return app.consumer.highwater(TP(topic, partition)) if app.consumer.flow_active else None
+            except Exception:  # not assigned here any more (a rebalance under way)
+                return None
+
         for _, gate in list(runtime.steps.values()):
             await gate.reseek_silent()
+            await gate.reseek_stalled(highwater)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender, revoked, **kwargs):

@@ -108,3 +108,20 @@ async def test_a_partition_still_delivering_past_the_position_is_left_to_the_gap
     assert await g.admit([rec(0, 10)]) == [] and len(f.seeks) == 2  # _gap's own second attempt
     await g.reseek_silent()
     assert len(f.seeks) == 2  # records are still coming: not silent
+
+
+async def test_a_partition_with_records_past_its_position_but_none_coming_is_sought_again(monkeypatch):
+    f = Fakes({0: 5, 1: 3})
+    g = PositionGate("x", f.load, f.seek)
+    assert [r.offset for r in await g.admit([rec(0, 5), rec(1, 3)])] == [5, 3]
+    ends = {("t", 0): 40, ("t", 1): 4}  # partition 1 is at its end: nothing to wait for
+
+    async def check():
+        await g.reseek_stalled(lambda topic, p: ends[(topic, p)])
+
+    await check()
+    assert f.seeks == []  # not yet: records may be on their way
+    monkeypatch.setattr(gate_mod, "STALLED_AFTER_S", 0.0)
+    await check()
+    assert f.seeks == [("t", 0, 6)]
+    assert [r.offset for r in await g.admit([rec(0, 6)])] == [6]
