@@ -331,6 +331,70 @@ def status(ctx: click.Context, as_json: bool, watch: float | None, max_lag: int 
 
 
 @main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="loopback by default: put a TLS proxy in front")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.pass_context
+def serve(ctx: click.Context, host: str, port: int) -> None:
+    """Serve the HTTP API (OpenAPI at /docs) until interrupted. Keys: `memstream api-keys create`."""
+    try:
+        import uvicorn
+
+        from memstream.api.app import create_app
+    except ImportError as exc:
+        raise click.ClickException(f"the HTTP API needs the 'api' extra: pip install 'memstream[api]' ({exc})") from None
+    s = _settings(ctx)
+    uvicorn.run(create_app(s, dsn=resolve_dsn(s)), host=host, port=port, log_level="info")
+
+
+@main.command("mcp")
+@click.option("--user", help="the one user whose memory this server holds (the tools take no user id)")
+@click.option("--tenant", help="the tenant whose users the tools may name (user ids '<tenant>:...')")
+@click.option("--transport", type=click.Choice(["stdio", "streamable-http"]), default="stdio", show_default=True)
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535), help="streamable HTTP, on loopback")
+@click.pass_context
+def mcp_cmd(ctx: click.Context, user: str | None, tenant: str | None, transport: str, port: int) -> None:
+    """Serve memory as MCP tools (remember, recall, get_context, list_memories, correct_memory, forget_memory)."""
+    from memstream.schemas.errors import InvalidArgument
+
+    try:
+        from memstream.mcp_server import create_server
+    except ImportError as exc:
+        raise click.ClickException(f"the MCP server needs the 'mcp' extra: pip install 'memstream[mcp]' ({exc})") from None
+    s = _settings(ctx)
+    try:
+        server = create_server(s, user=user, tenant=tenant, dsn=resolve_dsn(s))
+    except InvalidArgument as exc:
+        raise click.UsageError(str(exc)) from None
+    if transport == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=port)
+
+
+@main.group("api-keys")
+def api_keys() -> None:
+    """API keys for `memstream serve`: one per tenant (its users are '<tenant>:...'), or an operator's."""
+
+
+@api_keys.command("create")
+@click.argument("name")
+@click.option("--tenant", help="the key reaches only this tenant's users (user ids '<tenant>:...')")
+@click.option("--operator", is_flag=True, help="the key reaches every user and the operator routes")
+@click.pass_context
+def api_keys_create(ctx: click.Context, name: str, tenant: str | None, operator: bool) -> None:
+    """Make a key called NAME and print it: the only time it is shown (only its hash is kept)."""
+    from memstream.api.keys import ApiKeys
+    from memstream.schemas.errors import InvalidArgument
+
+    if (tenant is None) == (not operator):
+        raise click.UsageError("give --tenant TENANT or --operator")
+    try:
+        click.echo(ApiKeys(Path(_settings(ctx).home) / "api-keys.json").create(name, tenant=tenant))
+    except InvalidArgument as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
 @click.option("--users", default=3, show_default=True, type=click.IntRange(min=1))
 @click.pass_context
 def demo(ctx: click.Context, users: int) -> None:

@@ -1,0 +1,141 @@
+"""``memstream mcp``: memory as tools for agents, over the Model Context Protocol (the ``mcp`` SDK).
+
+Tools: ``remember`` (append a turn or a note), ``recall`` (search), ``get_context`` (a read,
+rendered for a prompt), ``list_memories``, ``correct_memory``, ``forget_memory``. A server is
+scoped by the host's configuration, never by what the agent asks: to one user (``user``: the
+tools take no user id) or to one tenant's users (``tenant``: each call names a user
+``<tenant>:...``; any other is refused). stdio or streamable HTTP.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from memstream.config import Settings
+from memstream.schemas.errors import InvalidArgument
+
+INSTRUCTIONS = ("Long-term memory of the conversation's user. Call get_context or recall before answering "
+                "when the past may matter; remember what the user tells you; correct_memory and "
+                "forget_memory when the user asks you to.")
+
+
+def create_server(settings: Settings, *, user: str | None = None, tenant: str | None = None,
+                  dsn: str | None = None, embedder=None) -> MCPServer:
+    if (user is None) == (tenant is None):
+        raise InvalidArgument("scope the server to one user or to one tenant's users, exactly one")
+    state: dict = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(server):
+        from memstream.read_client import MemoryReader
+        from memstream.streams.producer import TurnLog
+
+        state["reader"] = await MemoryReader.connect(settings, dsn, embedder=embedder)
+        state["log"] = TurnLog(settings)
+        await state["log"].start()
+        try:
+            yield state
+        finally:
+            await state["log"].stop()
+            await state["reader"].close()
+
+    mcp = MCPServer("memstream", instructions=INSTRUCTIONS, lifespan=lifespan)
+
+    def tool(fn):
+        """A tool whose refusals (a bad argument, an id not the user's) reach the agent as their message."""
+        from memstream.control import NotFound
+        from memstream.schemas.errors import InvalidEvent
+
+        @functools.wraps(fn)
+        async def refusing(*args, **kwargs):
+            try:
+                return await fn(*args, **kwargs)
+            except (InvalidArgument, InvalidEvent, NotFound) as exc:
+                raise ToolError(str(exc)) from None
+
+        return mcp.tool()(refusing)
+
+    def whose(user_id: str | None) -> str:
+        if user is not None:
+            if user_id not in (None, user):
+                raise InvalidArgument(f"this server holds the memory of {user!r} only")
+            return user
+        if not user_id or not user_id.startswith(f"{tenant}:"):
+            raise InvalidArgument(f"this server reaches the users of tenant {tenant!r} only (user ids '{tenant}:...')")
+        return user_id
+
+    def position(p) -> dict[str, Any]:
+        return {"topic": p.topic, "partition": p.partition, "offset": p.offset}
+
+    @tool
+    async def remember(text: str, reply: str = "", conversation_id: str = "mcp", user_id: str | None = None) -> dict[str, Any]:
+        """Remember what the user said (``text``) and, if any, what you answered (``reply``)."""
+        from memstream.schemas import TurnRecorded
+
+        turn = TurnRecorded.new(user_id=whose(user_id), conversation_id=conversation_id, user_message=text,
+                                assistant_message=reply, occurred_at=datetime.now(timezone.utc))
+        return {"remembered": position(await state["log"].append(turn))}
+
+    @tool
+    async def recall(query: str, kinds: list[Literal["facts", "episodes", "edges"]] | None = None, k: int = 5,
+                     user_id: str | None = None) -> dict[str, Any]:
+        """The memories that best match ``query``: facts, past turns (episodes) and relationships (edges)."""
+        found = await state["reader"].search(whose(user_id), query, kinds=tuple(kinds or ("facts", "episodes", "edges")),
+                                             k=k)
+        return {"facts": [{"fact_id": str(f.fact_id), "text": f.text, "score": f.score} for f in found.facts],
+                "episodes": [{"episode_id": str(e.episode_id), "when": e.occurred_at.isoformat(),
+                              "user": e.user_message, "assistant": e.assistant_message} for e in found.episodes],
+                "edges": [{"edge_id": str(e.edge_id), "fact": e.fact_sentence} for e in found.edges]}
+
+    @tool
+    async def get_context(message: str, conversation_id: str = "mcp", user_id: str | None = None) -> str:
+        """What memory holds for answering ``message``, as a block for your prompt."""
+        from memstream.read_client import render_prompt
+
+        ctx = await state["reader"].read(whose(user_id), conversation_id, message)
+        return render_prompt(ctx, message)
+
+    @tool
+    async def list_memories(kind: Literal["facts", "episodes", "edges"] = "facts", limit: int = 50,
+                            cursor: str | None = None, user_id: str | None = None) -> dict[str, Any]:
+        """One page of what memory holds about the user, oldest first (``next_cursor`` for more)."""
+        page = await state["reader"].memories(whose(user_id), kind, limit=limit, cursor=cursor)
+        return page.model_dump(mode="json")
+
+    @tool
+    async def correct_memory(fact_id: str, value: str, text: str | None = None, reason: str = "",
+                             user_id: str | None = None) -> dict[str, Any]:
+        """Correct a fact the user says is wrong: its new ``value`` (and sentence ``text``)."""
+        from memstream.control import correct_fact
+
+        return {"appended": position(await correct_fact(state["log"], state["reader"], whose(user_id), _id(fact_id),
+                                                        value, text=text, actor="user", reason=reason))}
+
+    @tool
+    async def forget_memory(fact_id: str | None = None, episode_id: str | None = None, edge_id: str | None = None,
+                            reason: str = "", user_id: str | None = None) -> dict[str, Any]:
+        """Forget one fact, past turn or relationship the user asks you to forget (exactly one id)."""
+        from memstream.control import forget_edge, forget_episode, forget_fact
+
+        named = [(act, i) for act, i in ((forget_fact, fact_id), (forget_episode, episode_id), (forget_edge, edge_id))
+                 if i is not None]
+        if len(named) != 1:
+            raise InvalidArgument("name exactly one of fact_id, episode_id, edge_id")
+        act, memory_id = named[0]
+        return {"appended": position(await act(state["log"], state["reader"], whose(user_id), _id(memory_id),
+                                               actor="user", reason=reason))}
+
+    return mcp
+
+
+def _id(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(f"{value!r} is not a memory id (a UUID)") from None

@@ -1,0 +1,154 @@
+"""The HTTP API on the real stack, served by uvicorn on loopback and called over HTTP: every
+route, tenant-scoped keys (another tenant's user is 403 and touches nothing), bounded bodies,
+problem details, OpenAPI."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import httpx
+import pytest
+import uvicorn
+
+from memstream.api.app import create_app
+from memstream.api.keys import ApiKeys
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+async def api(settings, dsn, tmp_path):
+    from memstream.embedding import default_embedder
+
+    keys = ApiKeys(tmp_path / "api-keys.json")
+    made = {"acme": keys.create("acme app", tenant="acme"), "globex": keys.create("globex app", tenant="globex"),
+            "ops": keys.create("ops")}
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, keys=keys, dsn=dsn, max_body_bytes=4096,
+                                                      embedder=default_embedder()),
+                                           host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        yield client, made
+    server.should_exit = True
+    await task
+
+
+def auth(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(api, settings, conn, workers):
+    client, keys = api
+    w = workers()
+    await w.wait_assigned()
+    acme = auth(keys["acme"])
+
+    said = await client.post("/v1/users/acme:ana/turns", headers=acme, json={
+        "conversation_id": "c1", "user_message": "I live in Porto and I like green tea.", "assistant_message": "Noted."})
+    assert said.status_code == 202, said.text
+    position = said.json()["position"]
+    ctx = await client.post("/v1/users/acme:ana/context", headers=acme, json={
+        "conversation_id": "c1", "message": "where do I live?", "after": position})
+    assert ctx.status_code == 200 and ctx.json()["caught_up"], ctx.text
+    assert any(f["value"] == "Porto" for f in ctx.json()["facts"])
+
+    found = (await client.post("/v1/users/acme:ana/search", headers=acme, json={"query": "tea", "kinds": ["facts"]})).json()
+    assert found["facts"] and not found["episodes"]
+    page = (await client.get("/v1/users/acme:ana/memories", headers=acme, params={"kind": "facts"})).json()
+    home = next(f for f in page["items"] if f["attribute"] == "home")
+    versions = await client.get(f"/v1/users/acme:ana/facts/{home['fact_id']}/history", headers=acme)
+    assert versions.status_code == 200 and versions.json()[0]["value"] == "Porto"
+
+    corrected = await client.post(f"/v1/users/acme:ana/facts/{home['fact_id']}/correct", headers=acme,
+                                  json={"value": "Faro", "reason": "moved"})
+    assert corrected.status_code == 202, corrected.text
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 1 FROM memory_facts WHERE user_id = 'acme:ana' "
+                                           "AND attribute = 'home' AND value = 'Faro' AND status = 'current'"),
+                     what="the correction applied")
+    tea = next(f for f in page["items"] if f["attribute"] != "home")
+    forgot = await client.post("/v1/users/acme:ana/forget", headers=acme, json={"fact_id": tea["fact_id"]})
+    assert forgot.status_code == 202
+    await wait_until(lambda: conn.fetchval("SELECT status <> 'current' FROM memory_facts WHERE fact_id = $1",
+                                           __import__("uuid").UUID(tea["fact_id"])), what="the fact forgotten")
+    reminder = await client.post("/v1/users/acme:ana/events", headers=acme, json={
+        "type": "ReminderScheduled", "reminder_id": "0190f2a4-0000-7000-8000-000000000001", "text": "call mum",
+        "due_at": "2026-01-01T09:00:00Z", "occurred_at": "2025-12-01T09:00:00Z"})
+    assert reminder.status_code == 202, reminder.text
+    exported = await client.get("/v1/users/acme:ana/export", headers=acme)
+    assert exported.status_code == 200 and json.loads(exported.text.splitlines()[0])["user_id"] == "acme:ana"
+
+    # Another tenant's key, and no key: refused before anything is read or appended.
+    before = await conn.fetchval("SELECT count(*) FROM projection_positions")
+    globex = auth(keys["globex"])
+    for method, path, body in (("post", "/v1/users/acme:ana/turns", {"conversation_id": "c", "user_message": "x",
+                                                                      "assistant_message": "y"}),
+                               ("post", "/v1/users/acme:ana/context", {"conversation_id": "c", "message": "home?"}),
+                               ("post", "/v1/users/acme:ana/search", {"query": "home"}),
+                               ("get", "/v1/users/acme:ana/memories", None),
+                               ("post", "/v1/users/acme:ana/forget", {"fact_id": home["fact_id"]}),
+                               ("delete", "/v1/users/acme:ana", None),
+                               ("get", "/v1/users/acme:ana/export", None),
+                               ("get", "/v1/status", None)):
+        kw = {"json": body} if body is not None else {}
+        refused = await client.request(method, path, headers=globex, **kw)
+        assert refused.status_code == 403, (path, refused.text)
+        assert refused.headers["content-type"] == "application/problem+json" and refused.json()["status"] == 403
+        assert (await client.request(method, path, **kw)).status_code == 401
+    assert await conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'acme:ana' AND status = 'current'") == 1
+    status = await client.get("/v1/status", headers=auth(keys["ops"]))
+    assert status.status_code == 200 and "positions" in status.json()
+
+    gone = await client.delete("/v1/users/acme:ana", headers=acme)
+    assert gone.status_code == 202
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM episodes WHERE user_id = 'acme:ana'"),
+                     what="the user forgotten")
+    assert before <= await conn.fetchval("SELECT count(*) FROM projection_positions")
+
+
+async def test_bad_requests_get_typed_problems_and_big_bodies_are_refused(api):
+    client, keys = api
+    acme = auth(keys["acme"])
+    huge = await client.post("/v1/users/acme:bo/turns", headers=acme, json={
+        "conversation_id": "c", "user_message": "x" * 10_000, "assistant_message": "y"})
+    assert huge.status_code == 413 and huge.json()["title"] == "Body too large"
+    async def chunks():  # chunked: no content-length to trust
+        for _ in range(8):
+            yield b"x" * 1024
+
+    streamed = await client.post("/v1/users/acme:bo/turns", headers={**acme, "content-type": "application/json"},
+                                 content=chunks())
+    assert streamed.status_code == 413
+    missing = await client.post("/v1/users/acme:bo/turns", headers=acme, json={"conversation_id": "c"})
+    assert missing.status_code == 422 and missing.headers["content-type"] == "application/problem+json"
+    bad_k = await client.post("/v1/users/acme:bo/search", headers=acme, json={"query": "home", "k": 0})
+    assert bad_k.status_code == 400 and "k must be" in bad_k.json()["detail"]
+    nul = await client.post("/v1/users/acme:bo/turns", headers=acme, json={
+        "conversation_id": "c", "user_message": "a\u0000b", "assistant_message": "y"})
+    assert nul.status_code == 400
+    unknown = await client.post("/v1/users/acme:bo/forget", headers=acme,
+                                json={"fact_id": "0190f2a4-0000-7000-8000-00000000dead"})
+    assert unknown.status_code == 404
+    both = await client.post("/v1/users/acme:bo/forget", headers=acme, json={})
+    assert both.status_code == 400
+    as_operator = await client.post("/v1/users/acme:bo/events", headers=acme, json={
+        "type": "UserForgotten", "actor": "operator", "reason": "", "occurred_at": "2025-12-01T09:00:00Z"})
+    assert as_operator.status_code == 403
+    wrong_key = await client.get("/v1/users/acme:bo/memories", headers=auth("msk_not-a-key"))
+    assert wrong_key.status_code == 401
+    spec = (await client.get("/openapi.json")).json()
+    assert {"/v1/users/{user_id}/turns", "/v1/users/{user_id}/search", "/v1/status"} <= set(spec["paths"])
+    assert (await client.get("/docs")).status_code == 200

@@ -1,0 +1,60 @@
+"""``memstream mcp`` over stdio with the SDK's own client, on the real stack: the tools listed,
+``remember`` then ``recall``, the other tools, and a tenant-scoped server refusing another
+tenant's user."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from memstream.stack.worker_process import worker_env
+
+from .conftest import HOME, ROOT, wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+def server(settings, *scope: str) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "memstream.cli", "mcp", *scope],
+                                 env=worker_env(settings.model_copy(update={"home": HOME})), cwd=str(ROOT))
+
+
+async def test_an_agent_remembers_then_recalls_corrects_and_forgets_through_the_sdk_client(settings, conn, workers):
+    w = workers()
+    await w.wait_assigned()
+    async with Client(server(settings, "--user", "mcp-ana"), read_timeout_seconds=60) as client:
+        tools = {t.name for t in (await client.list_tools()).tools}
+        assert tools == {"remember", "recall", "get_context", "list_memories", "correct_memory", "forget_memory"}
+        said = await client.call_tool("remember", {"text": "I live in Porto.", "reply": "Noted!"})
+        assert not said.is_error, said
+        await wait_until(lambda: conn.fetchval("SELECT count(*) = 1 FROM memory_facts WHERE user_id = 'mcp-ana'"),
+                         what="the fact formed")
+        found = await client.call_tool("recall", {"query": "where do I live?", "kinds": ["facts"]})
+        assert not found.is_error and "Porto" in found.structured_content["facts"][0]["text"]
+        context = await client.call_tool("get_context", {"message": "where do I live?"})
+        assert "Porto" in context.content[0].text
+        page = (await client.call_tool("list_memories", {"kind": "facts"})).structured_content
+        fact_id = page["items"][0]["fact_id"]
+        fixed = await client.call_tool("correct_memory", {"fact_id": fact_id, "value": "Faro"})
+        assert not fixed.is_error, fixed
+        await wait_until(lambda: conn.fetchval("SELECT count(*) = 1 FROM memory_facts WHERE user_id = 'mcp-ana' "
+                                               "AND value = 'Faro' AND status = 'current'"), what="the correction")
+        current = (await client.call_tool("list_memories", {"kind": "facts"})).structured_content["items"][0]["fact_id"]
+        gone = await client.call_tool("forget_memory", {"fact_id": current})
+        assert not gone.is_error, gone
+        other = await client.call_tool("recall", {"query": "home", "user_id": "someone-else"})
+        assert other.is_error and "mcp-ana" in other.content[0].text
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM memory_facts WHERE user_id = 'mcp-ana' "
+                                           "AND status = 'current'"), what="the fact forgotten")
+
+
+async def test_a_tenant_scoped_server_takes_its_tenants_users_only(settings):
+    async with Client(server(settings, "--tenant", "acme"), read_timeout_seconds=60) as client:
+        ok = await client.call_tool("list_memories", {"user_id": "acme:bo"})
+        assert not ok.is_error and ok.structured_content["items"] == []
+        refused = await client.call_tool("list_memories", {"user_id": "globex:bo"})
+        assert refused.is_error and "tenant 'acme'" in refused.content[0].text
+        unnamed = await client.call_tool("remember", {"text": "hello"})
+        assert unnamed.is_error
