@@ -368,6 +368,9 @@ def mcp_cmd(ctx: click.Context, user: str | None, tenant: str | None, transport:
     if transport == "stdio":
         server.run("stdio")
     else:
+        logging.getLogger("memstream.mcp").warning(
+            "streamable HTTP on 127.0.0.1:%d has no authentication: any local process reaches these users' memory; "
+            "put it behind the host's own authentication", port)
         server.run("streamable-http", host="127.0.0.1", port=port)
 
 

@@ -27,8 +27,15 @@ INSTRUCTIONS = ("Long-term memory of the conversation's user. Call get_context o
 
 def create_server(settings: Settings, *, user: str | None = None, tenant: str | None = None,
                   dsn: str | None = None, embedder=None) -> MCPServer:
+    from memstream.api.keys import TENANT
+    from memstream.read_client.arguments import check_user
+
     if (user is None) == (tenant is None):
         raise InvalidArgument("scope the server to one user or to one tenant's users, exactly one")
+    if tenant is not None and not TENANT.fullmatch(tenant):
+        raise InvalidArgument(f"{tenant!r} is not a tenant: 1-63 of a-z, 0-9, '_' and '-'")
+    if user is not None:
+        check_user(user)
     state: dict = {}
 
     @contextlib.asynccontextmanager
@@ -51,12 +58,13 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
         """A tool whose refusals (a bad argument, an id not the user's) reach the agent as their message."""
         from memstream.control import NotFound
         from memstream.schemas.errors import InvalidEvent
+        from memstream.streams.errors import BrokerUnavailable
 
         @functools.wraps(fn)
         async def refusing(*args, **kwargs):
             try:
                 return await fn(*args, **kwargs)
-            except (InvalidArgument, InvalidEvent, NotFound) as exc:
+            except (InvalidArgument, InvalidEvent, NotFound, BrokerUnavailable) as exc:
                 raise ToolError(str(exc)) from None
 
         return mcp.tool()(refusing)
@@ -68,6 +76,7 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
             return user
         if not user_id or not user_id.startswith(f"{tenant}:"):
             raise InvalidArgument(f"this server reaches the users of tenant {tenant!r} only (user ids '{tenant}:...')")
+        check_user(user_id)
         return user_id
 
     def position(p) -> dict[str, Any]:

@@ -58,7 +58,9 @@ def check_search(user_id, query, *, kinds, k, as_of, now) -> None:
     if not isinstance(query, str) or not query.strip():
         raise InvalidArgument(f"query must be a non-blank string, not {query!r}")
     storable("query", query)
-    if isinstance(kinds, str) or not kinds or any(kind not in SEARCH_KINDS for kind in kinds):
+    if len(query) > 10_000:
+        raise InvalidArgument(f"query is at most 10000 characters, not {len(query)}")
+    if not isinstance(kinds, (list, tuple)) or not kinds or any(kind not in SEARCH_KINDS for kind in kinds):
         raise InvalidArgument(f"kinds must be a non-empty sequence of {', '.join(SEARCH_KINDS)}, not {kinds!r}")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 100:
         raise InvalidArgument(f"k must be an integer from 1 to 100, not {k!r}")

@@ -49,6 +49,11 @@ SYSTEM_USER = "__memstream__"  # the log key of host-wide commands (expert ident
 
 
 def _check_envelope(ev: Event) -> None:
+    for name in ("user_id", "conversation_id"):
+        value = getattr(ev, name)
+        # Postgres text takes no NUL: a record with one would stop every step that stores it.
+        if value is not None and "\x00" in value:
+            raise InvalidEvent(f"{name} must not contain NUL characters", f"$.{name}")
     if ev.event_id.version != 7:
         raise InvalidEvent("event_id must be a UUIDv7", "$.event_id")
     if ev.occurred_at.tzinfo is None:

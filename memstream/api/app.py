@@ -8,6 +8,7 @@ tenant's user is 403 before anything is read or appended. Errors are RFC 9457 pr
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -84,6 +85,12 @@ class Position(BaseModel):
 
 class Appended(BaseModel):
     position: Position
+    reminder_id: uuid.UUID | None = None  # of a ReminderScheduled appended: to resolve it later
+
+
+TYPED_ROUTES = {"FactCorrected": "POST /v1/users/{user}/facts/{id}/correct",
+                "FactForgotten": "POST /v1/users/{user}/forget", "EpisodeForgotten": "POST /v1/users/{user}/forget",
+                "EdgeForgotten": "POST /v1/users/{user}/forget", "UserForgotten": "DELETE /v1/users/{user}"}
 
 
 class TurnIn(BaseModel):
@@ -99,17 +106,17 @@ class ContextIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     conversation_id: str
     message: str
-    k: int = 5
-    k_facts: int = 10
-    k_edges: int = 8
+    k: int = Field(5, ge=1, le=100)
+    k_facts: int = Field(10, ge=0, le=100)
+    k_edges: int = Field(8, ge=0, le=100)
     as_of: AsOf | None = None
     after: Position | None = Field(None, description="read your writes: a position an append returned")
-    wait_timeout: float = 5.0
+    wait_timeout: float = Field(5.0, ge=0, le=30)
 
 
 class SearchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    query: str
+    query: str = Field(max_length=10_000)
     kinds: list[Literal["facts", "episodes", "edges"]] = ["facts", "episodes", "edges"]
     k: int = 10
     as_of: AsOf | None = None
@@ -144,30 +151,21 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        import asyncpg
-
         from memstream.read_client import MemoryReader
-        from memstream.streams.log_topics import live_log
         from memstream.streams.producer import TurnLog
 
-        where = dsn or settings.dsn()
-        conn = await asyncpg.connect(where)
-        try:
-            state["settings"] = await live_log(settings, conn)
-        finally:
-            await conn.close()
-        state["dsn"] = where
-        state["reader"] = await MemoryReader.connect(settings, where, embedder=embedder)
-        state["log"] = TurnLog(settings)
-        await state["log"].start()
-        try:
+        state["dsn"] = dsn or settings.dsn()
+        state["exports"] = asyncio.Semaphore(2)  # each reads a user's partitions from offset 0
+        async with contextlib.AsyncExitStack() as stack:
+            state["reader"] = await MemoryReader.connect(settings, state["dsn"], embedder=embedder)
+            stack.push_async_callback(state["reader"].close)
+            state["log"] = TurnLog(settings.model_copy(update={"postgres_dsn": state["dsn"]}))
+            await state["log"].start()
+            stack.push_async_callback(state["log"].stop)
             yield
-        finally:
-            await state["log"].stop()
-            await state["reader"].close()
 
     app = FastAPI(title="memstream", version="1", lifespan=lifespan,
-                  description=__doc__.split("\n\n", 1)[1].replace("\n", " "))
+                  description=(__doc__ or "").split("\n\n", 1)[-1].replace("\n", " "))
     app.add_middleware(_BoundedBodies, limit=max_body_bytes)
 
     @app.exception_handler(Problem)
@@ -185,23 +183,36 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             return _problem(exc.__cause__.status, exc.__cause__.title, exc.__cause__.detail)
         return _problem(exc.status_code, "Not found" if exc.status_code == 404 else "HTTP error", str(exc.detail))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request, exc: Exception):
+        from memstream.schemas.errors import Retryable
+
+        if isinstance(exc, (Retryable, OSError)):
+            log.warning("a store is unavailable: %r", exc)
+            return _problem(503, "Unavailable", "a store memstream needs did not answer; retry")
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _problem(500, "Internal error", "an unexpected error; it is logged")
+
     @app.exception_handler(InvalidArgument)
     @app.exception_handler(InvalidEvent)
     async def invalid(request, exc: Exception):
         return _problem(400, "Invalid argument", str(exc))
 
     def caller(request: Request) -> Principal:
-        header = request.headers.get("authorization", "")
-        key = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else request.headers.get("x-api-key")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        key = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key")
         who = keys.principal(key)
         if who is None:
             raise Problem(401, "Unauthorized", "send a memstream API key: Authorization: Bearer <key>")
         return who
 
     def user(user_id: str, who: Principal = Depends(caller)) -> str:
+        from memstream.read_client.arguments import check_user
+
         if not who.reaches(user_id):
             raise Problem(403, "Forbidden", f"this key reaches the users of tenant {who.tenant!r} only "
                                             f"(user ids '{who.tenant}:...')")
+        check_user(user_id)
         return user_id
 
     def operator(who: Principal = Depends(caller)) -> Principal:
@@ -241,10 +252,15 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     async def append_event(body: dict[str, Any], user_id: str = Depends(user), who: Principal = Depends(caller)):
         """Append an event of any type of the log's contract (``memstream jsonschema``), e.g. a
         ``ReminderScheduled`` or ``PersonIdentitySet``; ``user_id`` and ``event_id`` are set here."""
-        if "actor" in body:
-            actor(str(body["actor"]), who)
-        event = decode_event(json.dumps({**body, "user_id": user_id, "event_id": str(new_event_id())}).encode())
-        return await appended(state["log"].append(event))
+        if body.get("type") in TYPED_ROUTES:
+            raise Problem(400, "Invalid argument", f"{body['type']}: use {TYPED_ROUTES[body['type']]}, which checks "
+                                                   "the memory named is this user's")
+        event_id = new_event_id()
+        if body.get("type") == "ReminderScheduled":  # reminder ids are the log's to give: no two users share one
+            body = {**body, "reminder_id": str(uuid.uuid5(event_id, "reminder"))}
+        event = decode_event(json.dumps({**body, "user_id": user_id, "event_id": str(event_id)}).encode())
+        done = await appended(state["log"].append(event))
+        return done.model_copy(update={"reminder_id": body.get("reminder_id")})
 
     @app.post("/v1/users/{user_id}/context", response_model=MemoryContext, tags=["read"])
     async def context(body: ContextIn, user_id: str = Depends(user)):
@@ -306,23 +322,40 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
         return await appended(forget(state["log"], user_id, actor="operator" if who.operator else "host", reason=reason))
 
+    async def live() -> Settings:
+        """The settings with the topics the log lives in now (it may have moved since start)."""
+        import asyncpg
+
+        from memstream.streams.log_topics import live_log
+
+        conn = await asyncpg.connect(state["dsn"])
+        try:
+            return await live_log(settings, conn)
+        finally:
+            await conn.close()
+
     @app.get("/v1/users/{user_id}/export", tags=["memories"], response_class=FileResponse)
     async def export(user_id: str = Depends(user)):
         """The user's log (events and decisions, opened) as a versioned JSONL archive."""
-        from memstream.portability import export_user
-        from memstream.read_client.arguments import check_user
+        import shutil
 
-        check_user(user_id)
-        path = Path(tempfile.mkdtemp(prefix="memstream-export-")) / "export.jsonl"
-        await export_user(state["settings"], user_id, path)
-        return FileResponse(path, media_type="application/x-ndjson", filename="export.jsonl",
-                            background=BackgroundTask(lambda: (path.unlink(), path.parent.rmdir())))
+        from memstream.portability import export_user
+
+        folder = Path(tempfile.mkdtemp(prefix="memstream-export-"))  # 0700: the archive is opened plaintext
+        try:
+            async with state["exports"]:
+                await export_user(await live(), user_id, folder / "export.jsonl")
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return FileResponse(folder / "export.jsonl", media_type="application/x-ndjson", filename="export.jsonl",
+                            background=BackgroundTask(shutil.rmtree, folder, ignore_errors=True))
 
     @app.get("/v1/status", tags=["operations"], dependencies=[Depends(operator)])
     async def status():
         """Positions and lag of every step per partition, dead letters, worker groups (operators)."""
         from memstream.streams.status import pipeline_status
 
-        return (await pipeline_status(state["settings"], state["dsn"])).as_dict()
+        return (await pipeline_status(await live(), state["dsn"])).as_dict()
 
     return app

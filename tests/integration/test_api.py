@@ -88,11 +88,19 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
         "type": "ReminderScheduled", "reminder_id": "0190f2a4-0000-7000-8000-000000000001", "text": "call mum",
         "due_at": "2026-01-01T09:00:00Z", "occurred_at": "2025-12-01T09:00:00Z"})
     assert reminder.status_code == 202, reminder.text
+    given = reminder.json()["reminder_id"]  # the log's own id, not the caller's: no two users share one
+    assert given != "0190f2a4-0000-7000-8000-000000000001"
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 1 FROM reminders WHERE reminder_id = $1 "
+                                           "AND user_id = 'acme:ana'", __import__("uuid").UUID(given)),
+                     what="the reminder")
+    control = await client.post("/v1/users/acme:ana/events", headers=acme, json={
+        "type": "FactForgotten", "fact_id": home["fact_id"], "attribute": "home", "value": "Porto",
+        "actor": "host", "reason": "", "occurred_at": "2025-12-01T09:00:00Z"})
+    assert control.status_code == 400 and "/forget" in control.json()["detail"]
     exported = await client.get("/v1/users/acme:ana/export", headers=acme)
     assert exported.status_code == 200 and json.loads(exported.text.splitlines()[0])["user_id"] == "acme:ana"
 
     # Another tenant's key, and no key: refused before anything is read or appended.
-    before = await conn.fetchval("SELECT count(*) FROM projection_positions")
     globex = auth(keys["globex"])
     for method, path, body in (("post", "/v1/users/acme:ana/turns", {"conversation_id": "c", "user_message": "x",
                                                                       "assistant_message": "y"}),
@@ -102,6 +110,11 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
                                ("post", "/v1/users/acme:ana/forget", {"fact_id": home["fact_id"]}),
                                ("delete", "/v1/users/acme:ana", None),
                                ("get", "/v1/users/acme:ana/export", None),
+                               ("post", "/v1/users/acme:ana/events", {"type": "ReminderScheduled", "text": "x",
+                                                                       "due_at": "2026-01-01T09:00:00Z",
+                                                                       "occurred_at": "2025-12-01T09:00:00Z"}),
+                               ("get", f"/v1/users/acme:ana/facts/{home['fact_id']}/history", None),
+                               ("post", f"/v1/users/acme:ana/facts/{home['fact_id']}/correct", {"value": "Oslo"}),
                                ("get", "/v1/status", None)):
         kw = {"json": body} if body is not None else {}
         refused = await client.request(method, path, headers=globex, **kw)
@@ -109,6 +122,10 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
         assert refused.headers["content-type"] == "application/problem+json" and refused.json()["status"] == 403
         assert (await client.request(method, path, **kw)).status_code == 401
     assert await conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'acme:ana' AND status = 'current'") == 1
+    assert await conn.fetchval("SELECT count(*) FROM reminders WHERE user_id = 'acme:ana'") == 1  # nothing appended
+    theirs = await client.post(f"/v1/users/globex:bob/facts/{home['fact_id']}/correct", headers=globex,
+                               json={"value": "Oslo"})  # their own user, another tenant's fact
+    assert theirs.status_code == 404
     status = await client.get("/v1/status", headers=auth(keys["ops"]))
     assert status.status_code == 200 and "positions" in status.json()
 
@@ -116,7 +133,6 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
     assert gone.status_code == 202
     await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM episodes WHERE user_id = 'acme:ana'"),
                      what="the user forgotten")
-    assert before <= await conn.fetchval("SELECT count(*) FROM projection_positions")
 
 
 async def test_bad_requests_get_typed_problems_and_big_bodies_are_refused(api):
@@ -136,6 +152,14 @@ async def test_bad_requests_get_typed_problems_and_big_bodies_are_refused(api):
     assert missing.status_code == 422 and missing.headers["content-type"] == "application/problem+json"
     bad_k = await client.post("/v1/users/acme:bo/search", headers=acme, json={"query": "home", "k": 0})
     assert bad_k.status_code == 400 and "k must be" in bad_k.json()["detail"]
+    forever = await client.post("/v1/users/acme:bo/context", headers=acme, json={
+        "conversation_id": "c", "message": "home?", "wait_timeout": 1e9})
+    assert forever.status_code == 422
+    nul_user = await client.post("/v1/users/acme:b%00o/turns", headers=acme, json={
+        "conversation_id": "c", "user_message": "x", "assistant_message": "y"})
+    assert nul_user.status_code == 400 and "NUL" in nul_user.json()["detail"]
+    lower = await client.get("/v1/users/acme:bo/memories", headers={"authorization": f"bearer {keys['acme']}"})
+    assert lower.status_code == 200
     nul = await client.post("/v1/users/acme:bo/turns", headers=acme, json={
         "conversation_id": "c", "user_message": "a\u0000b", "assistant_message": "y"})
     assert nul.status_code == 400
@@ -144,8 +168,11 @@ async def test_bad_requests_get_typed_problems_and_big_bodies_are_refused(api):
     assert unknown.status_code == 404
     both = await client.post("/v1/users/acme:bo/forget", headers=acme, json={})
     assert both.status_code == 400
-    as_operator = await client.post("/v1/users/acme:bo/events", headers=acme, json={
-        "type": "UserForgotten", "actor": "operator", "reason": "", "occurred_at": "2025-12-01T09:00:00Z"})
+    untyped = await client.post("/v1/users/acme:bo/events", headers=acme, json={
+        "type": "UserForgotten", "actor": "host", "reason": "", "occurred_at": "2025-12-01T09:00:00Z"})
+    assert untyped.status_code == 400 and "DELETE /v1/users" in untyped.json()["detail"]
+    as_operator = await client.post("/v1/users/acme:bo/forget", headers=acme, json={
+        "fact_id": "0190f2a4-0000-7000-8000-00000000dead", "actor": "operator"})
     assert as_operator.status_code == 403
     wrong_key = await client.get("/v1/users/acme:bo/memories", headers=auth("msk_not-a-key"))
     assert wrong_key.status_code == 401
