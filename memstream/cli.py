@@ -654,7 +654,9 @@ def bench_ingest(ctx: click.Context, turns: int, users: int, rate: float, as_jso
     (bench_<tag>), runs its own worker, and drops the schema at the end (topics are kept)."""
     from memstream.bench.ingest import run_ingest_bench
 
-    report = asyncio.run(run_ingest_bench(_settings(ctx), turns=turns, users=users, rate=rate))
+    with progress("append", unit="turns") as on_progress:
+        report = asyncio.run(run_ingest_bench(_settings(ctx), turns=turns, users=users, rate=rate,
+                                              on_progress=on_progress))
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
 
 
@@ -705,8 +707,9 @@ def bench_read(ctx: click.Context, rows: int, readers: int, reads: int, keep: bo
     """Read latency (one and many readers, gated path, growth per user) and filtered-ANN full-k."""
     from memstream.bench.read import run_read_bench
 
-    report = asyncio.run(run_read_bench(_settings(ctx), rows=rows, readers=readers, reads=reads, keep=keep,
-                                          reuse=reuse))
+    with progress("load the corpus", unit="users") as on_progress:
+        report = asyncio.run(run_read_bench(_settings(ctx), rows=rows, readers=readers, reads=reads, keep=keep,
+                                              reuse=reuse, on_progress=on_progress))
     click.echo(json.dumps(report, indent=2, default=str) if as_json else _render_report(report))
 
 
@@ -722,7 +725,8 @@ def bench_formation(ctx: click.Context, turns: int, users: int, as_json: bool) -
     dropped at the end."""
     from memstream.bench.formation import run_formation_bench
 
-    report = asyncio.run(run_formation_bench(_settings(ctx), turns=turns, users=users))
+    with progress("formation", unit="turns") as on_progress:
+        report = asyncio.run(run_formation_bench(_settings(ctx), turns=turns, users=users, on_progress=on_progress))
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
 
 

@@ -43,7 +43,7 @@ def fact_turns(n: int, users: int, tag: str, seed: int = 7) -> list[TurnRecorded
                              occurred_at=base + timedelta(minutes=i)) for i in range(n)]
 
 
-async def run_formation_bench(base: Settings, *, turns: int, users: int) -> dict:
+async def run_formation_bench(base: Settings, *, turns: int, users: int, on_progress=None) -> dict:
     from memstream.projections.db import create_pool, drop_schema
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.producer import TurnLog
@@ -64,6 +64,8 @@ async def run_formation_bench(base: Settings, *, turns: int, users: int) -> dict
         t_first = None
         deadline = time.perf_counter() + 1800
         while (done := await formed()) < turns:
+            if on_progress:
+                on_progress(done, turns)
             if t_first is None and done > 0:
                 t_first, n_first = time.perf_counter(), done
             if time.perf_counter() > deadline:

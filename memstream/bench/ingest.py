@@ -86,7 +86,7 @@ class Visibility:
 
 
 async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: float = 25.0,
-                           latency_share: float = 0.2) -> dict:
+                           latency_share: float = 0.2, on_progress=None) -> dict:
     from memstream.projections.db import create_pool, drop_schema
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.producer import TurnLog
@@ -114,6 +114,8 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
                 p = await log.append(turn)
                 acks.append((time.perf_counter() - t) * 1000)
                 sent.append((t, p))
+                if on_progress:
+                    on_progress(len(sent), turns)
 
             await asyncio.gather(*(one(i, t) for i, t in enumerate(paced)))
             await _until(lambda: vis.covers([p for _, p in sent]), 600)
@@ -128,6 +130,8 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
                 t = time.perf_counter()
                 positions += await log.append_many(chunk)
                 burst_acks.append((time.perf_counter() - t) * 1000 / len(chunk))
+                if on_progress:
+                    on_progress(len(sent) + len(positions), turns)
             append_s = time.perf_counter() - t_burst
             await _until(lambda: vis.covers(positions), 1800)
             seen = [vis.visible_at(p.partition, p.offset) for p in positions]

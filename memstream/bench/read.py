@@ -233,7 +233,7 @@ async def _full_k(pool, embedder, users: Sequence[str]) -> dict[str, dict]:
     return out
 
 
-async def _load_corpus(pool, embedder, users) -> dict:
+async def _load_corpus(pool, embedder, users, on_progress=None) -> dict:
     """COPY every user's rows with the HNSW indexes dropped, then build them once."""
     corpus = Corpus(embedder)
     t = time.perf_counter()
@@ -249,6 +249,8 @@ async def _load_corpus(pool, embedder, users) -> dict:
             await _copy_user(conn, corpus, embedder.model_id, user, f, e, g, seed=i)
             if i % 200 == 0:
                 log.info("loaded %d/%d users", i + 1, len(users))
+            if on_progress:
+                on_progress(i + 1, len(users))
         await conn.execute("INSERT INTO profiles VALUES ('heavy', '{\"name\": \"Hal\", \"home\": \"Oslo\"}', 2)")
     load_s = time.perf_counter() - t
     t = time.perf_counter()
@@ -279,7 +281,7 @@ async def load_corpus(pool, embedder, rows: int) -> dict:
 
 
 async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int = 32, reads: int = 300,
-                         keep: bool = False, reuse: str | None = None) -> dict:
+                         keep: bool = False, reuse: str | None = None, on_progress=None) -> dict:
     """``reuse``: measure a corpus kept by an earlier ``keep=True`` run (same ``rows``) instead of loading one."""
     from memstream.embedding import default_embedder
     from memstream.projections.db import create_pool, drop_schema, migrate
@@ -299,7 +301,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
     try:
         growth, users = corpus_plan(rows)
         if reuse is None:
-            report.update(await _load_corpus(pool, embedder, users))
+            report.update(await _load_corpus(pool, embedder, users, on_progress))
         async with pool.acquire() as conn:
             counts = {tb: await conn.fetchval(f"SELECT count(*) FROM {tb}") for tb in VECTOR_TABLES}
         report.update(rows=sum(counts.values()), tables=counts, users=len(users))
