@@ -305,13 +305,13 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
         # Pause the workers: they see the lock within seconds and restart, waiting on it; once
         # they have left their groups nothing writes the live schema, and the tail is caught up.
         await switch_lock.hold(conn, live)
-        t = time.monotonic()
+        t = paused = time.monotonic()
         while running := {g: m for g, m in (await worker_groups(settings)).items() if m}:
             if time.monotonic() - t > workers_timeout_s:
                 raise SwitchRefused(f"workers are still running after {workers_timeout_s:.0f} s ({', '.join(running)}): "
                                     "are they of this version? stop them, then switch")
             await asyncio.sleep(0.5)
-        paused = time.monotonic()
+        gone_s = time.monotonic() - t
         caught += await catch_up(settings, dsn, schema)
         differ = {t: d for t in (t for ts in TABLES.values() for t in ts)
                   if (d := await diff_counts(conn, live, schema, t)) != (0, 0)}
@@ -340,8 +340,9 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
             await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
     finally:
         await conn.close()
-    log.info("switched: %s is live (was %s), the old one %s; %d records caught up", live, schema,
-             "dropped" if drop_old else f"kept as {old}", caught)
+    log.info("switched: %s is live (was %s), the old one %s; %d records caught up; workers paused %.1f s "
+             "(%.1f s of it for them to leave their groups)", live, schema, "dropped" if drop_old else f"kept as {old}",
+             caught, time.monotonic() - paused, gone_s)
     return {"live": live, "from": schema, "old": None if drop_old else old, "caught_up_records": caught,
             "workers_paused_s": round(time.monotonic() - paused, 2),
             "differences": differ}

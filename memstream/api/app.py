@@ -260,7 +260,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             body = {**body, "reminder_id": str(uuid.uuid5(event_id, "reminder"))}
         event = decode_event(json.dumps({**body, "user_id": user_id, "event_id": str(event_id)}).encode())
         done = await appended(state["log"].append(event))
-        return done.model_copy(update={"reminder_id": body.get("reminder_id")})
+        given = body.get("reminder_id") if body.get("type") == "ReminderScheduled" else None
+        return done.model_copy(update={"reminder_id": uuid.UUID(given) if given else None})
 
     @app.post("/v1/users/{user_id}/context", response_model=MemoryContext, tags=["read"])
     async def context(body: ContextIn, user_id: str = Depends(user)):
