@@ -130,6 +130,8 @@ async def test_the_workers_serve_metrics_of_what_they_applied_decided_embedded_a
             formation, projections = _scrape(port), _scrape(port + 1)
             done = (formation.get("memstream_decisions_total{kind=EpisodeRecorded}", 0) >= 6
                     and projections.get("memstream_records_total{step=episodes}", 0) >= 6
+                    # a batch's steps run one after another: episodes counted does not mean facts timed
+                    and projections.get("memstream_batch_seconds_count{step=facts}", 0) >= 1
                     and formation.get("memstream_dead_letters_total{stage=formation}", 0) == 1)
             return done and (formation, projections)
 
