@@ -56,7 +56,9 @@ async def ensure_topics(settings: Settings) -> None:
             except TopicAlreadyExistsError:
                 pass
             log.info("created topics %s", [t.name for t in wanted])
-            await _wait_for_leaders(admin, [t.name for t in wanted])
+        # New partitions, and existing ones on a broker just restarted (it elects their leaders
+        # as it loads its logs: many topics take a while), answer LeaderNotAvailable until then.
+        await _wait_for_leaders(admin, list(configs), timeout=120)
         await _check_copartitioned(admin, settings)
     finally:
         await admin.close()
