@@ -22,20 +22,10 @@ def _settings(ctx: click.Context) -> Settings:
 def _log(ctx: click.Context) -> Settings:
     """The settings with the topics the log lives in now (moved by `partitions grow`)."""
     if "log" not in ctx.obj:
-        import asyncpg
-
-        from memstream.streams.log_topics import live_log
+        from memstream.streams.log_topics import live_log_at
 
         s = _settings(ctx)
-
-        async def resolve() -> Settings:
-            conn = await asyncpg.connect(resolve_dsn(s))
-            try:
-                return await live_log(s, conn)
-            finally:
-                await conn.close()
-
-        ctx.obj["log"] = asyncio.run(resolve())
+        ctx.obj["log"] = asyncio.run(live_log_at(s, resolve_dsn(s)))
     return ctx.obj["log"]
 
 

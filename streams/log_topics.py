@@ -63,6 +63,15 @@ async def live_log(settings: Settings, conn) -> Settings:
     return s
 
 
+async def live_log_at(settings: Settings, dsn: str) -> Settings:
+    """``live_log`` over a connection of its own to ``dsn``."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await live_log(settings, conn)
+    finally:
+        await conn.close()
+
+
 def moved(settings: Settings, move) -> Settings:
     return settings.model_copy(update={"events_topic": move["to_events"], "decisions_topic": move["to_decisions"],
                                        "group_id": f"{settings.group_id}.p{move['partitions']}"})

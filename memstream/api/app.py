@@ -325,15 +325,9 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
     async def live() -> Settings:
         """The settings with the topics the log lives in now (it may have moved since start)."""
-        import asyncpg
+        from memstream.streams.log_topics import live_log_at
 
-        from memstream.streams.log_topics import live_log
-
-        conn = await asyncpg.connect(state["dsn"])
-        try:
-            return await live_log(settings, conn)
-        finally:
-            await conn.close()
+        return await live_log_at(settings, state["dsn"])
 
     @app.get("/v1/users/{user_id}/export", tags=["memories"], response_class=FileResponse)
     async def export(user_id: str = Depends(user)):
