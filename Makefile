@@ -15,12 +15,15 @@ PEERS_ARGS ?=
 
 .PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow bench bench-peers clean
 
-# apt packages the local stack needs (Kafka runs on the JDK and is resolved by Maven).
+# apt packages the local stack needs (Kafka runs on the JDK and is resolved by Maven), and the
+# headless browser the inspector's tests drive.
 system-deps:
 	@missing=""; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \

@@ -323,17 +323,28 @@ def status(ctx: click.Context, as_json: bool, watch: float | None, max_lag: int 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="loopback by default: put a TLS proxy in front")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--demo", is_flag=True, help="serve `memstream demo`'s users, printing a sign-in link to the inspector")
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int) -> None:
-    """Serve the HTTP API (OpenAPI at /docs) until interrupted. Keys: `memstream api-keys create`."""
+def serve(ctx: click.Context, host: str, port: int, demo: bool) -> None:
+    """Serve the HTTP API (OpenAPI at /docs) and the memory inspector (/inspector) until
+    interrupted. Keys: `memstream api-keys create`."""
     try:
         import uvicorn
 
         from memstream.api.app import create_app
+        from memstream.api.keys import ApiKeys
     except ImportError as exc:
         raise click.ClickException(f"the HTTP API needs the 'api' extra: pip install 'memstream[api]' ({exc})") from None
     s = _settings(ctx)
-    uvicorn.run(create_app(s, dsn=resolve_dsn(s)), host=host, port=port, log_level="info")
+    keys = ApiKeys(Path(s.home) / "api-keys.json")
+    if demo:
+        from memstream.demo import demo_settings
+
+        s = demo_settings(s)
+        # An operator key of this process only: the link signs in until the server stops.
+        link = f"http://{host}:{port}/inspector#key={keys.session_key('demo inspector')}&user=maria"
+        click.secho(f"memory inspector for the demo's users: {link}", bold=True)
+    uvicorn.run(create_app(s, keys=keys, dsn=resolve_dsn(s)), host=host, port=port, log_level="info")
 
 
 @main.command("mcp")

@@ -145,6 +145,15 @@ async def _show_as_of(reader, user: str) -> None:
                    for e in works) or "nothing known"))
 
 
+def demo_settings(base: Settings) -> Settings:
+    """The demo's own topics, group and schema: it never touches the deployment's."""
+    return base.model_copy(update={
+        "events_topic": "memstream.demo.events", "decisions_topic": "memstream.demo.decisions",
+        "dead_letter_topic": "memstream.demo.dead-letter", "group_id": "memstream-demo",
+        "postgres_schema": "memstream_demo" if base.postgres_schema == "memstream" else base.postgres_schema,
+    })
+
+
 async def run_demo(base: Settings, users: int = 3) -> None:
     from memstream.projections.db import migrate
     from memstream.read_client import MemoryReader
@@ -153,11 +162,7 @@ async def run_demo(base: Settings, users: int = 3) -> None:
     from memstream.streams.producer import TurnLog
     from memstream.streams.topics import ensure_topics
 
-    settings = base.model_copy(update={
-        "events_topic": "memstream.demo.events", "decisions_topic": "memstream.demo.decisions",
-        "dead_letter_topic": "memstream.demo.dead-letter", "group_id": "memstream-demo",
-        "postgres_schema": "memstream_demo" if base.postgres_schema == "memstream" else base.postgres_schema,
-    })
+    settings = demo_settings(base)
     click.secho("1/5 starting the local stack (Kafka, Postgres+pgvector, Redis)…", bold=True)
     stack = stack_from_settings(settings)
     stack.up()
@@ -200,3 +205,6 @@ async def run_demo(base: Settings, users: int = 3) -> None:
             await reader.close()
     click.secho(f"\nDone. The stack is still running (memstream stack status / memstream stack down); "
                 f"worker log: {worker.log_path}", bold=True)
+    click.secho("\nSee, correct and forget these users' memory in a browser — the memory inspector:", bold=True)
+    click.echo("    memstream serve --demo      (.venv/bin/memstream from this checkout)\n"
+               "    then open the sign-in link it prints: http://127.0.0.1:8080/inspector#key=…&user=maria")

@@ -64,8 +64,16 @@ def check_search(user_id, query, *, kinds, k, as_of, now) -> None:
         raise InvalidArgument(f"kinds must be a non-empty sequence of {', '.join(SEARCH_KINDS)}, not {kinds!r}")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 100:
         raise InvalidArgument(f"k must be an integer from 1 to 100, not {k!r}")
-    _aware([("now", now)] + ([("as_of.valid_time", as_of.valid_time), ("as_of.recorded_time", as_of.recorded_time)]
-                             if isinstance(as_of, AsOf) else [("as_of", as_of)]))
+    _aware([("now", now)])
+    check_as_of(as_of)
+
+
+def check_as_of(as_of) -> None:
+    """None, a timezone-aware datetime, or an ``AsOf`` of them."""
+    if isinstance(as_of, AsOf):
+        _aware([("as_of.valid_time", as_of.valid_time), ("as_of.recorded_time", as_of.recorded_time)])
+    else:
+        _aware([("as_of", as_of)])
 
 
 def _aware(times) -> None:

@@ -13,7 +13,8 @@ from memstream.projections.facts import query as facts_q
 from memstream.projections.graph import query as graph_q
 from memstream.read_client.arguments import check_user
 from memstream.schemas.errors import InvalidArgument
-from memstream.schemas.read_models import Edge, Episode, FactVersion, KindStats, MemoryPage, MemoryStats
+from memstream.schemas.read_models import (AsOf, Edge, Episode, FactVersion, Graph, GraphEdge, GraphNode, KindStats,
+                                           MemoryPage, MemoryStats, UserPage)
 
 KINDS = ("facts", "episodes", "edges")
 MAX_PAGE = 500
@@ -37,6 +38,15 @@ def _after(kind: str, cursor: str | None) -> tuple[datetime, uuid.UUID]:
     return after
 
 
+def fact_version(r) -> FactVersion:
+    return FactVersion(**{k: r[k] for k in FactVersion.model_fields if k in r})
+
+
+def _episode(r) -> Episode:
+    return Episode(**{**{k: r[k] for k in Episode.model_fields},
+                      "metadata": json.loads(r["metadata"]) if isinstance(r["metadata"], str) else r["metadata"]})
+
+
 def check_page(user_id, kind, limit, cursor) -> None:
     check_user(user_id)
     if kind not in KINDS:
@@ -51,12 +61,11 @@ async def memory_page(conn, user_id: str, kind: str, include_history: bool, limi
     after = _after(kind, cursor)
     if kind == "facts":
         rows = await facts_q.page(conn, user_id, include_history, after, limit + 1)
-        items = [FactVersion(**{k: r[k] for k in FactVersion.model_fields}) for r in rows[:limit]]
+        items = [fact_version(r) for r in rows[:limit]]
         keys = [(r["recorded_at"], r["fact_id"]) for r in rows[:limit]]
     elif kind == "episodes":
         rows = await episodes_q.page(conn, user_id, after, limit + 1)
-        items = [Episode(**{**dict(r), "metadata": json.loads(r["metadata"]) if isinstance(r["metadata"], str)
-                            else r["metadata"]}) for r in rows[:limit]]
+        items = [_episode(r) for r in rows[:limit]]
         keys = [(r["occurred_at"], r["episode_id"]) for r in rows[:limit]]
     else:
         rows = await graph_q.page(conn, user_id, include_history, after, limit + 1)
@@ -84,3 +93,52 @@ async def memory_stats(conn, user_id: str) -> MemoryStats:
                         oldest=edges["oldest"], newest=edges["newest"]),
         entities=edges["entities"], conversations=episodes["conversations"],
         last_recorded=max(newest, default=None))
+
+
+MAX_NODES = 300
+
+
+def _prefix_end(prefix: str) -> str | None:
+    """The first string past every string starting with ``prefix``, in byte (code point) order."""
+    for i in range(len(prefix) - 1, -1, -1):
+        if ord(prefix[i]) < 0x10FFFF:
+            # Past a surrogate's code points: Postgres text holds none.
+            return prefix[:i] + chr(ord(prefix[i]) + (0x801 if ord(prefix[i]) == 0xD7FF else 1))
+    return None
+
+
+async def user_page(conn, prefix: str, limit: int, cursor: str | None) -> UserPage:
+    if not isinstance(prefix, str):
+        raise InvalidArgument(f"prefix must be a string, not {type(prefix).__name__}")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidArgument(f"limit must be an integer from 1 to {MAX_PAGE}, not {limit!r}")
+    if cursor is not None and (not isinstance(cursor, str) or not cursor.startswith(prefix)):
+        raise InvalidArgument("cursor is not one a page of these users returned")
+    found = await episodes_q.users(conn, prefix if cursor is None else cursor, _prefix_end(prefix), limit + 1,
+                                   inclusive=cursor is None)
+    return UserPage(users=found[:limit], next_cursor=found[limit - 1] if len(found) > limit else None)
+
+
+def _node_id(r, side: str) -> str:
+    if side == "source":
+        return str(r["source_entity_id"])
+    return str(r["target_entity_id"]) if r["target_entity_id"] is not None else f"value:{r['target_value']}"
+
+
+async def graph_at(conn, user_id: str, as_of: AsOf) -> Graph:
+    nodes = await graph_q.nodes(conn, user_id, MAX_NODES + 1)
+    span = await graph_q.span(conn, user_id)
+    rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time)
+    return Graph(user_id=user_id, as_of=as_of, nodes=[GraphNode(**dict(r)) for r in nodes[:MAX_NODES]],
+                 edges=[GraphEdge(**{k: r[k] for k in Edge.model_fields if k in r}, source=r["source_name"],
+                                  target=r["target_name"], source_id=_node_id(r, "source"),
+                                  target_id=_node_id(r, "target")) for r in rows],
+                 earliest=span["earliest"], latest=span["latest"], truncated=len(nodes) > MAX_NODES)
+
+
+async def with_source_turns(conn, user_id: str, versions: list[FactVersion]) -> list[FactVersion]:
+    """``versions`` with the turn each was decided from, where that turn is still remembered."""
+    sources = {v.source_event_id for v in versions if v.source_event_id is not None}
+    turns = await episodes_q.by_source(conn, user_id, list(sources)) if sources else {}
+    return [v.model_copy(update={"source_turn": _episode(turns[v.source_event_id])}) if v.source_event_id in turns
+            else v for v in versions]

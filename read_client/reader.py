@@ -20,8 +20,9 @@ from memstream.projections.commands import query as commands_q
 from memstream.projections.graph import query as graph_q
 from memstream.projections.profile import query as profile_q
 from memstream.read_client.memories import KINDS as memories_kinds
-from memstream.read_client.memories import check_page, memory_page, memory_stats
-from memstream.read_client.arguments import SEARCH_KINDS, check_read, check_search, check_user
+from memstream.read_client.memories import (check_page, fact_version, graph_at, memory_page, memory_stats, user_page,
+                                            with_source_turns)
+from memstream.read_client.arguments import SEARCH_KINDS, check_as_of, check_read, check_search, check_user
 from memstream.read_client.budget import Budgets, TokenCounter, pack
 from memstream.read_client.lanes import Channels
 from memstream.read_client.metrics import ReadMetrics, tracer
@@ -34,8 +35,9 @@ from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights
 from memstream.schemas import LogPosition
 from memstream.schemas.vocabulary import canonical, single_valued
 from memstream.schemas.errors import InvalidArgument, ReaderClosed
-from memstream.schemas.read_models import (AsOf, FactVersion, MemoryContext, MemoryPage, MemoryStats, RankedEdge,
-                                           RankedEpisode, RankedFact, Reminder, SearchResult, Turn)
+from memstream.schemas.read_models import (AsOf, FactVersion, Graph, MemoryContext, MemoryPage, MemoryStats, RankedEdge,
+                                           RankedEpisode, RankedFact, Reminder, SearchResult, Turn, UserOverview,
+                                           UserPage)
 
 log = logging.getLogger("memstream.read")
 
@@ -409,9 +411,39 @@ class MemoryReader:
         return None if row is None else dict(row)
 
     async def fact_history(self, user_id: str, fact_id) -> list[FactVersion]:
-        """Every version of the fact's lineage, oldest first: what was believed, when and why."""
+        """Every version of the fact's lineage, oldest first: what was believed, when and why, the
+        decision that recorded each and the turn it was decided from (while that is remembered)."""
         rows = await facts_q.history(self._pool, user_id, fact_id)
-        return [FactVersion(**{k: r[k] for k in FactVersion.model_fields}) for r in rows]
+        return await with_source_turns(self._pool, user_id, [fact_version(r) for r in rows])
+
+    async def users(self, prefix: str = "", *, limit: int = 50, cursor: str | None = None) -> UserPage:
+        """One page of the ids of users with remembered turns that start with ``prefix``, in byte
+        order; pass ``next_cursor`` for the next."""
+        return await user_page(self._pool, prefix, limit, cursor)
+
+    async def overview(self, user_id: str) -> UserOverview:
+        """The user's profile, person identity and memory in numbers."""
+        check_user(user_id)
+        return UserOverview(user_id=user_id, profile=await self._profile(user_id),
+                            person_identity=await commands_q.person_identity(self._pool, user_id),
+                            stats=await memory_stats(self._pool, user_id))
+
+    async def graph(self, user_id: str, as_of: AsOf | datetime | None = None) -> Graph:
+        """The user's relationship graph as it was at ``as_of`` (default now; a bare time sets both
+        axes, as ``read``'s does): the edges held then, between every end the graph ever had."""
+        check_user(user_id)
+        check_as_of(as_of)
+        now = datetime.now(timezone.utc)
+        return await graph_at(self._pool, user_id, _as_of(as_of, now) or AsOf(valid_time=now, recorded_time=now))
+
+    async def caught_up(self, after: LogPosition, timeout: float = 5.0) -> bool:
+        """Whether every read projection has applied ``after`` (a position an append returned),
+        waiting up to ``timeout`` seconds: for a caller that shows a change once it is visible."""
+        if not isinstance(after, LogPosition):
+            raise InvalidArgument(f"after must be a LogPosition, not {type(after).__name__}")
+        if not 0 <= timeout <= 60:
+            raise InvalidArgument(f"timeout must be 0..60 seconds, not {timeout!r}")
+        return await self._wait_for(after, timeout)
 
 
 def _as_of(as_of: AsOf | datetime | None, now: datetime) -> AsOf | None:

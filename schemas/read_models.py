@@ -103,7 +103,7 @@ class FactVersion(BaseModel, FactContent):
     fact_id: uuid.UUID
     lineage_id: uuid.UUID
     version: int
-    status: str = Field(description="current, superseded or deleted")
+    status: str = Field(description="current, superseded, deleted or forgotten")
     valid_from: datetime
     valid_to: datetime | None
     recorded_at: datetime
@@ -112,6 +112,11 @@ class FactVersion(BaseModel, FactContent):
     reason: str = Field(description="why this version was recorded")
     end_reason: str | None = Field(description="why it stopped being believed")
     observation_count: int
+    decision_id: uuid.UUID | None = Field(None, description="the decision on the log that recorded this version")
+    source_event_id: uuid.UUID | None = Field(None, description="the event it was decided from: a turn or a command")
+    extractor: str | None = Field(None, description="what extracted it from the turn (an LLM, a rule, a person)")
+    resolver: str | None = Field(None, description="what decided it against the facts held before")
+    source_turn: Episode | None = Field(None, description="the turn it came from, while remembered (fact history only)")
 
 
 class MemoryContext(BaseModel):
@@ -168,6 +173,46 @@ class MemoryStats(BaseModel):
     entities: int
     conversations: int
     last_recorded: datetime | None = Field(description="system time of the latest change to this user's memory")
+
+
+class UserPage(BaseModel):
+    """One page of the users a caller may see, in byte order of their ids (``MemoryReader.users``)."""
+
+    users: list[str]
+    next_cursor: str | None
+
+
+class UserOverview(BaseModel):
+    """A user at a glance: their Tier 1 profile, identities and memory in numbers."""
+
+    user_id: str
+    profile: dict[str, Any] = Field(default_factory=dict)
+    person_identity: dict[str, Any] | None = None
+    stats: MemoryStats
+
+
+class GraphNode(BaseModel):
+    id: str = Field(description="an entity's id, or 'value:<text>' for a target that is a value")
+    name: str
+    is_user: bool
+
+
+class GraphEdge(Edge):
+    source_id: str
+    target_id: str
+
+
+class Graph(BaseModel):
+    """The user's relationship graph as it was at ``as_of``: ``nodes`` are every end of the user's
+    edges ever (so a drawing keeps its places from date to date), ``edges`` those held then."""
+
+    user_id: str
+    as_of: AsOf
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+    earliest: datetime | None = Field(description="when the first known relationship began")
+    latest: datetime | None = Field(description="the last opening or closing of a relationship")
+    truncated: bool = Field(False, description="more nodes than one drawing holds: the first ones by name")
 
 
 class SearchResult(BaseModel):

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,11 +31,19 @@ from memstream.config import Settings
 from memstream.schemas import LogPosition, TurnRecorded, decode_event
 from memstream.schemas.errors import InvalidArgument, InvalidEvent
 from memstream.schemas.events import new_event_id
-from memstream.schemas.read_models import AsOf, FactVersion, MemoryContext, MemoryPage, SearchResult
+from memstream.schemas.read_models import (AsOf, FactVersion, Graph, MemoryContext, MemoryPage, SearchResult,
+                                           UserOverview, UserPage)
 
 log = logging.getLogger("memstream.api")
 
 MAX_BODY_BYTES = 256 * 1024
+STATIC = Path(__file__).parent / "static"
+# The inspector runs only its own script and talks only to this server: remembered text that
+# looks like HTML or script is shown as text (inspector.js), and this stops it running if not.
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                                           "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
+                                           "base-uri 'none'; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 
 class Problem(Exception):
@@ -75,6 +84,25 @@ class _BoundedBodies:
             await self.app(scope, bounded, send)
         except Problem as exc:
             await _problem(exc.status, exc.title, exc.detail)(scope, receive, send)
+
+
+class _PageHeaders:
+    """ASGI middleware: ``PAGE_HEADERS`` on every response under ``prefix``."""
+
+    def __init__(self, app, prefix: str):
+        self.app, self.prefix = app, prefix
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+            return await self.app(scope, receive, send)
+
+        async def with_headers(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  *((k.lower().encode(), v.encode()) for k, v in PAGE_HEADERS.items())]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 class Position(BaseModel):
@@ -139,6 +167,22 @@ class ForgetIn(BaseModel):
     reason: str = ""
 
 
+class CaughtUpIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    position: Position
+    timeout: float = Field(5.0, ge=0, le=30)
+
+
+class CaughtUp(BaseModel):
+    caught_up: bool = Field(description="every read projection has applied the position")
+
+
+class Me(BaseModel):
+    name: str
+    tenant: str | None
+    operator: bool
+
+
 def _position(p: LogPosition) -> Appended:
     return Appended(position=Position(topic=p.topic, partition=p.partition, offset=p.offset))
 
@@ -167,6 +211,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     app = FastAPI(title="memstream", version="1", lifespan=lifespan,
                   description=(__doc__ or "").split("\n\n", 1)[-1].replace("\n", " "))
     app.add_middleware(_BoundedBodies, limit=max_body_bytes)
+    app.add_middleware(_PageHeaders, prefix="/inspector")
 
     @app.exception_handler(Problem)
     async def problem(request, exc: Problem):
@@ -239,6 +284,51 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     @app.get("/healthz", include_in_schema=False)
     async def healthz():
         return {"ok": True}
+
+    @app.get("/inspector", include_in_schema=False)
+    async def inspector():
+        """The memory inspector (static: it calls the routes below with the key it is given)."""
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    app.mount("/inspector/assets", StaticFiles(directory=STATIC), name="inspector-assets")
+
+    @app.get("/v1/me", response_model=Me, tags=["users"])
+    async def me(who: Principal = Depends(caller)):
+        """Who this key is: its name, and its tenant (none for an operator key)."""
+        return Me(name=who.name, tenant=who.tenant, operator=who.operator)
+
+    @app.get("/v1/users", response_model=UserPage, tags=["users"])
+    async def users(prefix: str | None = None, limit: int = 50, cursor: str | None = None,
+                    who: Principal = Depends(caller)):
+        """The users with remembered turns that this key reaches, in byte order of their ids
+        (a tenant's key: its tenant's users, whose ids start '<tenant>:')."""
+        own = "" if who.operator else f"{who.tenant}:"
+        if prefix is not None and not prefix.startswith(own):
+            raise Problem(403, "Forbidden", f"this key reaches the users of tenant {who.tenant!r} only "
+                                            f"(prefix '{own}...')")
+        return await state["reader"].users(own if prefix is None else prefix, limit=limit, cursor=cursor)
+
+    @app.get("/v1/users/{user_id}", response_model=UserOverview, tags=["users"])
+    async def overview(user_id: str = Depends(user)):
+        """The user's profile, person identity and memory in numbers."""
+        return await state["reader"].overview(user_id)
+
+    @app.get("/v1/users/{user_id}/graph", response_model=Graph, tags=["read"])
+    async def graph(valid_time: datetime | None = None, recorded_time: datetime | None = None,
+                    user_id: str = Depends(user)):
+        """The relationship graph as it was: edges true at ``valid_time`` as believed at
+        ``recorded_time`` (each defaults as ``AsOf``'s do; neither: now)."""
+        as_of = None if valid_time is None and recorded_time is None else AsOf(valid_time=valid_time,
+                                                                                recorded_time=recorded_time)
+        return await state["reader"].graph(user_id, as_of)
+
+    @app.post("/v1/caught-up", response_model=CaughtUp, tags=["log"])
+    async def caught_up(body: CaughtUpIn, who: Principal = Depends(caller)):
+        """Wait up to ``timeout`` seconds for every read projection to apply a position an append
+        returned: to show a change once it is visible."""
+        p = body.position
+        return CaughtUp(caught_up=await state["reader"].caught_up(LogPosition(p.topic, p.partition, p.offset),
+                                                                  body.timeout))
 
     @app.post("/v1/users/{user_id}/turns", status_code=202, response_model=Appended, tags=["log"])
     async def append_turn(body: TurnIn, user_id: str = Depends(user)):

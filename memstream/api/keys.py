@@ -45,6 +45,7 @@ def _digest(key: str) -> str:
 class ApiKeys:
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._session: dict[str, dict] = {}  # keys of this process only (``session_key``)
 
     def _load(self) -> dict:
         try:
@@ -67,9 +68,16 @@ class ApiKeys:
         os.replace(tmp, self.path)
         return key
 
+    def session_key(self, name: str, *, tenant: str | None = None) -> str:
+        """A key that lives as long as this object, written nowhere: for a sign-in link a local
+        server prints (``memstream serve --demo``)."""
+        key = PREFIX + secrets.token_urlsafe(32)
+        self._session[_digest(key)] = {"name": name, "tenant": tenant}
+        return key
+
     def principal(self, key: str | None) -> Principal | None:
         """Who holds ``key``, or None for no or an unknown key."""
         if not key or not key.startswith(PREFIX):
             return None
-        found = self._load().get(_digest(key))
+        found = self._session.get(_digest(key)) or self._load().get(_digest(key))
         return None if found is None else Principal(found["name"], found["tenant"])

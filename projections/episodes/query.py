@@ -1,12 +1,14 @@
 """Episodes, the query side used by the read client (no writes, no Faust)."""
 from __future__ import annotations
 
+import uuid
 from typing import Sequence
 
 import asyncpg
 import numpy as np
 
 from memstream.projections import fulltext
+from memstream.projections.episodes.core import episode_id
 
 _COLS = "episode_id, conversation_id, occurred_at, user_message, assistant_message, metadata"
 
@@ -80,3 +82,35 @@ async def counts(conn, user_id: str) -> asyncpg.Record:
 async def holder(conn, episode_id) -> asyncpg.Record | None:
     """Whose episode ``episode_id`` is, and the turn it came from (any user's)."""
     return await conn.fetchrow("SELECT user_id, source_event_id FROM episodes WHERE episode_id = $1", episode_id)
+
+
+# One distinct user id per step of the byte-order index (migration 0014): a page of users costs
+# `limit` index probes, however many episodes each has.
+_USERS = """
+WITH RECURSIVE u(id) AS (
+    (SELECT user_id COLLATE "C" FROM episodes WHERE user_id COLLATE "C" {first} $1
+       AND ($2::text IS NULL OR user_id COLLATE "C" < $2) ORDER BY 1 LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.user_id COLLATE "C" FROM episodes e WHERE e.user_id COLLATE "C" > u.id
+              AND ($2::text IS NULL OR e.user_id COLLATE "C" < $2) ORDER BY 1 LIMIT 1)
+    FROM u WHERE u.id IS NOT NULL)
+SELECT id FROM u WHERE id IS NOT NULL LIMIT $3
+"""
+
+
+_USERS_FROM, _USERS_AFTER = _USERS.format(first=">="), _USERS.format(first=">")
+
+
+async def users(conn, start: str, before: str | None, limit: int, *, inclusive: bool) -> list[str]:
+    """Up to ``limit`` user ids with episodes, in byte order, from ``start`` (or after it, unless
+    ``inclusive``) and before ``before``."""
+    return [r["id"] for r in await conn.fetch(_USERS_FROM if inclusive else _USERS_AFTER, start, before, limit)]
+
+
+async def by_source(conn, user_id: str, source_event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
+    """The user's episodes recorded from these turns, by turn event id (a forgotten one is gone):
+    looked up by their primary key, which the turn's id gives."""
+    ids = {episode_id(e): e for e in source_event_ids}
+    rows = await conn.fetch(f"SELECT {_COLS} FROM episodes WHERE user_id = $1 AND episode_id = ANY($2::uuid[])",
+                            user_id, list(ids))
+    return {ids[r["episode_id"]]: r for r in rows}

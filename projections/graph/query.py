@@ -143,3 +143,26 @@ async def counts(conn, user_id: str) -> asyncpg.Record:
 async def holder(conn, edge_id: uuid.UUID) -> asyncpg.Record | None:
     """Whose edge ``edge_id`` is (any user's)."""
     return await conn.fetchrow("SELECT user_id, valid_to, forgotten FROM memory_edges WHERE edge_id = $1", edge_id)
+
+
+# Every end of the user's edges, ever (not forgotten): the nodes of a drawing that keeps its
+# places while a date slider opens and closes edges. A target that is a value, not an entity, is
+# a node of its own ('value:<text>').
+_NODES = f"""
+SELECT DISTINCT v.id, v.name, v.is_user FROM {_JOIN},
+LATERAL (VALUES (s.entity_id::text, s.name, s.is_user),
+                (coalesce(t.entity_id::text, 'value:' || e.target_value), coalesce(t.name, e.target_value),
+                 coalesce(t.is_user, false))) v(id, name, is_user)
+WHERE e.user_id = $1 AND NOT e.forgotten
+ORDER BY v.is_user DESC, v.name, v.id LIMIT $2
+"""
+
+
+async def nodes(conn, user_id: str, limit: int) -> Sequence[asyncpg.Record]:
+    return await conn.fetch(_NODES, user_id, limit)
+
+
+async def span(conn, user_id: str) -> asyncpg.Record:
+    """When the user's known relationships begin and the last of their openings and closings."""
+    return await conn.fetchrow("SELECT min(valid_from) AS earliest, max(greatest(valid_from, valid_to)) AS latest "
+                               "FROM memory_edges WHERE user_id = $1 AND NOT forgotten", user_id)

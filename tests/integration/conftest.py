@@ -5,8 +5,10 @@ group and Postgres schema, so tests cannot see each other's data."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -146,6 +148,27 @@ def workers(settings: Settings, tmp_path: Path):
     yield start
     for w in started:
         w.stop()
+
+
+@contextlib.asynccontextmanager
+async def served(app):
+    """``app`` served by uvicorn on a free loopback port for the block: yields its base URL."""
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
 
 
 async def wait_until(predicate, timeout: float = 60, what: str = "condition", interval: float = 0.1):

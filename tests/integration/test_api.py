@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import httpx
 import pytest
-import uvicorn
 
 from memstream.api.app import create_app
 from memstream.api.keys import ApiKeys
 
-from .conftest import wait_until
+from .conftest import served, wait_until
 
 pytestmark = pytest.mark.asyncio
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -32,19 +24,9 @@ async def api(settings, dsn, tmp_path):
     keys = ApiKeys(tmp_path / "api-keys.json")
     made = {"acme": keys.create("acme app", tenant="acme"), "globex": keys.create("globex app", tenant="globex"),
             "ops": keys.create("ops")}
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, keys=keys, dsn=dsn, max_body_bytes=4096,
-                                                      embedder=default_embedder()),
-                                           host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.05)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+    app = create_app(settings, keys=keys, dsn=dsn, max_body_bytes=4096, embedder=default_embedder())
+    async with served(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
         yield client, made
-    server.should_exit = True
-    await task
 
 
 def auth(key: str) -> dict:
@@ -72,6 +54,21 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
     home = next(f for f in page["items"] if f["attribute"] == "home")
     versions = await client.get(f"/v1/users/acme:ana/facts/{home['fact_id']}/history", headers=acme)
     assert versions.status_code == 200 and versions.json()[0]["value"] == "Porto"
+    first = versions.json()[0]  # why it is held: the decision, and the turn it came from
+    assert first["decision_id"] and first["source_turn"]["user_message"].startswith("I live in Porto")
+
+    assert (await client.get("/v1/me", headers=acme)).json() == {"name": "acme app", "tenant": "acme", "operator": False}
+    listed = await client.get("/v1/users", headers=acme)
+    assert listed.status_code == 200 and listed.json() == {"users": ["acme:ana"], "next_cursor": None}
+    overview = (await client.get("/v1/users/acme:ana", headers=acme)).json()
+    assert overview["profile"] and overview["stats"]["episodes"]["by_status"] == {"recorded": 1}
+    drawn = (await client.get("/v1/users/acme:ana/graph", headers=acme)).json()
+    assert drawn["edges"] and {n["id"] for n in drawn["nodes"]} >= {e["target_id"] for e in drawn["edges"]}
+    before = (await client.get("/v1/users/acme:ana/graph", headers=acme,
+                               params={"valid_time": "2000-01-01T00:00:00Z"})).json()
+    assert before["edges"] == [] and before["nodes"] == drawn["nodes"]  # the same places, nothing held then
+    waited = await client.post("/v1/caught-up", headers=acme, json={"position": position, "timeout": 1})
+    assert waited.status_code == 200 and waited.json() == {"caught_up": True}
 
     corrected = await client.post(f"/v1/users/acme:ana/facts/{home['fact_id']}/correct", headers=acme,
                                   json={"value": "Faro", "reason": "moved"})
@@ -115,7 +112,10 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
                                                                        "occurred_at": "2025-12-01T09:00:00Z"}),
                                ("get", f"/v1/users/acme:ana/facts/{home['fact_id']}/history", None),
                                ("post", f"/v1/users/acme:ana/facts/{home['fact_id']}/correct", {"value": "Oslo"}),
-                               ("get", "/v1/status", None)):
+                               ("get", "/v1/status", None),
+                               ("get", "/v1/users/acme:ana", None),
+                               ("get", "/v1/users/acme:ana/graph", None),
+                               ("get", "/v1/users?prefix=acme:", None)):
         kw = {"json": body} if body is not None else {}
         refused = await client.request(method, path, headers=globex, **kw)
         assert refused.status_code == 403, (path, refused.text)
@@ -128,6 +128,9 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
     assert theirs.status_code == 404
     status = await client.get("/v1/status", headers=auth(keys["ops"]))
     assert status.status_code == 200 and "positions" in status.json()
+    assert (await client.get("/v1/users", headers=globex)).json()["users"] == []  # none of acme's
+    everyone = (await client.get("/v1/users", headers=auth(keys["ops"]), params={"prefix": "acme"})).json()
+    assert everyone["users"] == ["acme:ana"]
 
     gone = await client.delete("/v1/users/acme:ana", headers=acme)
     assert gone.status_code == 202

@@ -35,3 +35,10 @@ def test_an_id_with_a_nul_is_refused_at_the_edge_not_by_postgres_in_a_worker():
         with pytest.raises(InvalidEvent, match="NUL"):
             validated(TurnRecorded.new(**{"user_id": "u", "conversation_id": "c", **ids},
                                        user_message="hi", assistant_message="ok"))
+
+
+def test_a_session_key_signs_in_for_its_process_only_and_is_written_nowhere(tmp_path):
+    keys = ApiKeys(tmp_path / "k.json")
+    link = keys.session_key("demo inspector")
+    assert keys.principal(link).operator and not (tmp_path / "k.json").exists()
+    assert ApiKeys(tmp_path / "k.json").principal(link) is None  # another process: refused

@@ -78,3 +78,28 @@ def test_search_refuses_bad_arguments_before_any_io(reader, change, says):
     args = {"user_id": "u", "query": "where do I live?", **change}
     with pytest.raises(ValueError, match=says):
         asyncio.run(reader.search(**args))
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda r: r.users(5), "prefix must be a string"),
+    (lambda r: r.users("acme:", limit=0), "limit must be an integer from 1 to 500"),
+    (lambda r: r.users("acme:", cursor="globex:bob"), "cursor is not one a page of these users returned"),
+    (lambda r: r.overview(""), "user_id is required"),
+    (lambda r: r.graph("u", NAIVE), "as_of must be a timezone-aware datetime"),
+    (lambda r: r.graph("u", AsOf(recorded_time=NAIVE)), "as_of.recorded_time must be a timezone-aware"),
+    (lambda r: r.graph("u", "2026-01-01"), "as_of must be a timezone-aware datetime"),
+    (lambda r: r.caught_up(("t", 0, 1)), "after must be a LogPosition"),
+])
+def test_the_inspectors_reads_refuse_bad_arguments_before_any_io(reader, call, says):
+    with pytest.raises(ValueError, match=says):
+        asyncio.run(call(reader))
+
+
+def test_a_prefix_ends_where_its_byte_order_range_does():
+    from memstream.read_client.memories import _prefix_end
+
+    assert _prefix_end("acme:") == "acme;"
+    assert _prefix_end("") is None
+    assert _prefix_end("a\U0010ffff") == "b"
+    assert _prefix_end("\ud7ff"[0]) == "\ue000"  # past the surrogates, which Postgres text cannot hold
+    assert all(_prefix_end(p) > p + "\U0010ffff" * 3 for p in ("acme:", "é", "x\uffff"))

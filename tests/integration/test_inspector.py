@@ -1,0 +1,144 @@
+"""The memory inspector in a real browser: Debian's Chromium, headless, driven by Selenium
+through chromedriver, against the API served on the real stack. Screenshots are kept under
+``.memstream/screenshots/`` (README shows one)."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from memstream.api.app import create_app
+from memstream.api.keys import ApiKeys
+from memstream.demo import script_turns
+from memstream.streams.producer import TurnLog
+
+from .conftest import served
+
+pytestmark = pytest.mark.asyncio
+
+SHOTS = Path(__file__).resolve().parents[2] / ".memstream" / "screenshots"
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM and DRIVER):  # make test's setup installs them (Makefile: system-deps)
+        pytest.fail("the inspector's tests need Debian's chromium and chromium-driver: apt-get install chromium "
+                    "chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1360,1800"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver.implicitly_wait(0)
+    yield driver
+    driver.quit()
+
+
+def console_errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def until(driver, check, what: str, timeout: float = 30):
+    """``check(driver)`` until it is truthy: a real page loads and redraws on its own time."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(check)
+    except TimeoutException:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}; the page says: "
+                             f"{driver.find_element('id', 'notice').text!r}") from None
+
+
+def edges(driver) -> frozenset[tuple[str, str]]:
+    return frozenset((g.get_attribute("data-relation"), g.get_attribute("data-target"))
+                     for g in driver.find_elements("css selector", "#graph g.edge"))
+
+
+def as_of(driver) -> str:
+    return driver.find_element("id", "graph-section").get_attribute("data-as-of")
+
+
+def inspect_and_forget(driver, url: str, key: str) -> str:
+    """What a person does in the inspector (in the browser, from a thread: the API serves on the
+    test's event loop): returns the id of the fact they made it forget."""
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(f"{url}/inspector#key={key}&user=demo:maria")
+    until(driver, lambda d: d.find_element("id", "user").get_attribute("data-loaded") == "demo:maria",
+          "the user's memory loaded")
+    assert key not in driver.current_url  # the key left the address bar for sessionStorage
+    facts = driver.find_elements("css selector", "#facts tbody tr[data-fact-id]")
+    texts = [f.text for f in facts]
+    assert any("Berlin" in t for t in texts) and any("peanut" in t.lower() for t in texts), texts
+    assert driver.find_elements("css selector", "#episodes .conversation")
+    now = edges(driver)
+    assert now, "the graph drew no edges"
+
+    # Why a fact is held: its versions, each with its decision and the turn it came from.
+    home = next(f for f in facts if "· home" in f.text and "Berlin" in f.text)
+    home.find_element("css selector", "button.history").click()
+    versions = until(driver, lambda d: d.find_elements("css selector", "ol.versions li"), "the history")
+    assert len(versions) >= 2 and "Lisbon" in versions[0].text and "decision " in versions[0].text, \
+        [v.text for v in versions]
+    assert driver.find_elements("css selector", "ol.versions blockquote")  # the source turn, quoted
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SHOTS / "inspector.png"))
+
+    # The date slider: the graph as it was on the first day, then back to now.
+    slider = driver.find_element("id", "graph-slider")
+    slider.send_keys(Keys.HOME)
+    until(driver, lambda d: as_of(d) != "now", "the graph as of the first day")
+    first = until(driver, lambda d: (edges(d),) if edges(d) != now else None, "an edge to change with the date")[0]
+    assert first - now, f"no relationship of the first day had ended by now: {sorted(first)} / {sorted(now)}"
+    driver.save_screenshot(str(SHOTS / "inspector-first-day.png"))
+    slider.send_keys(Keys.END)
+    until(driver, lambda d: as_of(d) == "now" and edges(d) == now, "the graph back to now")
+
+    # Forget a fact: it leaves the page once the projections have applied it.
+    row = next(f for f in driver.find_elements("css selector", "#facts tbody tr[data-fact-id]")
+               if "peanut" in f.text.lower())
+    fact_id = row.get_attribute("data-fact-id")
+    forget = row.find_element("css selector", "button.forget")
+    forget.click()
+    assert "armed" in forget.get_attribute("class")  # a second click is needed: no undo
+    forget.click()
+    until(driver, lambda d: not d.find_elements("css selector", f'tr[data-fact-id="{fact_id}"]')
+          and "applied" in d.find_element("id", "notice").text, "the fact gone from the page")
+    assert console_errors(driver) == []
+    return fact_id
+
+
+async def test_a_person_sees_their_memory_as_it_was_and_makes_it_forget(browser, settings, dsn, workers, tmp_path):
+    from memstream.embedding import default_embedder
+
+    w = workers()
+    await w.wait_assigned()
+    turns = [msgspec.structs.replace(t, user_id="demo:maria") for t in script_turns(1)]
+    async with TurnLog(settings) as log:
+        positions = await log.append_many(turns)
+    keys = ApiKeys(tmp_path / "api-keys.json")
+    key = keys.create("inspector test", tenant="demo")
+    app = create_app(settings, keys=keys, dsn=dsn, embedder=default_embedder())
+    async with served(app) as url, httpx.AsyncClient(base_url=url, timeout=30,
+                                                     headers={"Authorization": f"Bearer {key}"}) as api:
+        last = positions[-1]
+        seen = await api.post("/v1/caught-up", json={"position": {"topic": last.topic, "partition": last.partition,
+                                                                  "offset": last.offset}, "timeout": 30})
+        assert seen.json()["caught_up"]
+        fact_id = await asyncio.to_thread(inspect_and_forget, browser, url, key)
+        # ... and the read.
+        found = (await api.post("/v1/users/demo:maria/search", json={"query": "peanut allergy", "kinds": ["facts"]})).json()
+        assert fact_id not in {f["fact_id"] for f in found["facts"]}
+        ctx = (await api.post("/v1/users/demo:maria/context", json={"conversation_id": "c",
+                                                                    "message": "what am I allergic to?"})).json()
+        assert fact_id not in {f["fact_id"] for f in ctx["facts"]}
