@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from memstream.projections.episodes import query as episodes_q
 from memstream.projections.facts import query as facts_q
 from memstream.projections.graph import query as graph_q
-from memstream.read_client.arguments import check_user
+from memstream.read_client.arguments import check_user, storable
 from memstream.schemas.errors import InvalidArgument
 from memstream.schemas.read_models import (AsOf, Edge, Episode, FactVersion, Graph, GraphEdge, GraphNode, KindStats,
                                            MemoryPage, MemoryStats, UserPage)
@@ -114,6 +114,9 @@ async def user_page(conn, prefix: str, limit: int, cursor: str | None) -> UserPa
         raise InvalidArgument(f"limit must be an integer from 1 to {MAX_PAGE}, not {limit!r}")
     if cursor is not None and (not isinstance(cursor, str) or not cursor.startswith(prefix)):
         raise InvalidArgument("cursor is not one a page of these users returned")
+    storable("prefix", prefix)
+    if cursor is not None:
+        storable("cursor", cursor)
     found = await episodes_q.users(conn, prefix if cursor is None else cursor, _prefix_end(prefix), limit + 1,
                                    inclusive=cursor is None)
     return UserPage(users=found[:limit], next_cursor=found[limit - 1] if len(found) > limit else None)

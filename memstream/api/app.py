@@ -327,6 +327,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         """Wait up to ``timeout`` seconds for every read projection to apply a position an append
         returned: to show a change once it is visible."""
         p = body.position
+        if p.topic != (await live()).events_topic:  # positions of the log appends return, nothing else
+            raise Problem(400, "Invalid argument", f"position.topic must be the log's events topic, not {p.topic!r}")
         return CaughtUp(caught_up=await state["reader"].caught_up(LogPosition(p.topic, p.partition, p.offset),
                                                                   body.timeout))
 

@@ -88,23 +88,27 @@ async def holder(conn, episode_id) -> asyncpg.Record | None:
 # `limit` index probes, however many episodes each has.
 _USERS = """
 WITH RECURSIVE u(id) AS (
-    (SELECT user_id COLLATE "C" FROM episodes WHERE user_id COLLATE "C" {first} $1
-       AND ($2::text IS NULL OR user_id COLLATE "C" < $2) ORDER BY 1 LIMIT 1)
+    (SELECT user_id COLLATE "C" FROM episodes WHERE user_id COLLATE "C" {first} $1 {bounded} ORDER BY 1 LIMIT 1)
     UNION ALL
-    SELECT (SELECT e.user_id COLLATE "C" FROM episodes e WHERE e.user_id COLLATE "C" > u.id
-              AND ($2::text IS NULL OR e.user_id COLLATE "C" < $2) ORDER BY 1 LIMIT 1)
+    SELECT (SELECT e.user_id COLLATE "C" FROM episodes e WHERE e.user_id COLLATE "C" > u.id {bounded_e}
+            ORDER BY 1 LIMIT 1)
     FROM u WHERE u.id IS NOT NULL)
-SELECT id FROM u WHERE id IS NOT NULL LIMIT $3
+SELECT id FROM u WHERE id IS NOT NULL LIMIT $2
 """
-
-
-_USERS_FROM, _USERS_AFTER = _USERS.format(first=">="), _USERS.format(first=">")
+# Four statements, not one with "$3 IS NULL OR ...": a generic plan could not bound the index
+# scan by a condition that may be absent, and would read past the range to the index's end.
+_USERS_SQL = {(inclusive, bounded): _USERS.format(
+    first=">=" if inclusive else ">", bounded='AND user_id COLLATE "C" < $3' if bounded else "",
+    bounded_e='AND e.user_id COLLATE "C" < $3' if bounded else "")
+    for inclusive in (True, False) for bounded in (True, False)}
 
 
 async def users(conn, start: str, before: str | None, limit: int, *, inclusive: bool) -> list[str]:
     """Up to ``limit`` user ids with episodes, in byte order, from ``start`` (or after it, unless
-    ``inclusive``) and before ``before``."""
-    return [r["id"] for r in await conn.fetch(_USERS_FROM if inclusive else _USERS_AFTER, start, before, limit)]
+    ``inclusive``) and before ``before`` (None: to the end)."""
+    sql = _USERS_SQL[(inclusive, before is not None)]
+    rows = await (conn.fetch(sql, start, limit, before) if before is not None else conn.fetch(sql, start, limit))
+    return [r["id"] for r in rows]
 
 
 async def by_source(conn, user_id: str, source_event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:

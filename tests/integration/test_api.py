@@ -69,6 +69,14 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
     assert before["edges"] == [] and before["nodes"] == drawn["nodes"]  # the same places, nothing held then
     waited = await client.post("/v1/caught-up", headers=acme, json={"position": position, "timeout": 1})
     assert waited.status_code == 200 and waited.json() == {"caught_up": True}
+    elsewhere = await client.post("/v1/caught-up", headers=acme, json={"position": {**position, "topic": "x"}})
+    assert elsewhere.status_code == 400
+    for bad in ({"prefix": "acme:\x00"}, {"cursor": "acme:\x00"}, {"limit": 0}):
+        refused = await client.get("/v1/users", headers=acme, params=bad)
+        assert refused.status_code == 400 and refused.json()["title"] == "Invalid argument", (bad, refused.text)
+    paged = await client.get("/v1/users", headers=auth(keys["ops"]), params={"limit": 1})
+    assert paged.json()["users"] and (await client.get("/v1/users", headers=auth(keys["ops"]), params={
+        "limit": 1, "cursor": paged.json()["users"][0]})).status_code == 200
 
     corrected = await client.post(f"/v1/users/acme:ana/facts/{home['fact_id']}/correct", headers=acme,
                                   json={"value": "Faro", "reason": "moved"})
