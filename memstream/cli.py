@@ -340,6 +340,9 @@ def serve(ctx: click.Context, host: str, port: int, demo: bool) -> None:
     if demo:
         from memstream.demo import demo_settings
 
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            raise click.UsageError("--demo prints an operator key in a link: serve it on loopback only")
+
         s = demo_settings(s)
         # An operator key of this process only: the link signs in until the server stops.
         link = f"http://{host}:{port}/inspector#key={keys.session_key('demo inspector')}&user=maria"
@@ -717,17 +720,30 @@ def bench_read(ctx: click.Context, rows: int, readers: int, reads: int, keep: bo
 @bench.command("formation")
 @click.option("--turns", default=3000, show_default=True, type=click.IntRange(min=1))
 @click.option("--users", default=50, show_default=True, type=click.IntRange(min=1))
+@click.option("--llm-latency", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="the offline rules answer as a hosted model would: SECONDS per call (p50)")
+@click.option("--llm-latency-p95", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="with --llm-latency: log-normal latencies with this p95 (default: every call p50)")
+@click.option("--concurrency", type=click.IntRange(min=1), help="LLM calls in flight (formation_concurrency)")
+@click.option("--no-paced", is_flag=True, help="skip the turn -> facts visible phase")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def bench_formation(ctx: click.Context, turns: int, users: int, as_json: bool) -> None:
-    """Turns/s through formation (extract, resolve, gate, merge) for one worker.
+def bench_formation(ctx: click.Context, turns: int, users: int, llm_latency: float | None,
+                    llm_latency_p95: float | None, concurrency: int | None, no_paced: bool, as_json: bool) -> None:
+    """Turns/s through formation (extract, resolve, gate, merge) for one worker, LLM calls and
+    tokens per turn; with --llm-latency, also turn -> facts visible while turns arrive paced
+    (half the measured rate, plus one very active user).
 
     Self-contained like ``bench ingest``: its own topics, schema and worker; the schema is
     dropped at the end."""
     from memstream.bench.formation import run_formation_bench
 
+    if llm_latency_p95 is not None and (llm_latency is None or llm_latency_p95 < llm_latency):
+        raise click.UsageError("--llm-latency-p95 needs --llm-latency, and is at least it")
     with progress("formation", unit="turns") as on_progress:
-        report = asyncio.run(run_formation_bench(_settings(ctx), turns=turns, users=users, on_progress=on_progress))
+        report = asyncio.run(run_formation_bench(
+            _settings(ctx), turns=turns, users=users, llm_latency=llm_latency, llm_latency_p95=llm_latency_p95,
+            concurrency=concurrency, paced=not no_paced, on_progress=on_progress))
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
 
 

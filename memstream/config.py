@@ -63,11 +63,20 @@ class Settings(BaseModel):
     # window of 1000 records: a flood of bad records usually means a bad deploy, not bad data.
     max_dead_letters_per_1000: int = Field(100, ge=0)
 
-    # Formation: "offline" (deterministic rules) or "bedrock" (AWS Bedrock Converse).
+    # Formation: "offline" (deterministic rules) or "bedrock" (AWS Bedrock Converse); the test
+    # double "offline+latency" is the rules answering as slowly as a hosted model.
     extractor: str = "offline"
     bedrock_region: str = "us-east-1"
     bedrock_extraction_model: str = "anthropic.claude-3-5-haiku-20241022-v1:0"
     bedrock_resolution_model: str = "anthropic.claude-3-5-haiku-20241022-v1:0"
+    # LLM calls in flight per formation worker: different users' turns of a batch are formed
+    # concurrently up to this many calls (one user's stay in order).
+    formation_concurrency: int = Field(16, ge=1, le=1024)
+    # extractor "offline+latency" only (benchmarks and tests: memstream.llm.latency): seconds per
+    # call (p50, and p95 of a log-normal; None: always p50) and the calls at once past which it throttles.
+    stand_in_latency_p50: float = Field(0.8, ge=0)
+    stand_in_latency_p95: float | None = Field(None, ge=0)
+    stand_in_max_in_flight: int | None = Field(None, ge=1)
     # An inferred change to an identity or constraint fact commits on this many observations.
     gate_observations: int = Field(3, ge=1)
     # Prices for the estimated LLM cost in the workers' metrics, USD per million tokens

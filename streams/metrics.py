@@ -77,25 +77,29 @@ class TimedEmbedder:
 
 
 class ObservedLlm:
-    """An extraction, resolution or relation client whose calls (``method``) are counted and timed
-    into ``metrics`` under ``stage``, with the tokens a client that counts them (``tokens``:
-    cumulative input and output) used."""
+    """An LLM client whose calls (each of ``methods``) are counted and timed into ``metrics``
+    under ``stage``, with the tokens a client that counts them (``tokens``: cumulative input and
+    output) used. Tokens are what the counter grew by since this wrapper last looked: calls run
+    concurrently, so a call's own before and after would count its neighbours' tokens too."""
 
-    def __init__(self, client, stage: str, method: str, metrics: WorkerMetrics):
+    def __init__(self, client, stage: str, methods: tuple[str, ...], metrics: WorkerMetrics):
         self._client, self._stage, self._metrics = client, stage, metrics
         self.model_id = client.model_id
-        call = getattr(client, method)
+        self._counted = getattr(client, "tokens", (0, 0))
+        for method in methods:
+            setattr(self, method, self._observed(getattr(client, method)))
 
+    def _observed(self, call):
         async def observed(*args, **kwargs):
-            before, t = getattr(client, "tokens", (0, 0)), time.perf_counter()
+            t = time.perf_counter()
             try:
                 return await call(*args, **kwargs)
             finally:
-                after = getattr(client, "tokens", (0, 0))
-                metrics.called(stage, self.model_id, time.perf_counter() - t,
-                               (after[0] - before[0], after[1] - before[1]))
+                now = getattr(self._client, "tokens", (0, 0))
+                grew, self._counted = (now[0] - self._counted[0], now[1] - self._counted[1]), now
+                self._metrics.called(self._stage, self.model_id, time.perf_counter() - t, grew)
 
-        setattr(self, method, observed)
+        return observed
 
     def __getattr__(self, name):
         return getattr(self._client, name)

@@ -65,7 +65,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                  on_progress=None) -> ReformReport:
     """Form the events again into ``topic`` (``on_progress(done, total)``: events formed so far)."""
     on_progress = on_progress or (lambda done, total: None)
-    extraction, resolution, relations = llm_clients(settings.model_copy(update={"extractor": extractor}))
+    extraction, resolution, relations, turn = llm_clients(settings.model_copy(update={"extractor": extractor}))
     embedder = await asyncio.to_thread(default_embedder, settings.embed_threads, settings.embedding_variant)
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
@@ -116,7 +116,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
 
             formation = Formation(producer=producer, decisions_topic=topic, embedder=embedder, extractor=extraction,
                                   resolver=resolution, dead_letters=None, pool=None, barrier=None, relations=relations,
-                                  sealer=sealer)
+                                  sealer=sealer, turn_extractor=turn, concurrency=settings.formation_concurrency)
 
             async def form(batch: list[Record]) -> None:
                 batch = await sealer.open(batch)

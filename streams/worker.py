@@ -97,17 +97,20 @@ class Runtime:
             if self.role == "formation":
                 m = self.metrics
                 embedder = TimedEmbedder(await asyncio.to_thread(default_embedder, s.embed_threads, s.embedding_variant), m)
-                extractor, resolver, relations = llm_clients(s)
-                extractor, resolver, relations = (ObservedLlm(extractor, "extraction", "extract", m),
-                                                  ObservedLlm(resolver, "resolution", "resolve", m),
-                                                  ObservedLlm(relations, "relations", "extract", m))
+                extractor, resolver, relations, turn = llm_clients(s)
+                extractor, resolver, relations, turn = (
+                    ObservedLlm(extractor, "extraction", ("extract",), m),
+                    ObservedLlm(resolver, "resolution", ("resolve", "resolve_all"), m),
+                    ObservedLlm(relations, "relations", ("extract",), m),
+                    ObservedLlm(turn, "extraction", ("extract_turn",), m))  # the turn's one extraction call
                 self.barrier = ProjectionBarrier(self.pool, s.decisions_topic, self._end_offset)
                 steps.append(Formation(producer=self.producer, decisions_topic=s.decisions_topic,
                                        embedder=embedder, extractor=extractor, resolver=resolver,
                                        dead_letters=dead, pool=self.pool, barrier=self.barrier,
                                        relations=relations, gate_observations=s.gate_observations,
                                        partitions=partitions, sealer=self.sealer, ends_keys=True,
-                                       decided=self.metrics.decided))
+                                       decided=self.metrics.decided, turn_extractor=turn,
+                                       concurrency=s.formation_concurrency))
                 log.info("formation ready: embedder=%s extractor=%s resolver=%s",
                          embedder.model_id, extractor.model_id, resolver.model_id)
             else:

@@ -9,6 +9,8 @@ without the forced tool call, or whose input does not fit the tool's schema, rai
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import json
 import logging
 from datetime import datetime
@@ -18,10 +20,9 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, Field, ValidationError
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
-
 from memstream.llm.protocols import (CATEGORIES, CandidateFact, ExistingFact, MalformedOutput, Operation,
-                                     Resolution)
+                                     Resolution, TurnCandidates)
+from memstream.llm.retrying import retrying
 from memstream.schemas import TurnRecorded
 
 log = logging.getLogger("memstream.llm")
@@ -31,14 +32,23 @@ RETRYABLE = frozenset({"ThrottlingException", "ServiceUnavailableException", "In
 
 
 def bedrock_client(region: str, *, aws_access_key_id: str | None = None, aws_secret_access_key: str | None = None,
-                   aws_session_token: str | None = None):
+                   aws_session_token: str | None = None, max_in_flight: int = 10):
     """A ``bedrock-runtime`` client; explicit keys if given, else boto3's credential chain.
-    botocore's own retries are off: ``_converse`` retries, so attempts are counted once."""
+    botocore's own retries are off: ``_converse`` retries, so attempts are counted once. Its
+    connection pool holds ``max_in_flight`` connections (botocore's default of 10 would queue
+    formation's concurrent calls behind each other)."""
     return boto3.client(
         "bedrock-runtime", region_name=region, aws_access_key_id=aws_access_key_id,
         aws_secret_access_key=aws_secret_access_key, aws_session_token=aws_session_token,
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=60),
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=60,
+                      max_pool_connections=max_in_flight),
     )
+
+
+def bedrock_executor(max_in_flight: int) -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for boto3's blocking calls: one per call in flight (asyncio's default pool has
+    min(32, cores + 4), which would cap formation's concurrency at 6 on two cores)."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="bedrock")
 
 
 MAX_SLOT_CHARS = 100
@@ -92,8 +102,9 @@ def _tool(name: str, description: str, model: type[BaseModel]) -> dict:
 
 
 class _Converse:
-    def __init__(self, client, model_id: str, *, attempts: int = 5, backoff: float = 0.5, max_tokens: int = 1024):
-        self._client, self.model_id = client, model_id
+    def __init__(self, client, model_id: str, *, attempts: int = 5, backoff: float = 0.5, max_tokens: int = 1024,
+                 executor: concurrent.futures.Executor | None = None):
+        self._client, self.model_id, self._executor = client, model_id, executor
         self._attempts, self._backoff, self._max_tokens = attempts, backoff, max_tokens
         self.tokens = (0, 0)  # input and output tokens of every call so far (Converse's usage)
 
@@ -108,14 +119,11 @@ class _Converse:
 
     async def call(self, request: dict, model: type[BaseModel]) -> BaseModel:
         name = request["toolConfig"]["tools"][0]["toolSpec"]["name"]
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(lambda e: isinstance(e, ClientError) and e.response["Error"]["Code"] in RETRYABLE),
-            wait=wait_exponential(multiplier=self._backoff, max=20), stop=stop_after_attempt(self._attempts),
-            before_sleep=lambda rs: log.warning("bedrock %s: %s; retrying", self.model_id, rs.outcome.exception()),
-            reraise=True,
-        ):
-            with attempt:
-                response = await asyncio.to_thread(self._client.converse, **request)
+        loop = asyncio.get_running_loop()
+        response = await retrying(
+            lambda: loop.run_in_executor(self._executor, functools.partial(self._client.converse, **request)),
+            retry_if=lambda e: isinstance(e, ClientError) and e.response["Error"]["Code"] in RETRYABLE,
+            attempts=self._attempts, backoff=self._backoff, what=f"bedrock {self.model_id}")
         usage = response.get("usage", {})
         self.tokens = (self.tokens[0] + usage.get("inputTokens", 0), self.tokens[1] + usage.get("outputTokens", 0))
         return _parse(response, name, model)
@@ -171,6 +179,7 @@ class BedrockResolver(_Counted):
         self._converse = _Converse(client, model_id, **kw)
         self.model_id = f"bedrock:{model_id}"
         self._tool = _tool(RESOLVE_TOOL, "Classify the candidate against the existing facts.", _Resolution)
+        self._all_tool = _tool(RESOLVE_ALL_TOOL, "Classify each candidate against its existing facts.", _Resolutions)
 
     def request(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> dict:
         existing = "\n".join(f"[{i}] {n.text} (attribute={n.attribute}, similarity={n.similarity:.2f})"
@@ -180,14 +189,47 @@ class BedrockResolver(_Counted):
         return self._converse.request(RESOLVE_PROMPT, user, self._tool)
 
     async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
-        out = await self._converse.call(self.request(candidate, neighbours), _Resolution)
-        op = Operation(out.operation)  # type: ignore[attr-defined]
-        index = out.target_index  # type: ignore[attr-defined]
-        if op is Operation.ADD:
-            return Resolution(op, None, out.reason)  # type: ignore[attr-defined]
-        if index is None or not 0 <= index < len(neighbours):
-            raise MalformedOutput(f"{op.value} needs a target_index in [0, {len(neighbours)}), got {index!r}")
-        return Resolution(op, neighbours[index].fact_id, out.reason)  # type: ignore[attr-defined]
+        return _resolution(await self._converse.call(self.request(candidate, neighbours), _Resolution), neighbours)
+
+    def request_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> dict:
+        blocks = []
+        for c, (candidate, neighbours) in enumerate(asked):
+            existing = "\n".join(f"  [{i}] {n.text} (attribute={n.attribute}, similarity={n.similarity:.2f})"
+                                  for i, n in enumerate(neighbours)) or "  (none)"
+            blocks.append(f"Candidate {c}: {json.dumps({'text': candidate.text, 'attribute': candidate.attribute, 'value': candidate.value, 'negated': candidate.negated})}\n"
+                          f"Existing facts for candidate {c} (target_index counts in this list):\n{existing}")
+        prompt = RESOLVE_PROMPT.replace(f"Always answer by calling {RESOLVE_TOOL}.", "")
+        return self._converse.request(prompt + "Classify every candidate, each against its own list of existing "
+                                      f"facts. Always answer by calling {RESOLVE_ALL_TOOL} once, with one resolution "
+                                      "per candidate.", "\n\n".join(blocks), self._all_tool)
+
+    async def resolve_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> list[Resolution]:
+        out = await self._converse.call(self.request_all(asked), _Resolutions)
+        by_index = {r.candidate_index: r for r in out.resolutions}  # type: ignore[attr-defined]
+        if sorted(r.candidate_index for r in out.resolutions) != list(range(len(asked))):  # type: ignore[attr-defined]
+            raise MalformedOutput(f"{RESOLVE_ALL_TOOL} must classify candidates 0..{len(asked) - 1} once each, "
+                                  f"got {sorted(by_index)}")
+        return [_resolution(by_index[c], neighbours) for c, (_, neighbours) in enumerate(asked)]
+
+
+def _resolution(out: _Resolution, neighbours: Sequence[ExistingFact]) -> Resolution:
+    op, index = Operation(out.operation), out.target_index
+    if op is Operation.ADD:
+        return Resolution(op, None, out.reason)
+    if index is None or not 0 <= index < len(neighbours):
+        raise MalformedOutput(f"{op.value} needs a target_index in [0, {len(neighbours)}), got {index!r}")
+    return Resolution(op, neighbours[index].fact_id, out.reason)
+
+
+class _IndexedResolution(_Resolution):
+    candidate_index: int = Field(description="which candidate this classifies")
+
+
+class _Resolutions(BaseModel):
+    resolutions: list[_IndexedResolution]
+
+
+RESOLVE_ALL_TOOL = "classify_facts"
 
 
 class _Relation(BaseModel):
@@ -232,3 +274,36 @@ class BedrockRelationExtractor(_Counted):
 
         out = await self._converse.call(self.request(turn), _Relations)
         return [RelationCandidate(**r.model_dump()) for r in out.relations]  # type: ignore[attr-defined]
+
+
+class _Turn(BaseModel):
+    facts: list[_Fact]
+    relations: list[_Relation]
+
+
+TURN_TOOL = "record_turn"
+TURN_PROMPT = (
+    "You read one conversation turn for two things at once.\n\nFACTS. " + EXTRACT_PROMPT.replace(
+        f"Always answer by calling {EXTRACT_TOOL}; an empty list is fine.", "")
+    + "\n\nRELATIONS. " + RELATE_PROMPT.replace(f"Always answer by calling {RELATE_TOOL}; an empty list is fine.", "")
+    + f"\n\nAlways answer by calling {TURN_TOOL} with both lists; empty lists are fine."
+)
+
+
+class BedrockTurnExtractor(_Counted):
+    """``TurnExtractionClient`` over Bedrock Converse: facts and relations in one tool call."""
+
+    def __init__(self, client, model_id: str, **kw: Any):
+        self._converse = _Converse(client, model_id, **kw)
+        self.model_id = self.relations_model_id = f"bedrock:{model_id}"
+        self._tool = _tool(TURN_TOOL, "Record the facts and the relationships found in the turn.", _Turn)
+
+    def request(self, turn: TurnRecorded) -> dict:
+        return self._converse.request(TURN_PROMPT, _render_turn(turn), self._tool)
+
+    async def extract_turn(self, turn: TurnRecorded) -> TurnCandidates:
+        from memstream.llm.relations import RelationCandidate
+
+        out = await self._converse.call(self.request(turn), _Turn)
+        return TurnCandidates([CandidateFact(**f.model_dump()) for f in out.facts],  # type: ignore[attr-defined]
+                              [RelationCandidate(**r.model_dump()) for r in out.relations])  # type: ignore[attr-defined]

@@ -1,20 +1,40 @@
 """The LLM clients formation uses, by the name ``settings.extractor`` gives."""
 from __future__ import annotations
 
+from typing import NamedTuple
 
-def llm_clients(settings):
-    """The fact extraction, resolution and relation extraction clients named by ``settings.extractor``."""
+
+class LlmClients(NamedTuple):
+    extractor: object  # ExtractionClient
+    resolver: object  # ResolutionClient
+    relations: object  # RelationExtractionClient
+    turn: object  # TurnExtractionClient: facts and relations in one call (formation uses it when given)
+
+
+def llm_clients(settings) -> LlmClients:
+    """The clients named by ``settings.extractor``: ``offline``, ``offline-strict``, ``bedrock``,
+    or ``offline+latency`` (the offline rules answering as slowly as a hosted model:
+    ``memstream.llm.latency``, for benchmarks and tests only)."""
     if settings.extractor in ("offline", "offline-strict"):
         from memstream.llm.offline import OfflineExtractor, OfflineResolver, StrictOfflineExtractor
-        from memstream.llm.offline_relations import OfflineRelationExtractor
+        from memstream.llm.offline_relations import OfflineRelationExtractor, OfflineTurnExtractor
 
         extractor = StrictOfflineExtractor() if settings.extractor == "offline-strict" else OfflineExtractor()
-        return extractor, OfflineResolver(), OfflineRelationExtractor()
-    if settings.extractor == "bedrock":
-        from memstream.llm.bedrock import BedrockExtractor, BedrockRelationExtractor, BedrockResolver, bedrock_client
+        relations = OfflineRelationExtractor()
+        return LlmClients(extractor, OfflineResolver(), relations, OfflineTurnExtractor(extractor, relations))
+    if settings.extractor == "offline+latency":
+        from memstream.llm.latency import Latency, latent_clients
 
-        client = bedrock_client(settings.bedrock_region)
-        return (BedrockExtractor(client, settings.bedrock_extraction_model),
-                BedrockResolver(client, settings.bedrock_resolution_model),
-                BedrockRelationExtractor(client, settings.bedrock_extraction_model))
-    raise ValueError(f"unknown extractor {settings.extractor!r} (offline | offline-strict | bedrock)")
+        return LlmClients(*latent_clients(Latency(settings.stand_in_latency_p50, settings.stand_in_latency_p95,
+                                                  settings.stand_in_max_in_flight)))
+    if settings.extractor == "bedrock":
+        from memstream.llm.bedrock import (BedrockExtractor, BedrockRelationExtractor, BedrockResolver,
+                                           BedrockTurnExtractor, bedrock_client, bedrock_executor)
+
+        n = settings.formation_concurrency
+        client, kw = bedrock_client(settings.bedrock_region, max_in_flight=n), {"executor": bedrock_executor(n)}
+        return LlmClients(BedrockExtractor(client, settings.bedrock_extraction_model, **kw),
+                          BedrockResolver(client, settings.bedrock_resolution_model, **kw),
+                          BedrockRelationExtractor(client, settings.bedrock_extraction_model, **kw),
+                          BedrockTurnExtractor(client, settings.bedrock_extraction_model, **kw))
+    raise ValueError(f"unknown extractor {settings.extractor!r} (offline | offline-strict | bedrock | offline+latency)")

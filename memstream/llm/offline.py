@@ -335,6 +335,9 @@ class OfflineResolver:
     async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
         return resolve_fact(candidate, neighbours)
 
+    async def resolve_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> list[Resolution]:
+        return [resolve_fact(c, n) for c, n in asked]
+
 
 def resolve_fact(candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
     same_slot = [n for n in neighbours if n.attribute == candidate.attribute]

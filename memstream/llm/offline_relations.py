@@ -74,3 +74,19 @@ def extract_relations(turn: TurnRecorded) -> list[RelationCandidate]:
                                           valid_at=when, negated=negated or forget)
                     found.setdefault((c.source, c.relation, c.target.casefold(), c.negated), c)
     return list(found.values())
+
+
+class OfflineTurnExtractor:
+    """``TurnExtractionClient`` over two other extractors (default: the offline rules): the
+    candidates each would find, in one call."""
+
+    def __init__(self, facts=None, relations=None):
+        from memstream.llm.offline import OfflineExtractor
+
+        self._facts, self._relations = facts or OfflineExtractor(), relations or OfflineRelationExtractor()
+        self.model_id, self.relations_model_id = self._facts.model_id, self._relations.model_id
+
+    async def extract_turn(self, turn: TurnRecorded):
+        from memstream.llm.protocols import TurnCandidates
+
+        return TurnCandidates(list(await self._facts.extract(turn)), list(await self._relations.extract(turn)))

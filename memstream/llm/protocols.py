@@ -71,8 +71,35 @@ class ResolutionClient(Protocol):
         of ``neighbours`` for UPDATE, DELETE and NOOP; None for ADD."""
         ...
 
+    async def resolve_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> list[Resolution]:
+        """``resolve`` for each ``(candidate, neighbours)`` of one turn, in one call: one
+        resolution per pair, in their order, each as ``resolve`` would answer it alone."""
+        ...
+
+
+@dataclass(frozen=True)
+class TurnCandidates:
+    facts: Sequence[CandidateFact]
+    relations: Sequence  # of memstream.llm.relations.RelationCandidate
+
+
+class TurnExtractionClient(Protocol):
+    """Fact and relation extraction of one turn in one call (one structured answer with both).
+    ``model_id`` is recorded on the fact decisions, ``relations_model_id`` on the edge ones."""
+
+    model_id: str
+    relations_model_id: str
+
+    async def extract_turn(self, turn: TurnRecorded) -> TurnCandidates:
+        """What ``ExtractionClient.extract`` and ``RelationExtractionClient.extract`` would find."""
+        ...
+
 
 class MalformedOutput(Retryable, ValueError):
     """The model returned output that does not fit the expected structure. Retried, logged each
     time, rather than guessed at or skipped: formation stalls visibly until the model or the
     prompt is fixed."""
+
+
+class Throttled(Retryable):
+    """The model refused the call for now (a quota of calls or tokens): retried after a backoff."""

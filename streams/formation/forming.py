@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 import uuid
 from typing import Awaitable, Callable, Sequence
 
@@ -23,7 +24,7 @@ import asyncpg
 import numpy as np
 
 from memstream.embedding import Embedder, to_bytes
-from memstream.llm.protocols import ExtractionClient, ResolutionClient
+from memstream.llm.protocols import ExtractionClient, Operation, Resolution, ResolutionClient, TurnExtractionClient
 from memstream.projections import positions as pos
 from memstream.projections.episodes import core as episodes
 from memstream.schemas import (SYSTEM_USER, Decision, EdgeForgotten, EpisodeForgotten, EpisodeRecorded, Event,
@@ -98,18 +99,33 @@ class ProjectionBarrier:
                  end_offset: Callable[[int], Awaitable[int]], timeout: float = 30.0):
         self._pool, self._topic, self._end_offset, self._timeout = pool, decisions_topic, end_offset, timeout
         self._needed: dict[int, int] = {}
+        self._whole: set[int] = set()  # waited for as a whole since assigned (the previous owner's decisions too)
+        # (partition, user) -> the offset past that user's last decision: a batch waits only for
+        # the users in it (others' decisions cannot change what it decides).
+        self._by_user: dict[tuple[int, str], int] = {}
 
-    def produced(self, partition: int, next_offset: int) -> None:
+    def produced(self, partition: int, next_offset: int, user_id: str | None = None) -> None:
         self._needed[partition] = max(self._needed.get(partition, 0), next_offset)
+        if user_id is not None:
+            key = (partition, user_id)
+            self._by_user[key] = max(self._by_user.get(key, 0), next_offset)
 
     def forget(self, partitions) -> None:
         for p in partitions:
             self._needed.pop(p, None)
+            self._whole.discard(p)
+        gone = set(partitions)
+        self._by_user = {k: v for k, v in self._by_user.items() if k[0] not in gone}
 
-    async def wait(self, partition: int) -> None:
-        if partition not in self._needed:
-            self._needed[partition] = await self._end_offset(partition)
-        needed = self._needed[partition]
+    async def wait(self, partition: int, users=None) -> None:
+        """Until the projections have applied what formation produced for ``users`` (default:
+        everyone) on ``partition``; on a fresh assignment, every decision already there."""
+        if partition not in self._whole:
+            needed = self._needed[partition] = max(self._needed.get(partition, 0), await self._end_offset(partition))
+        elif users is None:
+            needed = self._needed[partition]
+        else:
+            needed = max((self._by_user.get((partition, u), 0) for u in users), default=0)
         deadline = asyncio.get_running_loop().time() + self._timeout
         delay = 0.002
         while True:
@@ -118,6 +134,9 @@ class ProjectionBarrier:
                 "AND topic = $1 AND partition = $2 HAVING count(*) = cardinality($3::text[])",
                 self._topic, partition, list(self.projections)) or 0
             if applied >= needed:
+                self._whole.add(partition)
+                if len(self._by_user) > 10_000:  # users long applied need no entry
+                    self._by_user = {k: v for k, v in self._by_user.items() if k[0] != partition or v > applied}
                 return
             if asyncio.get_running_loop().time() > deadline:
                 # The facts projection may be restarting or on another worker.
@@ -133,8 +152,12 @@ class Formation:
                  resolver: ResolutionClient, dead_letters, pool: asyncpg.Pool, barrier: ProjectionBarrier | None,
                  relations: RelationExtractionClient | None = None, gate_observations: int = 3,
                  record_position: bool = True, partitions: int | None = None,
-                 sealer: RecordSealer | None = None, ends_keys: bool = False, decided=None):
+                 sealer: RecordSealer | None = None, ends_keys: bool = False, decided=None,
+                 turn_extractor: TurnExtractionClient | None = None, concurrency: int = 16):
         self._relations, self._partitions = relations, partitions
+        # One call for a turn's facts and relations when the model offers it (fewer calls per turn).
+        self._turn_extractor = turn_extractor
+        self._slots = asyncio.Semaphore(concurrency)  # LLM calls in flight for this worker
         # ``ends_keys``: this formation destroys a forgotten user's data key once it has sealed
         # every decision before the forget (the live one; a reform rebuilds after the fact).
         self._sealer, self._ends_keys = sealer or RecordSealer(None), ends_keys
@@ -148,10 +171,15 @@ class Formation:
 
     async def process(self, records: list[Record]) -> None:
         turns, letters = decode_turns(records, self.name, self._partitions)
+        t0 = time.perf_counter()
         if self._barrier is not None:
             for partition in sorted({r.partition for r, _ in turns}):
-                await self._barrier.wait(partition)
+                await self._barrier.wait(partition, {e.user_id for r, e in turns if r.partition == partition})
+        t1 = time.perf_counter()
         decisions = await self.decide(turns, letters=letters)
+        t2 = time.perf_counter()
+        log.debug("formed %d turns of %d users: %.2f s waiting at the barrier, %.2f s deciding", len(turns),
+                  len({e.user_id for _, e in turns}), t1 - t0, t2 - t1)
         decisions += nothing_decided(records, decisions)
         futures, sent = [], []
         for r, d in decisions:
@@ -168,8 +196,8 @@ class Formation:
                 if isinstance(d, MemoryForgotten) and d.kind == "user":
                     await self._sealer.end(d.user_id, d.generation)
         if self._barrier is not None:
-            for m in metas:
-                self._barrier.produced(m.partition, m.offset + 1)
+            for m, d in zip(metas, sent):
+                self._barrier.produced(m.partition, m.offset + 1, d.user_id)
         await self._dead.send(letters)
         self._dead.observe(len(records) - len(letters))
         if self._record_position:
@@ -186,39 +214,69 @@ class Formation:
         if not turns:
             return []
         said = [t for _, t in turns if isinstance(t, TurnRecorded)]
-        vectors = dict(zip(map(id, said), await asyncio.to_thread(self._embedder.embed, [episode_text(t) for t in said])
-                           if said else []))
+        # The episodes are embedded while the model is asked about their turns.
+        embedded = asyncio.ensure_future(asyncio.to_thread(self._embedder.embed, [episode_text(t) for t in said])
+                                         if said else asyncio.sleep(0, []))
+        where = {id(t): i for i, t in enumerate(said)}
         overlay = view if view is not None else PostgresView(self._pool, self._embedder.model_id)
         graph = graph if graph is not None else GraphView(self._load_graph)
-        out: list[tuple[Record, Decision]] = []
-        for r, turn in turns:
-            vector = vectors.get(id(turn))
-            if not isinstance(turn, TurnRecorded):
-                try:
-                    made = await self._command(r, turn, overlay, graph)
-                except CommandRefused as exc:
-                    log.warning("%s for user %s refused: %s", type(turn).__name__, turn.user_id, exc)
-                    if letters is not None:
-                        letters.append((r, self.name, str(exc)))
+        made: list[list[Decision]] = [[] for _ in turns]
+        refused: dict[int, str] = {}
+
+        async def in_order(indices: list[int]) -> None:
+            # One user's turns and commands, each after the one before: it sees their decisions.
+            for i in indices:
+                r, event = turns[i]
+                if isinstance(event, TurnRecorded):
+                    made[i] = await self._turn(r, event, embedded, where[id(event)], overlay, graph)
                     continue
-                for d in made:
+                try:
+                    made[i] = await self._command(r, event, overlay, graph)
+                except CommandRefused as exc:
+                    log.warning("%s for user %s refused: %s", type(event).__name__, event.user_id, exc)
+                    refused[i] = str(exc)
+                for d in made[i]:
                     overlay.apply(d)
                     graph.apply(d)
-                out += [(r, d) for d in made]
-                continue
-            episode = ((r, EpisodeRecorded(
-                decision_id=episodes.episode_id(turn.event_id), source_event_id=turn.event_id,
-                source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
-                user_id=turn.user_id, conversation_id=turn.conversation_id, occurred_at=turn.occurred_at,
-                user_message=turn.user_message, assistant_message=turn.assistant_message,
-                metadata=turn.metadata, embedding=to_bytes(vector), embedding_model=self._embedder.model_id)))
-            for decision in await self._facts(r, turn, overlay):
-                out.append((r, decision))
-            for decision in await self._edges(r, turn, graph):
-                out.append((r, decision))
-            # Last: a projection that has applied a turn's episode has seen all of its decisions.
-            out.append(episode)
-        return out
+
+        users: dict[str, list[int]] = {}
+        for i, (_, event) in enumerate(turns):
+            users.setdefault(event.user_id, []).append(i)
+        # Users are independent (per-user order is the only order formation owes): their turns
+        # wait on the model side by side. The decisions leave in the batch's order all the same.
+        try:
+            await _together(*(in_order(indices) for indices in users.values()))
+        finally:
+            if not embedded.done():
+                embedded.cancel()
+            elif not embedded.cancelled():
+                embedded.exception()  # retrieved: a failed embedding fails the turns that needed it
+        if letters is not None:
+            letters += [(turns[i][0], self.name, why) for i, why in sorted(refused.items())]
+        return [(turns[i][0], d) for i in range(len(turns)) for d in made[i]]
+
+    async def _turn(self, r: Record, turn: TurnRecorded, embedded: asyncio.Future, n: int, overlay: FactView,
+                    graph: GraphView) -> list[Decision]:
+        """A turn's fact and edge decisions (the two pipelines side by side), then its episode."""
+        if self._turn_extractor is not None:
+            found = await self._llm(self._turn_extractor.extract_turn, turn)
+            facts, edges = await _together(self._facts(r, turn, overlay, list(found.facts)),
+                                           self._edges(r, turn, graph, list(found.relations)))
+        else:
+            facts, edges = await _together(self._facts(r, turn, overlay), self._edges(r, turn, graph))
+        vector = (await embedded)[n]
+        episode = EpisodeRecorded(
+            decision_id=episodes.episode_id(turn.event_id), source_event_id=turn.event_id,
+            source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
+            user_id=turn.user_id, conversation_id=turn.conversation_id, occurred_at=turn.occurred_at,
+            user_message=turn.user_message, assistant_message=turn.assistant_message,
+            metadata=turn.metadata, embedding=to_bytes(vector), embedding_model=self._embedder.model_id)
+        # Last: a projection that has applied a turn's episode has seen all of its decisions.
+        return [*facts, *edges, episode]
+
+    async def _llm(self, call, *args):
+        async with self._slots:
+            return await call(*args)
 
     async def _command(self, r: Record, e: Event, overlay: FactView, graph: GraphView) -> list[Decision]:
         """The decisions a command about ``e.user_id``'s memory makes."""
@@ -280,14 +338,18 @@ class Formation:
         async with self._pool.acquire() as conn:
             return await graph_store.load_user(conn, user_id)
 
-    async def _edges(self, r: Record, turn: TurnRecorded, graph: GraphView) -> list[Decision]:
-        if self._relations is None:
-            return []
-        candidates = list(await self._relations.extract(turn))
+    async def _edges(self, r: Record, turn: TurnRecorded, graph: GraphView, candidates=None) -> list[Decision]:
+        if candidates is None:
+            if self._relations is None:
+                return []
+            candidates = list(await self._llm(self._relations.extract, turn))
+            model = self._relations.model_id
+        else:
+            model = self._turn_extractor.relations_model_id
         if not candidates:
             return []
         await graph.ensure_user(turn.user_id)
-        ctx = GraphContext(turn=turn, extractor=self._relations.model_id, common=dict(
+        ctx = GraphContext(turn=turn, extractor=model, common=dict(
             source_event_id=turn.event_id, source=LogPosition(r.topic, r.partition, r.offset),
             recorded_at=r.timestamp, user_id=turn.user_id))
         decider = EdgeDecider(ctx, graph)
@@ -303,35 +365,94 @@ class Formation:
         return decisions
 
     async def _embed_facts(self, texts: list[str], keep: int = 10_000) -> list[np.ndarray]:
-        missing = [t for t in dict.fromkeys(texts) if t not in self._fact_vectors]
+        # Held here across the wait: other users' turns may evict from the cache, or clear it.
+        have = {t: self._fact_vectors[t] for t in dict.fromkeys(texts) if t in self._fact_vectors}
+        missing = [t for t in dict.fromkeys(texts) if t not in have]
         if missing:
-            for text, vec in zip(missing, await asyncio.to_thread(self._embedder.embed, missing)):
-                self._fact_vectors[text] = vec
-        for t in texts:
+            have.update(zip(missing, await asyncio.to_thread(self._embedder.embed, missing)))
+        for t, vec in have.items():
+            self._fact_vectors[t] = vec
             self._fact_vectors.move_to_end(t)
         while len(self._fact_vectors) > keep:
             self._fact_vectors.popitem(last=False)
-        return [self._fact_vectors[t] for t in texts]
+        return [have[t] for t in texts]
 
-    async def _facts(self, r: Record, turn: TurnRecorded, overlay) -> list[Decision]:
-        candidates = list(await self._extractor.extract(turn))
+    async def _facts(self, r: Record, turn: TurnRecorded, overlay, candidates=None) -> list[Decision]:
+        if candidates is None:
+            candidates = list(await self._llm(self._extractor.extract, turn))
+            model = self._extractor.model_id
+        else:
+            model = self._turn_extractor.model_id
         if not candidates:
             return []
         vectors = await self._embed_facts([c.text for c in candidates])
         ctx = Context(turn=turn, source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
-                      extractor=self._extractor.model_id, resolver=self._resolver.model_id,
+                      extractor=model, resolver=self._resolver.model_id,
                       embedding_model=self._embedder.model_id, gate_observations=self._gate_observations)
-        out = []
+        shown = [await overlay.neighbours(turn.user_id, c.attribute, v) for c, v in zip(candidates, vectors)]
+        await overlay.ensure(turn.user_id, {nb.fact_id for nbs in shown for nb in nbs})
+        # One resolution call for the candidates no earlier one of this turn bears on (another
+        # slot, other neighbours, far in meaning): the facts held before the turn are the ones
+        # they would be weighed against after the earlier candidates, too. The others are
+        # resolved one by one, each against the facts as the candidates before it left them.
+        alone = {n for n in range(len(candidates)) if not any(_bears_on(m, n, candidates, shown, vectors)
+                                                               for m in range(n))}
+        batched = [n for n in sorted(alone) if _related(candidates[n], shown[n])]
+        answers = dict(zip(batched, await self._llm(self._resolver.resolve_all, [(candidates[n], shown[n])
+                                                                                 for n in batched])
+                           if batched else []))
+        out: list[Decision] = []
         for n, (cand, vector) in enumerate(zip(candidates, vectors)):
-            neighbours = await overlay.neighbours(turn.user_id, cand.attribute, vector)
-            await overlay.ensure(turn.user_id, [nb.fact_id for nb in neighbours])
-            resolution = await self._resolver.resolve(cand, neighbours)
+            if n in alone:  # less what this turn ended since (unrelated to it: nothing to weigh)
+                neighbours = [nb for nb in shown[n] if (row := overlay.rows.get(nb.fact_id)) is None or row.current]
+                resolution = answers.get(n, NEW)
+            else:
+                neighbours = await overlay.neighbours(turn.user_id, cand.attribute, vector)
+                await overlay.ensure(turn.user_id, [nb.fact_id for nb in neighbours])
+                resolution = (await self._llm(self._resolver.resolve, cand, neighbours)
+                              if _related(cand, neighbours) else NEW)
             decision = decide(ctx, n, cand, vector, resolution, neighbours, overlay.rows)
             _log(turn, cand, resolution, decision)
             if decision is not None:
                 overlay.apply(decision)
                 out.append(decision)
         return out
+
+
+NEW = Resolution(Operation.ADD, None, "new fact")
+RELATED = 0.5  # cosine from which a fact of another slot may still be the same fact in other words
+
+
+def _related(cand, neighbours) -> bool:
+    """Whether a resolver has anything to weigh ``cand`` against: a fact of its slot, or one near
+    it in meaning. Without one it cannot update, delete or repeat a fact: it is new."""
+    return any(nb.attribute == cand.attribute or nb.similarity >= RELATED for nb in neighbours)
+
+
+def _bears_on(m: int, n: int, candidates, shown, vectors) -> bool:
+    """Whether candidate ``m``'s decision can change what candidate ``n`` is weighed against: the
+    same slot, a fact related to both (one ``m`` may update, delete or repeat), or a fact near
+    ``n`` in meaning that ``m`` may add. Facts unrelated to ``n`` weigh nothing in its decision."""
+    def related(k):
+        return {nb.fact_id for nb in shown[k] if nb.attribute == candidates[k].attribute or nb.similarity >= RELATED}
+
+    return (candidates[m].attribute == candidates[n].attribute or not related(m).isdisjoint(related(n))
+            or float(vectors[m] @ vectors[n]) >= RELATED)
+
+
+async def _together(*coroutines) -> list:
+    """Run ``coroutines`` at once and return their results; the first to fail cancels the others
+    and is raised as itself (the runtime retries a batch by its error's kind, not an
+    ``ExceptionGroup``)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(c) for c in coroutines]
+    except BaseExceptionGroup as failed:
+        first = failed.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    return [t.result() for t in tasks]
 
 
 def _log(turn: TurnRecorded, cand, resolution, decision) -> None:

@@ -133,3 +133,42 @@ async def test_relation_extraction_forces_its_tool_and_parses_triples(client):
         client.stub.add_response("converse", tool_response("record_relations", {"relations": [bad]}))
         with pytest.raises(MalformedOutput):
             await rel.extract(TURN)
+
+
+async def test_one_call_resolves_every_candidate_of_a_turn_each_against_its_own_list(client):
+    other = CandidateFact(text="Likes jazz", category="preference", attribute="likes", value="jazz",
+                          confidence=0.9, explicit=True)
+    jazz = [ExistingFact(uuid.UUID(int=9), "Loves jazz", "preference", "likes", "jazz", 0.97)]
+    res = BedrockResolver(client, MODEL)
+    client.stub.add_response("converse", tool_response("classify_facts", {"resolutions": [
+        {"candidate_index": 1, "operation": "NOOP", "target_index": 0, "reason": "known"},
+        {"candidate_index": 0, "operation": "UPDATE", "target_index": 0, "reason": "moved"}]}),
+        {"modelId": MODEL, "system": ANY, "messages": ANY,
+         "toolConfig": {"tools": ANY, "toolChoice": {"tool": {"name": "classify_facts"}}}, "inferenceConfig": ANY})
+    got = await res.resolve_all([(CAND, neighbours()), (other, jazz)])
+    assert [(r.op, r.target) for r in got] == [(Operation.UPDATE, uuid.UUID(int=1)), (Operation.NOOP, uuid.UUID(int=9))]
+    text = res.request_all([(CAND, neighbours()), (other, jazz)])["messages"][0]["content"][0]["text"]
+    assert "Candidate 1:" in text and "[0] Loves jazz" in text and str(uuid.UUID(int=9)) not in text
+    client.stub.add_response("converse", tool_response("classify_facts", {"resolutions": [
+        {"candidate_index": 0, "operation": "ADD", "reason": "new"}]}))  # one of two answered
+    with pytest.raises(MalformedOutput, match="classify candidates 0..1 once each"):
+        await res.resolve_all([(CAND, neighbours()), (other, jazz)])
+
+
+async def test_one_call_extracts_a_turns_facts_and_relations_together(client):
+    from memstream.llm.bedrock import BedrockTurnExtractor
+    from memstream.llm.relations import RelationCandidate
+
+    ex = BedrockTurnExtractor(client, MODEL)
+    client.stub.add_response("converse", tool_response("record_turn", {**BERLIN, "relations": [
+        {"source": "I", "relation": "lives_in", "target": "Berlin", "target_is_entity": True,
+         "confidence": 0.95, "explicit": True}]}),
+        {"modelId": MODEL, "system": ANY, "messages": ANY,
+         "toolConfig": {"tools": ANY, "toolChoice": {"tool": {"name": "record_turn"}}}, "inferenceConfig": ANY})
+    got = await ex.extract_turn(TURN)
+    assert [f.value for f in got.facts] == ["Berlin"]
+    assert got.relations == [RelationCandidate("I", "lives_in", "Berlin", True, 0.95, True)]
+    assert ex.model_id == ex.relations_model_id == f"bedrock:{MODEL}"
+    schema = ex.request(TURN)["toolConfig"]["tools"][0]["toolSpec"]["inputSchema"]["json"]
+    assert schema["required"] == ["facts", "relations"]
+    assert "FACTS." in ex.request(TURN)["system"][0]["text"] and "RELATIONS." in ex.request(TURN)["system"][0]["text"]
