@@ -18,8 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+import fastapi_offline
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
@@ -208,8 +210,17 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             stack.push_async_callback(state["log"].stop)
             yield
 
-    app = FastAPI(title="memstream", version="1", lifespan=lifespan,
+    app = FastAPI(title="memstream", version="1", lifespan=lifespan, docs_url=None,
                   description=(__doc__ or "").split("\n\n", 1)[-1].replace("\n", " "))
+    # The API's page from a vendored Swagger UI (FastAPI's default loads it from a CDN).
+    app.mount("/docs/assets", StaticFiles(directory=Path(fastapi_offline.__file__).parent / "static"),
+              name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title="memstream API",
+                                   swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs/assets/swagger-ui.css", swagger_favicon_url="data:,")
     app.add_middleware(_BoundedBodies, limit=max_body_bytes)
     app.add_middleware(_PageHeaders, prefix="/inspector")
 

@@ -189,4 +189,6 @@ async def test_bad_requests_get_typed_problems_and_big_bodies_are_refused(api):
     assert wrong_key.status_code == 401
     spec = (await client.get("/openapi.json")).json()
     assert {"/v1/users/{user_id}/turns", "/v1/users/{user_id}/search", "/v1/status"} <= set(spec["paths"])
-    assert (await client.get("/docs")).status_code == 200
+    page = await client.get("/docs")
+    assert page.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in page.text and "cdn" not in page.text
+    assert (await client.get("/docs/assets/swagger-ui-bundle.js")).status_code == 200  # vendored, nothing fetched

@@ -73,6 +73,8 @@ def inspect_and_forget(driver, url: str, key: str) -> str:
     test's event loop): returns the id of the fact they made it forget."""
     from selenium.webdriver.common.keys import Keys
 
+    driver.get(f"{url}/docs")  # the API's own page renders too, from vendored assets
+    until(driver, lambda d: len(d.find_elements("css selector", ".opblock")) > 10, "the API's operations listed")
     driver.get(f"{url}/inspector#key={key}&user=demo:maria")
     until(driver, lambda d: d.find_element("id", "user").get_attribute("data-loaded") == "demo:maria",
           "the user's memory loaded")
