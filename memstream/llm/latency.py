@@ -97,11 +97,16 @@ class _Line:
         return used
 
 
-class _Counted:
-    """Tokens this client used so far (its own, as a Bedrock adapter counts its own)."""
+class _Latent:
+    """One client of the stand-in: ``inner``'s answers, asked for on ``line`` with the request
+    ``shape`` (the Bedrock adapter) would send; the tokens it used so far are its own, as a
+    Bedrock adapter counts its own."""
 
-    _line: _Line
     tokens = (0, 0)
+
+    def __init__(self, line: _Line, inner, shape):
+        self._line, self._inner, self._shape = line, inner, shape
+        self.model_id = inner.model_id
 
     async def _ask(self, request: dict, answer):
         used = await retrying(lambda: self._line.call(request, answer))
@@ -109,45 +114,26 @@ class _Counted:
         return answer
 
 
-class LatentExtractor(_Counted):
-    def __init__(self, line: _Line, inner=None):
-        self._line, self._inner = line, inner or OfflineExtractor()
-        self.model_id = self._inner.model_id
-        self._shape = BedrockExtractor(None, "stand-in")
+class LatentExtractor(_Latent):
+    """Facts or relations: an ``ExtractionClient`` or a ``RelationExtractionClient``."""
 
-    async def extract(self, turn: TurnRecorded) -> Sequence[CandidateFact]:
+    async def extract(self, turn: TurnRecorded) -> Sequence:
         return await self._ask(self._shape.request(turn), await self._inner.extract(turn))
 
 
-class LatentResolver(_Counted):
-    def __init__(self, line: _Line, inner=None):
-        self._line, self._inner = line, inner or OfflineResolver()
-        self.model_id = self._inner.model_id
-        self._shape = BedrockResolver(None, "stand-in")
-
+class LatentResolver(_Latent):
     async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
         return await self._ask(self._shape.request(candidate, neighbours),
-                                        await self._inner.resolve(candidate, neighbours))
+                               await self._inner.resolve(candidate, neighbours))
 
     async def resolve_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> list[Resolution]:
         return await self._ask(self._shape.request_all(asked), await self._inner.resolve_all(asked))
 
 
-class LatentRelations(_Counted):
-    def __init__(self, line: _Line, inner=None):
-        self._line, self._inner = line, inner or OfflineRelationExtractor()
-        self.model_id = self._inner.model_id
-        self._shape = BedrockRelationExtractor(None, "stand-in")
-
-    async def extract(self, turn: TurnRecorded):
-        return await self._ask(self._shape.request(turn), await self._inner.extract(turn))
-
-
-class LatentTurnExtractor(_Counted):
-    def __init__(self, line: _Line, inner=None):
-        self._line, self._inner = line, inner or OfflineTurnExtractor()
-        self.model_id, self.relations_model_id = self._inner.model_id, self._inner.relations_model_id
-        self._shape = BedrockTurnExtractor(None, "stand-in")
+class LatentTurnExtractor(_Latent):
+    def __init__(self, line: _Line, inner, shape):
+        super().__init__(line, inner, shape)
+        self.relations_model_id = inner.relations_model_id
 
     async def extract_turn(self, turn: TurnRecorded) -> TurnCandidates:
         return await self._ask(self._shape.request(turn), await self._inner.extract_turn(turn))
@@ -157,4 +143,7 @@ def latent_clients(latency: Latency, meter: Meter | None = None):
     """The offline extractor, resolver, relation extractor and turn extractor behind one
     stand-in endpoint (one quota, one meter)."""
     line = _Line(latency, meter or Meter())
-    return LatentExtractor(line), LatentResolver(line), LatentRelations(line), LatentTurnExtractor(line)
+    return (LatentExtractor(line, OfflineExtractor(), BedrockExtractor(None, "stand-in")),
+            LatentResolver(line, OfflineResolver(), BedrockResolver(None, "stand-in")),
+            LatentExtractor(line, OfflineRelationExtractor(), BedrockRelationExtractor(None, "stand-in")),
+            LatentTurnExtractor(line, OfflineTurnExtractor(), BedrockTurnExtractor(None, "stand-in")))
