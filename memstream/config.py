@@ -72,6 +72,9 @@ class Settings(BaseModel):
     # LLM calls in flight per formation worker: different users' turns of a batch are formed
     # concurrently up to this many calls (one user's stay in order).
     formation_concurrency: int = Field(16, ge=1, le=1024)
+    # Records formation holds in flight, decided but not yet produced or still being decided:
+    # past this many, the worker stops taking batches until the oldest are recorded.
+    formation_in_flight: int = Field(1024, ge=1)
     # extractor "offline+latency" only (benchmarks and tests: memstream.llm.latency): seconds per
     # call (p50, and p95 of a log-normal; None: always p50) and the calls at once past which it throttles.
     stand_in_latency_p50: float = Field(0.8, ge=0)

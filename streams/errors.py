@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import asyncpg
 from aiokafka.errors import KafkaError
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from memstream.schemas.errors import MemstreamError, Retryable
+
+log = logging.getLogger("memstream.streams")
 
 # Postgres conditions that pass: the connection, the server restarting or too busy, a lock
 # conflict resolved by retrying the transaction, a statement cancelled by a timeout.
@@ -33,3 +37,25 @@ def as_retryable(exc: BaseException) -> BaseException:
             or isinstance(exc, (ConnectionError, OSError, asyncio.TimeoutError))):
         return Transient(f"{type(exc).__name__}: {exc}")
     return exc
+
+
+async def retried(what: str, attempt_once):
+    """``attempt_once()``, again after each ``Retryable`` error (with backoff), until it succeeds;
+    any other error is raised as it is (``as_retryable`` decides which is which)."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(Retryable), wait=wait_exponential(multiplier=0.2, max=10),
+        before_sleep=lambda rs: log.warning("%s: retrying: %r", what, rs.outcome.exception()),
+        reraise=True,
+    ):
+        with attempt:
+            return await as_retryable_call(attempt_once)
+
+
+async def as_retryable_call(attempt_once):
+    """``await attempt_once()``, its error raised as ``as_retryable`` sees it."""
+    try:
+        return await attempt_once()
+    except Exception as exc:
+        if (ours := as_retryable(exc)) is exc:
+            raise
+        raise ours from exc

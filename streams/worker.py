@@ -15,7 +15,10 @@ Agents consume raw bytes, open the sealed ones (``streams.sealing``) and hand ba
 ``Step.process`` through ``run_batch``, which
 retries a ``Retryable`` error in place (other libraries' passing errors are translated into one
 by ``streams.errors.as_retryable``) and *stops the process* on anything else: a Faust agent
-that raises would acknowledge the batch, so raising is never an option. Records a step cannot
+that raises would acknowledge the batch, so raising is never an option. Formation is
+pipelined: ``run_batch`` only admits its batches (``Formation.admit``), which it records in
+order later, retrying and stopping the process the same way; Faust acknowledges them before
+they are durable, which the stored positions make safe (``streams.position_gate``). Records a step cannot
 apply (``Refused``) never reach it: the step dead-letters them and applies the rest.
 """
 from __future__ import annotations
@@ -30,16 +33,14 @@ from typing import Sequence
 import faust
 import redis.asyncio as aioredis
 from faust.types import TP
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from memstream.config import Settings
 from memstream.embedding import default_embedder
 from memstream.llm.clients import llm_clients
 from memstream.projections import db
 from memstream.projections import positions as pos
-from memstream.schemas.errors import Retryable
 from memstream.streams.dead_letter import DeadLetters
-from memstream.streams.errors import as_retryable
+from memstream.streams.errors import retried
 from memstream.streams.position_gate import RESEEK_AFTER_S, PositionGate, align
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import from_faust
@@ -110,7 +111,9 @@ class Runtime:
                                        relations=relations, gate_observations=s.gate_observations,
                                        partitions=partitions, sealer=self.sealer, ends_keys=True,
                                        decided=self.metrics.decided, turn_extractor=turn,
-                                       concurrency=s.formation_concurrency))
+                                       concurrency=s.formation_concurrency, in_flight=s.formation_in_flight,
+                                       on_fatal=lambda exc: _fatal("formation", exc),
+                                       timed=self.metrics.batch.labels("formation").observe))
                 log.info("formation ready: embedder=%s extractor=%s resolver=%s",
                          embedder.model_id, extractor.model_id, resolver.model_id)
             else:
@@ -227,6 +230,13 @@ class Runtime:
                 for tp, end in ends.items():
                     self.metrics.lag.labels(name, topic, str(tp.partition)).set(max(0, end - stored.get(tp.partition, 0)))
 
+    async def abandon(self) -> None:
+        """Give up formation's batches in flight (partitions revoked): what was not recorded is
+        formed again from the stored positions, here or by the partitions' next owner."""
+        for step, _ in self.steps.values():
+            if isinstance(step, Formation):
+                await step.abandon()
+
     def forget(self, tps) -> None:
         for _, gate in self.steps.values():
             gate.forget([(tp.topic, tp.partition) for tp in tps])
@@ -246,7 +256,7 @@ class Runtime:
             topic = records[0].topic if records else None
             if wanted and topic != self.settings.ingress_topic:  # ingress records are plain, sealed by their step
                 order = [r for r in records if id(r) in wanted]
-                done = await _retrying("opening", lambda: self.sealers[topic].open(order))
+                done = await retried("opening", lambda: self.sealers[topic].open(order))
                 opened = {id(r): o for r, o in zip(order, done)}
             if topic in self.sealers:
                 sealer = self.sealers[topic]
@@ -255,39 +265,26 @@ class Runtime:
             for name in names:
                 step = self.steps[name][0]
                 if mine := [opened.get(id(r), r) for r in admitted[name]]:
-                    with self.metrics.batch.labels(name).time(), tracer.start_as_current_span(
-                            f"memstream.step.{name}", attributes={"memstream.records": len(mine),
-                                                                  "messaging.destination.name": topic}):
-                        await _retrying(name, lambda: step.process(mine))
+                    if isinstance(step, Formation):  # pipelined: it times and records its batches itself
+                        await step.admit(mine)
+                    else:
+                        with self.metrics.batch.labels(name).time(), tracer.start_as_current_span(
+                                f"memstream.step.{name}", attributes={"memstream.records": len(mine),
+                                                                      "messaging.destination.name": topic}):
+                            await retried(name, lambda: step.process(mine))
                     self.metrics.records.labels(name).inc(len(mine))
         except asyncio.CancelledError:
             raise
         except BaseException:
             # Not Retryable, or a Refused a step should have dead-lettered: our bug or a broken
             # deployment. Not acknowledging is the only safe move: exit before Faust's finally can ack.
-            log.critical("%s: unrecoverable error; stopping the worker without acknowledging", name, exc_info=True)
-            logging.shutdown()
-            os._exit(EXIT_FATAL)
+            _fatal(name)
 
 
-async def _retrying(what: str, attempt_once):
-    """``attempt_once()``, again after each ``Retryable`` error (with backoff), until it succeeds."""
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type(Retryable), wait=wait_exponential(multiplier=0.2, max=10),
-        before_sleep=lambda rs: log.warning("%s: retrying: %r", what, rs.outcome.exception()),
-        reraise=True,
-    ):
-        with attempt:
-            return await _as_retryable(attempt_once)
-
-
-async def _as_retryable(attempt_once):
-    try:
-        return await attempt_once()
-    except Exception as exc:
-        if (ours := as_retryable(exc)) is exc:
-            raise
-        raise ours from exc
+def _fatal(name: str, exc: BaseException | None = None) -> None:
+    log.critical("%s: unrecoverable error; stopping the worker without acknowledging", name, exc_info=exc or True)
+    logging.shutdown()
+    os._exit(EXIT_FATAL)
 
 
 ROLES = ("formation", "projections")
@@ -352,6 +349,7 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender, revoked, **kwargs):
+        await runtime.abandon()  # every partition is revoked at a rebalance (eager protocol)
         runtime.forget(revoked)
 
     @app.on_rebalance_complete.connect

@@ -113,6 +113,7 @@ async def _paced(settings: Settings, dsn: str, tag: str, *, users: int, rate: fl
     pool = await create_pool(dsn, settings.postgres_schema, max_size=1)
     seen: dict[str, list[float]] = {"heavy": [], "others": []}
     waiting: list[tuple] = []  # (partition, offset, who, appended at)
+    said: list[TurnRecorded] = []  # the very active user's turns
     done = asyncio.Event()
 
     async def watch() -> None:
@@ -137,7 +138,8 @@ async def _paced(settings: Settings, dsn: str, tag: str, *, users: int, rate: fl
         async def heavy() -> None:
             for i in range(heavy_turns):
                 t0 = time.perf_counter()
-                [p] = await log.append_many([turn(f"form-{tag}-heavy", i)])
+                said.append(turn(f"form-{tag}-heavy", i))
+                [p] = await log.append_many(said[-1:])
                 waiting.append((p.partition, p.offset, "heavy", t0))
                 await asyncio.sleep(max(0.0, heavy_every - (time.perf_counter() - t0)))
 
@@ -161,7 +163,10 @@ async def _paced(settings: Settings, dsn: str, tag: str, *, users: int, rate: fl
         await asyncio.wait_for(watcher, 120)
     await pool.close()
     ms = lambda v: round(v * 1000, 1)  # noqa: E731
+    # Their own calls per turn (each turn after the first has facts of its slot to weigh: two).
+    heavy_calls = (await calls_per_turn(said))["calls_per_turn"]
     return {"heavy_user_turns": len(seen["heavy"]), "heavy_every_s": heavy_every,
+            "heavy_user_llm_calls_per_turn": heavy_calls,
             "heavy_turn_to_facts_visible_p50_ms": ms(_pct(seen["heavy"], 0.5)),
             "heavy_turn_to_facts_visible_p95_ms": ms(_pct(seen["heavy"], 0.95)),
             "other_turns": len(seen["others"]), "other_turns_per_s": rate,
@@ -221,7 +226,7 @@ async def run_formation_bench(base: Settings, *, turns: int, users: int, llm_lat
         if paced and llm_latency is not None:
             per_turn = used["calls"] / turns * llm_latency
             latency = await _paced(settings, dsn, tag, users=users, rate=round(rate / 2, 1),
-                                   heavy_every=round(2 * per_turn, 2), heavy_turns=20)
+                                   heavy_every=round(2 * per_turn, 2), heavy_turns=40)
             latency["paced_batches"] = _batches(used, await asyncio.to_thread(_scrape, port))
     finally:
         worker.stop()

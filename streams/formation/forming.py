@@ -39,6 +39,7 @@ from memstream.projections.graph import store as graph_store
 from memstream.streams.formation.decide import Context, decide
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
 from memstream.streams.formation.views import FactView, PostgresView
+from memstream.streams.errors import retried
 from memstream.streams.records import Record, next_offsets
 from memstream.sealing.keys import Shredded
 from memstream.streams.sealing import RecordSealer
@@ -103,6 +104,8 @@ class ProjectionBarrier:
         # (partition, user) -> the offset past that user's last decision: a batch waits only for
         # the users in it (others' decisions cannot change what it decides).
         self._by_user: dict[tuple[int, str], int] = {}
+        self._applied: dict[int, int] = {}  # partition -> the projections' position, as last read
+        self._reading: dict[int, asyncio.Future] = {}
 
     def produced(self, partition: int, next_offset: int, user_id: str | None = None) -> None:
         self._needed[partition] = max(self._needed.get(partition, 0), next_offset)
@@ -114,8 +117,15 @@ class ProjectionBarrier:
         for p in partitions:
             self._needed.pop(p, None)
             self._whole.discard(p)
+            self._applied.pop(p, None)
         gone = set(partitions)
         self._by_user = {k: v for k, v in self._by_user.items() if k[0] not in gone}
+
+    def applied_for(self, partition: int, user_id: str) -> bool:
+        """Whether the projections have applied every decision produced for ``user_id`` on
+        ``partition`` by the last position this barrier read (positions only move forward)."""
+        return (partition in self._whole
+                and self._applied.get(partition, 0) >= self._by_user.get((partition, user_id), 0))
 
     async def wait(self, partition: int, users=None) -> None:
         """Until the projections have applied what formation produced for ``users`` (default:
@@ -129,10 +139,7 @@ class ProjectionBarrier:
         deadline = asyncio.get_running_loop().time() + self._timeout
         delay = 0.002
         while True:
-            applied = await self._pool.fetchval(
-                "SELECT coalesce(min(next_offset), 0) FROM projection_positions WHERE projection = ANY($3::text[]) "
-                "AND topic = $1 AND partition = $2 HAVING count(*) = cardinality($3::text[])",
-                self._topic, partition, list(self.projections)) or 0
+            applied = await self._read(partition)
             if applied >= needed:
                 self._whole.add(partition)
                 if len(self._by_user) > 10_000:  # users long applied need no entry
@@ -144,6 +151,19 @@ class ProjectionBarrier:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
 
+    async def _read(self, partition: int) -> int:
+        # Users waiting on one partition share one read of its position at a time.
+        reading = self._reading.get(partition)
+        if reading is None or reading.done():
+            reading = self._reading[partition] = asyncio.ensure_future(self._pool.fetchval(
+                "SELECT coalesce(min(next_offset), 0) FROM projection_positions WHERE projection = ANY($3::text[]) "
+                "AND topic = $1 AND partition = $2 HAVING count(*) = cardinality($3::text[])",
+                self._topic, partition, list(self.projections)))
+            reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved by its waiters
+        applied = await asyncio.shield(reading) or 0
+        self._applied[partition] = max(self._applied.get(partition, 0), applied)
+        return applied
+
 
 class Formation:
     name = "formation"
@@ -153,7 +173,9 @@ class Formation:
                  relations: RelationExtractionClient | None = None, gate_observations: int = 3,
                  record_position: bool = True, partitions: int | None = None,
                  sealer: RecordSealer | None = None, ends_keys: bool = False, decided=None,
-                 turn_extractor: TurnExtractionClient | None = None, concurrency: int = 16):
+                 turn_extractor: TurnExtractionClient | None = None, concurrency: int = 16,
+                 in_flight: int = 1024, on_fatal: Callable[[BaseException], None] | None = None,
+                 timed: Callable[[float], None] | None = None):
         self._relations, self._partitions = relations, partitions
         # One call for a turn's facts and relations when the model offers it (fewer calls per turn).
         self._turn_extractor = turn_extractor
@@ -168,19 +190,179 @@ class Formation:
         self._gate_observations, self._record_position = gate_observations, record_position
         # Fact texts repeat ("Lives in Berlin"); vectors are a pure function of (model, text).
         self._fact_vectors: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+        # The pipeline (``admit``): records in flight, each user's last chain, each partition's
+        # last finish, and the views of users whose decisions the projections may not hold yet.
+        self._in_flight, self._max_in_flight = 0, in_flight
+        self._room = asyncio.Condition()
+        self._tails: dict[str, asyncio.Task] = {}
+        self._finishing: dict[int, asyncio.Task] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._recording: set[asyncio.Future] = set()
+        self._views: collections.OrderedDict[str, _Views] = collections.OrderedDict()
+        self._unfinished: collections.Counter[str] = collections.Counter()
+        self._failed: BaseException | None = None
+        self._on_fatal, self._timed = on_fatal, timed or (lambda seconds: None)
 
     async def process(self, records: list[Record]) -> None:
+        """The ``Step`` contract: every record's effect durable on return (``admit``, then ``drain``)."""
+        await self.admit(records)
+        await self.drain()
+
+    async def admit(self, records: list[Record]) -> None:
+        """Start forming ``records`` and return once fewer than ``in_flight`` records are in
+        flight, before they are durable. Each user's turns and commands are formed in log order,
+        each after the one before, beside other users' (a user's next batch does not wait for the
+        rest of this one); each partition's decisions are produced, and its position stored, in
+        log order, batch after batch. A ``Retryable`` error is retried where it happened — its
+        user, and so its partition's position, wait; anything else is fatal: ``on_fatal`` is told
+        (the worker stops), else the next ``admit`` or ``drain`` raises it."""
+        self._raise_failed()
         turns, letters = decode_turns(records, self.name, self._partitions)
-        t0 = time.perf_counter()
-        if self._barrier is not None:
-            for partition in sorted({r.partition for r, _ in turns}):
-                await self._barrier.wait(partition, {e.user_id for r, e in turns if r.partition == partition})
-        t1 = time.perf_counter()
-        decisions = await self.decide(turns, letters=letters)
-        t2 = time.perf_counter()
-        log.debug("formed %d turns of %d users: %.2f s waiting at the barrier, %.2f s deciding", len(turns),
-                  len({e.user_id for _, e in turns}), t1 - t0, t2 - t1)
-        decisions += nothing_decided(records, decisions)
+        for partition in dict.fromkeys(r.partition for r in records):
+            part = _Part([r for r in records if r.partition == partition],
+                         [(r, e) for r, e in turns if r.partition == partition],
+                         [x for x in letters if x[0].partition == partition])
+            self._start(part)
+        async with self._room:
+            await self._room.wait_for(lambda: self._in_flight < self._max_in_flight or self._failed is not None)
+        self._raise_failed()
+
+    async def drain(self) -> None:
+        """Until everything admitted is durable (or raise what stopped it)."""
+        while self._finishing:
+            await asyncio.wait(list(self._finishing.values()))
+        self._raise_failed()
+
+    async def abandon(self) -> None:
+        """Give up what is in flight (partitions revoked): every chain cancelled, a batch whose
+        decisions are being produced finished first. What was not recorded is formed again from
+        the stored positions by whoever holds the partitions next."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._recording, return_exceptions=True)
+        self._tails.clear()
+        self._finishing.clear()
+        self._views.clear()
+        self._unfinished.clear()
+        async with self._room:
+            self._in_flight = 0
+            self._room.notify_all()
+
+    def _raise_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
+            else:
+                log.error("formation failed: %r", exc)
+
+    def _spawn(self, coroutine) -> asyncio.Task:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _start(self, part: "_Part") -> None:
+        said = [(i, t) for i, (_, t) in enumerate(part.turns) if isinstance(t, TurnRecorded)]
+        # The episodes are embedded while the model is asked about their turns.
+        part.embedded = self._spawn(asyncio.to_thread(self._embedder.embed, [episode_text(t) for _, t in said])
+                                    if said else asyncio.sleep(0, []))
+        part.where = {i: n for n, (i, _) in enumerate(said)}
+        users: dict[str, list[int]] = {}
+        for i, (_, event) in enumerate(part.turns):
+            users.setdefault(event.user_id, []).append(i)
+        for user, indices in users.items():
+            self._unfinished[user] += 1
+            task = self._tails[user] = self._spawn(self._chain(part, user, indices, self._tails.get(user)))
+            task.add_done_callback(lambda t, u=user: self._tails.pop(u) if self._tails.get(u) is t else None)
+            part.chains.append(task)
+        part.users = list(users)
+        p = part.records[0].partition
+        task = self._finishing[p] = self._spawn(self._finish(part, self._finishing.get(p)))
+        task.add_done_callback(lambda t: self._finishing.pop(p) if self._finishing.get(p) is t else None)
+        self._in_flight += len(part.records)
+
+    async def _chain(self, part: "_Part", user: str, indices: list[int], before: asyncio.Task | None) -> None:
+        # One user's turns and commands of this batch, after their previous batch's.
+        if before is not None:
+            await asyncio.wait([before])
+        if self._failed is not None:
+            return
+        views = await self._views_for(part.records[0].partition, user)
+        for i in indices:
+            r, event = part.turns[i]
+
+            async def attempt():
+                # On forks: a turn that fails half way is retried as if never begun.
+                facts, graph = views.facts.fork(), views.graph.fork()
+                made, refused = await self._form(r, event, facts, graph, part.embedded, part.where.get(i))
+                views.facts, views.graph = facts, graph
+                return made, refused
+
+            part.made[i], why = await retried(f"formation of {type(event).__name__} {event.event_id}", attempt)
+            if why is not None:
+                part.refused[i] = why
+
+    async def _views_for(self, partition: int, user: str) -> "_Views":
+        views = self._views.pop(user, None)
+        alone = self._unfinished[user] == 1  # no decision of theirs in flight but this batch's
+        if views is not None and alone and (self._barrier is None or self._barrier.applied_for(partition, user)):
+            views = None  # the projections hold all it overlaid: read afresh (an overlay only grows)
+        if views is None:
+            if self._barrier is not None:
+                await retried("formation's barrier", lambda: self._barrier.wait(partition, {user}))
+            views = _Views(PostgresView(self._pool, self._embedder.model_id), GraphView(self._load_graph))
+        self._views[user] = views
+        while len(self._views) > VIEWS_KEPT:  # the least recent that nothing in flight needs
+            idle = next((u for u in self._views if not self._unfinished[u]), None)
+            if idle is None:
+                break
+            del self._views[idle]
+        return views
+
+    async def _finish(self, part: "_Part", before: asyncio.Task | None) -> None:
+        # A partition's batches are recorded one after another, in log order.
+        if before is not None:
+            await asyncio.wait([before])
+        await asyncio.wait([part.embedded, *part.chains])
+        try:
+            for t in [part.embedded, *part.chains]:
+                if t.cancelled():
+                    return  # abandoned
+                if t.exception() is not None:
+                    return self._fail(t.exception())
+            if self._failed is not None:
+                return
+            decisions = [(part.turns[i][0], d) for i in range(len(part.turns)) for d in part.made[i]]
+            letters = part.letters + [(part.turns[i][0], self.name, why) for i, why in sorted(part.refused.items())]
+            # Shielded: once producing, a batch is finished even when what is in flight is abandoned.
+            recording = asyncio.ensure_future(retried("formation", lambda: self._record(part.records, decisions,
+                                                                                       letters)))
+            self._recording.add(recording)
+            recording.add_done_callback(self._recording.discard)
+            try:
+                await asyncio.shield(recording)
+            except Exception as exc:
+                return self._fail(exc)
+            for user in part.users:
+                self._unfinished[user] -= 1
+                if not self._unfinished[user]:
+                    del self._unfinished[user]
+            self._in_flight -= len(part.records)
+            self._timed(time.perf_counter() - part.admitted)
+        finally:
+            async with self._room:
+                self._room.notify_all()
+
+    async def _record(self, records: list[Record], decisions: list[tuple[Record, Decision]], letters: list) -> None:
+        """Produce a batch's decisions, dead letters and position (idempotent: retried whole)."""
+        decisions = decisions + nothing_decided(records, decisions)
         futures, sent = [], []
         for r, d in decisions:
             try:
@@ -227,17 +409,9 @@ class Formation:
             # One user's turns and commands, each after the one before: it sees their decisions.
             for i in indices:
                 r, event = turns[i]
-                if isinstance(event, TurnRecorded):
-                    made[i] = await self._turn(r, event, embedded, where[id(event)], overlay, graph)
-                    continue
-                try:
-                    made[i] = await self._command(r, event, overlay, graph)
-                except CommandRefused as exc:
-                    log.warning("%s for user %s refused: %s", type(event).__name__, event.user_id, exc)
-                    refused[i] = str(exc)
-                for d in made[i]:
-                    overlay.apply(d)
-                    graph.apply(d)
+                made[i], why = await self._form(r, event, overlay, graph, embedded, where.get(id(event)))
+                if why is not None:
+                    refused[i] = why
 
         users: dict[str, list[int]] = {}
         for i, (_, event) in enumerate(turns):
@@ -254,6 +428,22 @@ class Formation:
         if letters is not None:
             letters += [(turns[i][0], self.name, why) for i, why in sorted(refused.items())]
         return [(turns[i][0], d) for i in range(len(turns)) for d in made[i]]
+
+    async def _form(self, r: Record, event: Event, overlay: FactView, graph: GraphView, embedded: asyncio.Future,
+                    n: int | None) -> tuple[list[Decision], str | None]:
+        """One turn's or command's decisions, applied to ``overlay`` and ``graph``; and why a
+        command was refused (it makes none)."""
+        if isinstance(event, TurnRecorded):
+            return await self._turn(r, event, embedded, n, overlay, graph), None
+        try:
+            made = await self._command(r, event, overlay, graph)
+        except CommandRefused as exc:
+            log.warning("%s for user %s refused: %s", type(event).__name__, event.user_id, exc)
+            return [], str(exc)
+        for d in made:
+            overlay.apply(d)
+            graph.apply(d)
+        return made, None
 
     async def _turn(self, r: Record, turn: TurnRecorded, embedded: asyncio.Future, n: int, overlay: FactView,
                     graph: GraphView) -> list[Decision]:
@@ -417,6 +607,30 @@ class Formation:
                 overlay.apply(decision)
                 out.append(decision)
         return out
+
+
+VIEWS_KEPT = 2_000  # users whose views formation keeps between their turns (a dropped one is read afresh)
+
+
+class _Views:
+    """One user's facts and graph as formation has decided them so far."""
+
+    def __init__(self, facts: FactView, graph: GraphView):
+        self.facts, self.graph = facts, graph
+
+
+class _Part:
+    """One partition's records of an admitted batch, in flight."""
+
+    def __init__(self, records: list[Record], turns: list[tuple[Record, Event]], letters: list):
+        self.records, self.turns, self.letters = records, turns, letters
+        self.made: list[list[Decision]] = [[] for _ in turns]
+        self.refused: dict[int, str] = {}
+        self.chains: list[asyncio.Task] = []
+        self.users: list[str] = []
+        self.embedded: asyncio.Future
+        self.where: dict[int, int] = {}
+        self.admitted = time.perf_counter()
 
 
 NEW = Resolution(Operation.ADD, None, "new fact")

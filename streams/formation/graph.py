@@ -58,6 +58,12 @@ class GraphView:
     def apply(self, decision: Decision) -> None:
         fold(self.rows, [decision])
 
+    def fork(self) -> "GraphView":
+        """A view that answers as this one does now; what is applied to it later stays its own."""
+        other = GraphView(self._loader)
+        other.rows, other._loaded = dict(self.rows), set(self._loaded)  # rows are frozen: shared
+        return other
+
     def entity_named(self, user_id: str, name: str) -> EntityRow | None:
         key = name.casefold()
         found = [r for r in self.rows.values() if isinstance(r, EntityRow) and r.user_id == user_id and key in r.names()]

@@ -56,6 +56,10 @@ class FactView(Protocol):
     (``PostgresView``: every fact this batch touched). Each fact at most once. Never another
     user's fact, a superseded or deleted version, or a fact of another embedding model. The
     order of equal similarities is unspecified.
+
+    ``fork()``: a view that answers as this one does now, and that ``apply`` and ``ensure`` then
+    change without changing this one: formation decides a turn on a fork and keeps it only if
+    the whole turn was decided (a retried turn must not see half of itself).
     """
 
     rows: Mapping[uuid.UUID, FactRow]
@@ -67,6 +71,9 @@ class FactView(Protocol):
         ...
 
     async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
+        ...
+
+    def fork(self) -> "FactView":
         ...
 
 
@@ -87,6 +94,11 @@ class PostgresView(FactView):
 
     def apply(self, decision: Decision) -> None:
         self._touched.update(fold(self.rows, [decision]))
+
+    def fork(self) -> "PostgresView":
+        other = PostgresView(self._pool, self._model)
+        other.rows, other._touched = dict(self.rows), set(self._touched)  # rows are frozen: shared
+        return other
 
     async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
         # Facts this batch ended still sit in Postgres: ask for as many more, so the nearest that
@@ -125,6 +137,11 @@ class MemoryView(FactView):
     def apply(self, decision: Decision) -> None:
         for fid, row in fold(self.rows, [decision]).items():
             self._by_user.setdefault(row.user_id, set()).add(fid)
+
+    def fork(self) -> "MemoryView":
+        other = MemoryView(self._model)
+        other.rows, other._by_user = dict(self.rows), {u: set(f) for u, f in self._by_user.items()}
+        return other
 
     async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
         current = [self.rows[f] for f in self._by_user.get(user_id, ()) if self.rows[f].current

@@ -137,12 +137,48 @@ class FactViewContract:
         assert sorted(ids(await view.neighbours("ana", "home", QUERY))) == sorted([likes.fact_id, decisions[3].fact_id])
 
 
+    @pytest.mark.parametrize("where", SPLITS)
+    async def test_a_fork_answers_as_its_view_and_keeps_what_it_is_given_to_itself(self, where):
+        old = added(attribute="home", value="Porto", category="location", similarity=0.9)
+        view = await self.after(where, [old], [added(value="tea", similarity=0.4)])
+        before = ids(await view.neighbours("ana", "home", QUERY))
+        fork = view.fork()
+        assert ids(await fork.neighbours("ana", "home", QUERY)) == before
+        new = updated(old, "Lisbon", similarity=0.7)
+        await fork.ensure("ana", targets(new))
+        fork.apply(new)
+        assert new.fact_id in ids(await fork.neighbours("ana", "home", QUERY))
+        assert ids(await view.neighbours("ana", "home", QUERY)) == before
+        await view.ensure("ana", [old.fact_id])
+        assert view.rows[old.fact_id].current and new.fact_id not in view.rows
+
+    async def test_the_store_catching_up_with_applied_decisions_changes_nothing(self):
+        # Formation carries a user's view across batches while the projection applies what it
+        # decided: the view must answer the same before and after the store has it.
+        home, likes = added(attribute="home", value="Porto", similarity=0.9), added(similarity=0.6)
+        applied = [updated(home, "Lisbon", similarity=0.7), reinforced(likes), added(value="jazz", similarity=0.5)]
+        view = await self.holding(stored=[home, likes], applied=applied)
+        before = await view.neighbours("ana", "home", QUERY)
+        await self.store(view, applied)
+        assert await view.neighbours("ana", "home", QUERY) == before
+        await view.ensure("ana", [home.fact_id, likes.fact_id])
+        assert view.rows[likes.fact_id].observation_count == 2 and not view.rows[home.fact_id].current
+
+    async def store(self, view: FactView, decisions: Sequence[Decision]) -> None:
+        """``decisions`` into the view's store (as the projection applies them)."""
+        raise NotImplementedError
+
+
 class TestMemoryView(FactViewContract):
     async def view(self, stored=()):
         view = MemoryView(MODEL)
         for d in stored:
             view.apply(d)
         return view
+
+    async def store(self, view, decisions):
+        for d in decisions:  # the view is its own store
+            view.apply(d)
 
 
 class TestPostgresView(FactViewContract):
@@ -154,3 +190,7 @@ class TestPostgresView(FactViewContract):
         async with self._pool.acquire() as conn:
             await FactStore().apply_batch(conn, list(stored), {})
         return PostgresView(self._pool, MODEL)
+
+    async def store(self, view, decisions):
+        async with self._pool.acquire() as conn:
+            await FactStore().apply_batch(conn, list(decisions), {})

@@ -13,7 +13,7 @@ from memstream.schemas.errors import InvalidEvent, MemstreamError, Refused, Retr
 from memstream.streams.dead_letter import TooManyDeadLetters
 from memstream.streams.errors import BrokerUnavailable, Transient, as_retryable
 from memstream.streams.formation.forming import ProjectionLagging
-from memstream.streams.worker import _as_retryable
+from memstream.streams.errors import as_retryable_call
 
 
 def test_each_public_error_has_its_kind_and_still_is_what_it_was():
@@ -46,5 +46,5 @@ async def test_a_step_failing_on_a_passing_condition_raises_retryable_with_the_o
             raise asyncpg.CannotConnectNowError("the database system is in recovery mode")
 
     with pytest.raises(Transient) as info:
-        await _as_retryable(lambda: Step().process([]))
+        await as_retryable_call(lambda: Step().process([]))
     assert isinstance(info.value.__cause__, asyncpg.CannotConnectNowError)

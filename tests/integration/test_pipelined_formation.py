@@ -1,0 +1,153 @@
+"""Formation's pipeline (``Formation.admit``) on real Kafka and Postgres, with the offline model
+held back for one user: a user's later batches are decided while an earlier batch waits on
+another user; each partition's decisions are produced, and its position stored, in log order;
+what is abandoned is never produced; a turn that fails half way is retried as if never begun."""
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from aiokafka import TopicPartition
+
+from memstream.llm.offline import OfflineResolver
+from memstream.llm.offline_relations import OfflineTurnExtractor
+from memstream.llm.protocols import Throttled
+from memstream.projections import positions as pos
+from memstream.projections.db import create_pool
+from memstream.schemas import TurnRecorded
+from memstream.schemas.codec import decode_decision, encode
+from memstream.streams.admission import expected_partition
+from memstream.streams.dead_letter import DeadLetters
+from memstream.streams.formation.forming import Formation
+from memstream.streams.kafka_util import drain, groupless_consumer
+from memstream.streams.producer import idempotent_producer
+from memstream.streams.records import Record
+from tests.unit.test_turn_resolution import Scattered
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+AT = datetime(2026, 3, 1, tzinfo=timezone.utc)
+
+
+class HeldBack(OfflineTurnExtractor):
+    """The offline extraction, held until ``go`` is set for the users in ``held``."""
+
+    def __init__(self):
+        super().__init__()
+        self.held, self.go, self.asked = set(), asyncio.Event(), []
+
+    async def extract_turn(self, turn):
+        self.asked.append(turn.user_message)
+        if turn.user_id in self.held:
+            await self.go.wait()
+        return await super().extract_turn(turn)
+
+
+class FailsOnce(OfflineResolver):
+    """Throttled on the first single resolution it is asked for (a turn's second candidate)."""
+
+    def __init__(self):
+        self.failed = False
+
+    async def resolve(self, candidate, neighbours):
+        if not self.failed:
+            self.failed = True
+            raise Throttled("a quota, for the test")
+        return await super().resolve(candidate, neighbours)
+
+
+def user_on(partition: int, partitions: int, prefix: str) -> str:
+    return next(u for u in (f"{prefix}{i}" for i in range(1000)) if expected_partition(u.encode(), partitions) == partition)
+
+
+class Log:
+    """Turns as records of the events topic, offsets counted per partition."""
+
+    def __init__(self, topic: str):
+        self.topic, self.next = topic, {}
+
+    def __call__(self, user: str, said: str, partitions: int) -> Record:
+        p = expected_partition(user.encode(), partitions)
+        offset = self.next[p] = self.next.get(p, -1) + 1
+        turn = TurnRecorded.new(user_id=user, conversation_id="c", user_message=said, assistant_message="Noted.",
+                                occurred_at=AT + timedelta(minutes=offset))
+        return Record(self.topic, p, offset, user.encode(), encode(turn), (), 1_700_000_000_000 + offset)
+
+
+async def produced(settings) -> dict[int, list]:
+    """Every decision on the decisions topic, per partition in log order."""
+    out: dict[int, list] = {}
+    async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as c:
+        tps = [TopicPartition(settings.decisions_topic, p) for p in range(settings.partitions)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+
+        async def keep(batch):
+            for r in batch:
+                out.setdefault(r.partition, []).append(decode_decision(r.value))
+
+        await drain(c, tps, await c.end_offsets(tps), keep)
+    return out
+
+
+async def test_batches_are_decided_side_by_side_and_recorded_in_log_order(settings, dsn):
+    n = settings.partitions
+    slow, quick, other = user_on(0, n, "slow"), user_on(0, n, "quick"), user_on(1, n, "other")
+    extract, resolver = HeldBack(), FailsOnce()
+    extract.held.add(slow)
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=4)
+    producer = idempotent_producer(settings.kafka_bootstrap)
+    await producer.start()
+    formation = Formation(producer=producer, decisions_topic=settings.decisions_topic, embedder=Scattered(),
+                          extractor=None, resolver=resolver, pool=pool, barrier=None, partitions=n,
+                          dead_letters=DeadLetters(producer, settings.dead_letter_topic, 10),
+                          turn_extractor=extract)
+    turn = Log(settings.events_topic)
+    try:
+        # Partition 0: the slow user's turn, then the quick user's two, a batch each; partition 1 beside.
+        await formation.admit([turn(slow, "I live in Oslo.", n), turn(quick, "I live in Porto.", n)])
+        await formation.admit([turn(quick, "I live in Lisbon.", n)])
+        await formation.admit([turn(other, "I live in Rome.", n)])
+        await wait_until(lambda: asyncio.sleep(0, "I live in Lisbon." in extract.asked), timeout=10,
+                         what="the quick user's next batch decided while the slow user's is held")
+        await wait_until(lambda: _stored(pool, settings, 1), timeout=20, what="partition 1 recorded beside")
+        assert (await pos.load(pool, "formation", settings.events_topic)).get(0) is None
+        assert 0 not in await produced(settings)  # nothing of partition 0 before its first batch
+
+        extract.go.set()
+        await formation.drain()
+        assert (await pos.load(pool, "formation", settings.events_topic)) == {0: 3, 1: 1}
+        zero = (await produced(settings))[0]
+        assert [d.source.offset for d in zero] == sorted(d.source.offset for d in zero)
+        homes = [d for d in zero if d.user_id == quick and type(d).__name__ in ("FactAdded", "FactUpdated")]
+        # The second batch saw the first's decision, never produced before it was decided.
+        assert [(type(d).__name__, d.value) for d in homes] == [("FactAdded", "Porto"), ("FactUpdated", "Lisbon")]
+        assert homes[1].supersedes == homes[0].fact_id
+
+        # Abandoned (partitions revoked) while held: nothing of it is produced or recorded.
+        extract.go.clear()
+        before = await produced(settings)
+        await formation.admit([turn(slow, "I live in Bergen.", n)])
+        await asyncio.sleep(0.2)
+        await formation.abandon()
+        assert await produced(settings) == before
+        assert (await pos.load(pool, "formation", settings.events_topic)) == {0: 3, 1: 1}
+
+        # Failing half way (the second candidate's resolution throttled): retried from the start
+        # of the turn, its first candidate decided once, as new.
+        extract.held.clear()
+        await formation.process([turn(other, "I live in Paris. I moved to Berlin.", n)])
+        made = [d for d in (await produced(settings))[1] if d.source.offset == 1]
+        assert resolver.failed
+        assert [(type(d).__name__, getattr(d, "value", None)) for d in made if type(d).__name__.startswith("Fact")] \
+            == [("FactAdded", "Paris"), ("FactUpdated", "Berlin")]
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+async def _stored(pool, settings, partition: int) -> bool:
+    return (await pos.load(pool, "formation", settings.events_topic)).get(partition) == 1
