@@ -17,8 +17,8 @@ retries a ``Retryable`` error in place (other libraries' passing errors are tran
 by ``streams.errors.as_retryable``) and *stops the process* on anything else: a Faust agent
 that raises would acknowledge the batch, so raising is never an option. Formation is
 pipelined: ``run_batch`` only admits its batches (``Formation.admit``), which it records in
-order later, retrying and stopping the process the same way; Faust acknowledges them before
-they are durable, which the stored positions make safe (``streams.position_gate``). Records a step cannot
+order later, retrying and stopping the process the same way; their events are acknowledged to
+Faust once recorded, not when ``take_events`` moves on. Records a step cannot
 apply (``Refused``) never reach it: the step dead-letters them and applies the rest.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import faust
 import redis.asyncio as aioredis
@@ -70,6 +70,7 @@ class Runtime:
         self._shredded: dict[str, int] = {}
         self.partitions: int | None = None
         self.steps: dict[str, tuple[Step, PositionGate]] = {}
+        self._assignments = 0  # partitions revoked so far
         self.app: faust.App | None = None
 
     async def ready(self) -> None:
@@ -230,9 +231,24 @@ class Runtime:
                 for tp, end in ends.items():
                     self.metrics.lag.labels(name, topic, str(tp.partition)).set(max(0, end - stored.get(tp.partition, 0)))
 
+    def _acknowledger(self, events: Sequence) -> Callable[[], None]:
+        """Acknowledges ``events`` to Faust when called, once their batch is recorded: so the
+        group's committed offsets stay behind what Postgres holds, and after a rebalance the
+        consumer resumes where the positions are, with no seeking back (``position_gate``)."""
+        for e in events:
+            e.message.incref()  # held past ``take_events``' own acknowledgement
+        assigned = self._assignments
+
+        def acknowledge() -> None:
+            if assigned == self._assignments:  # revoked since: its offsets are not this consumer's to commit
+                for e in events:
+                    e.ack()
+        return acknowledge
+
     async def abandon(self) -> None:
         """Give up formation's batches in flight (partitions revoked): what was not recorded is
         formed again from the stored positions, here or by the partitions' next owner."""
+        self._assignments += 1
         for step, _ in self.steps.values():
             if isinstance(step, Formation):
                 await step.abandon()
@@ -266,7 +282,7 @@ class Runtime:
                 step = self.steps[name][0]
                 if mine := [opened.get(id(r), r) for r in admitted[name]]:
                     if isinstance(step, Formation):  # pipelined: it times and records its batches itself
-                        await step.admit(mine)
+                        await step.admit(mine, recorded=self._acknowledger(events))
                     else:
                         with self.metrics.batch.labels(name).time(), tracer.start_as_current_span(
                                 f"memstream.step.{name}", attributes={"memstream.records": len(mine),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import time
 import uuid
@@ -38,6 +39,7 @@ from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
 from memstream.streams.formation.decide import Context, decide
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
+from memstream.streams.formation.slots import OldestFirst
 from memstream.streams.formation.views import FactView, PostgresView
 from memstream.streams.errors import retried
 from memstream.streams.records import Record, next_offsets
@@ -179,7 +181,7 @@ class Formation:
         self._relations, self._partitions = relations, partitions
         # One call for a turn's facts and relations when the model offers it (fewer calls per turn).
         self._turn_extractor = turn_extractor
-        self._slots = asyncio.Semaphore(concurrency)  # LLM calls in flight for this worker
+        self._slots = OldestFirst(concurrency)  # LLM calls in flight for this worker
         # ``ends_keys``: this formation destroys a forgotten user's data key once it has sealed
         # every decision before the forget (the live one; a reform rebuilds after the fact).
         self._sealer, self._ends_keys = sealer or RecordSealer(None), ends_keys
@@ -201,6 +203,7 @@ class Formation:
         self._views: collections.OrderedDict[str, _Views] = collections.OrderedDict()
         self._unfinished: collections.Counter[str] = collections.Counter()
         self._failed: BaseException | None = None
+        self._ranked = 0
         self._on_fatal, self._timed = on_fatal, timed or (lambda seconds: None)
 
     async def process(self, records: list[Record]) -> None:
@@ -208,9 +211,9 @@ class Formation:
         await self.admit(records)
         await self.drain()
 
-    async def admit(self, records: list[Record]) -> None:
+    async def admit(self, records: list[Record], recorded: Callable[[], None] | None = None) -> None:
         """Start forming ``records`` and return once fewer than ``in_flight`` records are in
-        flight, before they are durable. Each user's turns and commands are formed in log order,
+        flight, before they are durable (``recorded`` is called once they all are). Each user's turns and commands are formed in log order,
         each after the one before, beside other users' (a user's next batch does not wait for the
         rest of this one); each partition's decisions are produced, and its position stored, in
         log order, batch after batch. A ``Retryable`` error is retried where it happened — its
@@ -218,11 +221,21 @@ class Formation:
         (the worker stops), else the next ``admit`` or ``drain`` raises it."""
         self._raise_failed()
         turns, letters = decode_turns(records, self.name, self._partitions)
-        for partition in dict.fromkeys(r.partition for r in records):
+        partitions = list(dict.fromkeys(r.partition for r in records))
+        left = [len(partitions)]
+
+        def one_recorded() -> None:
+            left[0] -= 1
+            if not left[0] and recorded is not None:
+                recorded()
+
+        for partition in partitions:
             part = _Part([r for r in records if r.partition == partition],
                          [(r, e) for r, e in turns if r.partition == partition],
-                         [x for x in letters if x[0].partition == partition])
+                         [x for x in letters if x[0].partition == partition], one_recorded)
             self._start(part)
+        if not partitions and recorded is not None:
+            recorded()
         async with self._room:
             await self._room.wait_for(lambda: self._in_flight < self._max_in_flight or self._failed is not None)
         self._raise_failed()
@@ -274,6 +287,13 @@ class Formation:
         part.embedded = self._spawn(asyncio.to_thread(self._embedder.embed, [episode_text(t) for _, t in said])
                                     if said else asyncio.sleep(0, []))
         part.where = {i: n for n, (i, _) in enumerate(said)}
+        if self._turn_extractor is not None:
+            # What the model reads in a turn does not depend on what came before: asked for at
+            # once, beside the user's earlier turns (only resolving them must wait).
+            for i, t in said:
+                self._ranked += 1
+                part.ranks[i] = self._ranked
+                part.extracted[i] = self._spawn(self._extract(t, self._ranked))
         users: dict[str, list[int]] = {}
         for i, (_, event) in enumerate(part.turns):
             users.setdefault(event.user_id, []).append(i)
@@ -297,11 +317,13 @@ class Formation:
         views = await self._views_for(part.records[0].partition, user)
         for i in indices:
             r, event = part.turns[i]
+            _RANK.set(part.ranks.get(i, 0))
 
             async def attempt():
                 # On forks: a turn that fails half way is retried as if never begun.
                 facts, graph = views.facts.fork(), views.graph.fork()
-                made, refused = await self._form(r, event, facts, graph, part.embedded, part.where.get(i))
+                made, refused = await self._form(r, event, facts, graph, part.embedded, part.where.get(i),
+                                                 part.extracted.get(i))
                 views.facts, views.graph = facts, graph
                 return made, refused
 
@@ -330,9 +352,9 @@ class Formation:
         # A partition's batches are recorded one after another, in log order.
         if before is not None:
             await asyncio.wait([before])
-        await asyncio.wait([part.embedded, *part.chains])
+        await asyncio.wait([part.embedded, *part.chains, *part.extracted.values()])
         try:
-            for t in [part.embedded, *part.chains]:
+            for t in [part.embedded, *part.chains, *part.extracted.values()]:
                 if t.cancelled():
                     return  # abandoned
                 if t.exception() is not None:
@@ -356,6 +378,7 @@ class Formation:
                     del self._unfinished[user]
             self._in_flight -= len(part.records)
             self._timed(time.perf_counter() - part.admitted)
+            part.recorded()
         finally:
             async with self._room:
                 self._room.notify_all()
@@ -430,11 +453,11 @@ class Formation:
         return [(turns[i][0], d) for i in range(len(turns)) for d in made[i]]
 
     async def _form(self, r: Record, event: Event, overlay: FactView, graph: GraphView, embedded: asyncio.Future,
-                    n: int | None) -> tuple[list[Decision], str | None]:
+                    n: int | None, extracted: asyncio.Future | None = None) -> tuple[list[Decision], str | None]:
         """One turn's or command's decisions, applied to ``overlay`` and ``graph``; and why a
-        command was refused (it makes none)."""
+        command was refused (it makes none). ``extracted``: the turn's extraction, if asked for already."""
         if isinstance(event, TurnRecorded):
-            return await self._turn(r, event, embedded, n, overlay, graph), None
+            return await self._turn(r, event, embedded, n, overlay, graph, extracted), None
         try:
             made = await self._command(r, event, overlay, graph)
         except CommandRefused as exc:
@@ -446,10 +469,10 @@ class Formation:
         return made, None
 
     async def _turn(self, r: Record, turn: TurnRecorded, embedded: asyncio.Future, n: int, overlay: FactView,
-                    graph: GraphView) -> list[Decision]:
+                    graph: GraphView, extracted: asyncio.Future | None = None) -> list[Decision]:
         """A turn's fact and edge decisions (the two pipelines side by side), then its episode."""
         if self._turn_extractor is not None:
-            found = await self._llm(self._turn_extractor.extract_turn, turn)
+            found = await (extracted or self._llm(self._turn_extractor.extract_turn, turn))
             facts, edges = await _together(self._facts(r, turn, overlay, list(found.facts)),
                                            self._edges(r, turn, graph, list(found.relations)))
         else:
@@ -465,8 +488,12 @@ class Formation:
         return [*facts, *edges, episode]
 
     async def _llm(self, call, *args):
-        async with self._slots:
+        async with self._slots.slot(_RANK.get()):
             return await call(*args)
+
+    async def _extract(self, turn: TurnRecorded, rank: int):
+        _RANK.set(rank)  # this task's own context
+        return await retried(f"extraction of {turn.event_id}", lambda: self._llm(self._turn_extractor.extract_turn, turn))
 
     async def _command(self, r: Record, e: Event, overlay: FactView, graph: GraphView) -> list[Decision]:
         """The decisions a command about ``e.user_id``'s memory makes."""
@@ -549,8 +576,8 @@ class Formation:
         vectors = dict(zip(sentences, (to_bytes(v) for v in await self._embed_facts(sentences)))) if sentences else {}
         decisions = decider.finish(vectors, self._embedder.model_id)
         for d in decisions:
-            log.info("%s for user %s: %s [event %s]", type(d).__name__,
-                     turn.user_id, getattr(d, "fact_sentence", None) or d.reason, turn.event_id)
+            log.debug("%s for user %s: %s [event %s]", type(d).__name__,
+                      turn.user_id, getattr(d, "fact_sentence", None) or d.reason, turn.event_id)
         # The view saw the edges without vectors; it only needs ids, targets and intervals.
         return decisions
 
@@ -609,6 +636,7 @@ class Formation:
         return out
 
 
+_RANK: contextvars.ContextVar[int] = contextvars.ContextVar("rank", default=0)  # of the turn a call is for
 VIEWS_KEPT = 2_000  # users whose views formation keeps between their turns (a dropped one is read afresh)
 
 
@@ -622,14 +650,17 @@ class _Views:
 class _Part:
     """One partition's records of an admitted batch, in flight."""
 
-    def __init__(self, records: list[Record], turns: list[tuple[Record, Event]], letters: list):
-        self.records, self.turns, self.letters = records, turns, letters
+    def __init__(self, records: list[Record], turns: list[tuple[Record, Event]], letters: list,
+                 recorded: Callable[[], None]):
+        self.records, self.turns, self.letters, self.recorded = records, turns, letters, recorded
         self.made: list[list[Decision]] = [[] for _ in turns]
         self.refused: dict[int, str] = {}
         self.chains: list[asyncio.Task] = []
         self.users: list[str] = []
         self.embedded: asyncio.Future
         self.where: dict[int, int] = {}
+        self.extracted: dict[int, asyncio.Task] = {}  # turn index -> its extraction, asked for on admission
+        self.ranks: dict[int, int] = {}  # turn index -> its place among the turns admitted
         self.admitted = time.perf_counter()
 
 
@@ -670,11 +701,15 @@ async def _together(*coroutines) -> list:
 
 
 def _log(turn: TurnRecorded, cand, resolution, decision) -> None:
+    # What was said, and the facts it touched, only at DEBUG (personal content).
     if isinstance(decision, FactChangeDeferred):
-        log.info("GATE REFUSED %s for user %s: %s [event %s]", decision.operation, turn.user_id, decision.reason, turn.event_id)
+        log.info("GATE REFUSED %s of a %s fact for user %s [event %s]", decision.operation, cand.category,
+                 turn.user_id, turn.event_id)
+        log.debug("GATE REFUSED %s for user %s: %s [event %s]", decision.operation, turn.user_id, decision.reason,
+                  turn.event_id)
     elif isinstance(decision, FactDecision):
         op = {"FactAdded": "ADD", "FactUpdated": "UPDATE", "FactDeleted": "DELETE", "FactReinforced": "NOOP+reinforce"}[
             type(decision).__name__]
-        log.info("%s %r for user %s: %s [event %s]", op, cand.text, turn.user_id, decision.reason, turn.event_id)
+        log.debug("%s %r for user %s: %s [event %s]", op, cand.text, turn.user_id, decision.reason, turn.event_id)
     else:
-        log.info("NOOP %r for user %s: %s [event %s]", cand.text, turn.user_id, resolution.reason, turn.event_id)
+        log.debug("NOOP %r for user %s: %s [event %s]", cand.text, turn.user_id, resolution.reason, turn.event_id)
