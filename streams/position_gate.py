@@ -32,6 +32,7 @@ class PositionGate:
         self._seeking: dict[tuple[str, int], tuple[int, float]] = {}  # tp -> (seeks, since)
         self._heard: dict[tuple[str, int], float] = {}  # tp being sought -> when a record last came
         self._moved: dict[tuple[str, int], float] = {}  # tp -> when a record was last admitted
+        self._admitting: set[tuple[str, int]] = set()  # tps a record was admitted from since assigned
 
     def forget(self, tps: Iterable[tuple[str, int]]) -> None:
         """Drop cached positions (on rebalance: another worker may have moved them)."""
@@ -40,6 +41,12 @@ class PositionGate:
             self._seeking.pop(tp, None)
             self._heard.pop(tp, None)
             self._moved.pop(tp, None)
+            self._admitting.discard(tp)
+
+    def admitting(self, topic: str, partition: int) -> bool:
+        """Whether a record of the partition was admitted since it was assigned (so its position
+        here is where the store's was, plus what was admitted since)."""
+        return (topic, partition) in self._admitting
 
     async def expect(self, topic: str, partitions) -> dict[int, int]:
         """Reload the stored positions of ``partitions`` (after an assignment)."""
@@ -103,6 +110,7 @@ class PositionGate:
             self._heard.pop(tp, None)
             self._next[tp] = r.offset + 1
             self._moved[tp] = time.monotonic()
+            self._admitting.add(tp)
             admitted.append(r)
         return admitted
 
@@ -128,7 +136,12 @@ async def align(gates: list[PositionGate], topic: str, consumer_positions: dict[
     ``gates`` (the steps sharing this consumer) has applied, seek back to that position. Where
     it would resume before it, the gates skip what is applied: seeking there too raced
     aiokafka's fetcher (a KeyError in ``fetched_records`` that crashed the worker, seen when
-    every partition was sought at once after a restart)."""
+    every partition was sought at once after a restart). A partition a gate already admitted
+    records of is left as it is: the first of them was checked against the store, and what was
+    admitted since may still be in flight (a pipelined step records it later), so reloading the
+    stored position would admit it twice."""
+    consumer_positions = {p: at for p, at in consumer_positions.items()
+                          if not any(g.admitting(topic, p) for g in gates)}
     target: dict[int, int] = {}
     for gate in gates:
         for p, expected in (await gate.expect(topic, list(consumer_positions))).items():

@@ -1,7 +1,7 @@
 """The contract every processing step of a worker follows."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol, runtime_checkable
 
 from memstream.streams.records import Record
 
@@ -21,3 +21,24 @@ class Step(Protocol):
     name: str
 
     async def process(self, records: list[Record]) -> None: ...
+
+
+@runtime_checkable
+class PipelinedStep(Step, Protocol):
+    """A step that takes the next batch before the last is durable (formation, waiting on a model).
+
+    ``admit(records, recorded)``: starts the batch and returns once the step has room for
+    another; ``recorded()`` is called when every record's effect is durable, as ``process``
+    would have left it — batches become durable in the order admitted, per partition. A
+    ``Retryable`` error is retried inside the step; anything else is fatal: the step stops the
+    process (or, with nobody to stop it, the next ``admit`` or ``drain`` raises it).
+    ``drain()``: until everything admitted is durable. ``abandon()``: cancels what is not yet
+    being recorded (its partitions revoked); what it gave up is never recorded, so it is applied
+    again from the stored positions. ``process`` is ``admit`` then ``drain``.
+    """
+
+    async def admit(self, records: list[Record], recorded: Callable[[], None] | None = None) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    async def abandon(self) -> None: ...

@@ -51,7 +51,7 @@ from memstream.sealing import data_keys
 from memstream.streams.formation.forming import Formation, ProjectionBarrier
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
-from memstream.streams.step import Step
+from memstream.streams.step import PipelinedStep, Step
 
 log = logging.getLogger("memstream.worker")
 
@@ -70,7 +70,7 @@ class Runtime:
         self._shredded: dict[str, int] = {}
         self.partitions: int | None = None
         self.steps: dict[str, tuple[Step, PositionGate]] = {}
-        self._assignments = 0  # partitions revoked so far
+        self._revocations = 0  # so far: a batch begun before the last one is not formation's any more
         self.app: faust.App | None = None
 
     async def ready(self) -> None:
@@ -231,16 +231,15 @@ class Runtime:
                 for tp, end in ends.items():
                     self.metrics.lag.labels(name, topic, str(tp.partition)).set(max(0, end - stored.get(tp.partition, 0)))
 
-    def _acknowledger(self, events: Sequence) -> Callable[[], None]:
+    def _acknowledger(self, events: Sequence, revocations: int) -> Callable[[], None]:
         """Acknowledges ``events`` to Faust when called, once their batch is recorded: so the
         group's committed offsets stay behind what Postgres holds, and after a rebalance the
         consumer resumes where the positions are, with no seeking back (``position_gate``)."""
         for e in events:
             e.message.incref()  # held past ``take_events``' own acknowledgement
-        assigned = self._assignments
 
         def acknowledge() -> None:
-            if assigned == self._assignments:  # revoked since: its offsets are not this consumer's to commit
+            if revocations == self._revocations:  # else its offsets are not this consumer's to commit
                 for e in events:
                     e.ack()
         return acknowledge
@@ -248,9 +247,9 @@ class Runtime:
     async def abandon(self) -> None:
         """Give up formation's batches in flight (partitions revoked): what was not recorded is
         formed again from the stored positions, here or by the partitions' next owner."""
-        self._assignments += 1
+        self._revocations += 1
         for step, _ in self.steps.values():
-            if isinstance(step, Formation):
+            if isinstance(step, PipelinedStep):
                 await step.abandon()
 
     def forget(self, tps) -> None:
@@ -263,7 +262,7 @@ class Runtime:
         """Hand the batch to each step of ``names`` (one topic's): the records each step's gate
         admits, opened once and in log order by that topic's sealer (a record the gates turn
         away is never opened, so a forget is never read ahead of the records before it)."""
-        name = "opening"
+        name, revocations = "opening", self._revocations
         try:
             records = [from_faust(e) for e in events]
             admitted = {n: await self.steps[n][1].admit(records) for n in names}
@@ -281,8 +280,12 @@ class Runtime:
             for name in names:
                 step = self.steps[name][0]
                 if mine := [opened.get(id(r), r) for r in admitted[name]]:
-                    if isinstance(step, Formation):  # pipelined: it times and records its batches itself
-                        await step.admit(mine, recorded=self._acknowledger(events))
+                    if isinstance(step, PipelinedStep):  # it times and records its batches itself
+                        if revocations != self._revocations:
+                            return  # partitions revoked while it was opened: formed from the positions again
+                        with tracer.start_as_current_span(f"memstream.step.{name}.admit",
+                                                          attributes={"memstream.records": len(mine)}):
+                            await step.admit(mine, recorded=self._acknowledger(events, revocations))
                     else:
                         with self.metrics.batch.labels(name).time(), tracer.start_as_current_span(
                                 f"memstream.step.{name}", attributes={"memstream.records": len(mine),

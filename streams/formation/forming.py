@@ -4,12 +4,15 @@ through extract -> resolve -> classify -> safety gate -> near-duplicate merge, f
 Formation for a turn must see every earlier decision for the same user, even when the facts
 projection lags. Two mechanisms give that:
 
-* across batches, a **barrier**: before deciding, wait until the facts projection has applied
-  every decision this formation produced to that partition (on a fresh assignment: every
-  decision already in the partition). Decisions go to the same partition number as their
-  source event, so a user's events and decisions share one partition.
-* within a batch, an **overlay**: the decisions made for earlier turns are folded with the
-  facts projection's own pure core, and neighbours are read through it.
+* an **overlay**: a user's turns are decided one after another on the user's views, the
+  projections' rows under the decisions made since, folded with the projections' own pure cores;
+  the views are carried from batch to batch while the projections may not hold what they overlay;
+* a **barrier**, for a user without carried views: wait until the facts and graph projections
+  have applied every decision formation produced for them on that partition (on a fresh
+  assignment: every decision already in the partition). Decisions go to the same partition
+  number as their source event, so a user's events and decisions share one partition.
+
+Formation is pipelined (``admit``): docs/architecture.md, "Formation is a pipeline".
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import contextvars
 import logging
 import time
 import uuid
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, NamedTuple, Sequence
 
 import asyncpg
 import numpy as np
@@ -40,8 +43,8 @@ from memstream.projections.graph import store as graph_store
 from memstream.streams.formation.decide import Context, decide
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
 from memstream.streams.formation.slots import OldestFirst
-from memstream.streams.formation.views import FactView, PostgresView
-from memstream.streams.errors import retried
+from memstream.streams.formation.views import FactView, MemoryView, PostgresView
+from memstream.streams.errors import BrokerUnavailable, retried
 from memstream.streams.records import Record, next_offsets
 from memstream.sealing.keys import Shredded
 from memstream.streams.sealing import RecordSealer
@@ -108,6 +111,7 @@ class ProjectionBarrier:
         self._by_user: dict[tuple[int, str], int] = {}
         self._applied: dict[int, int] = {}  # partition -> the projections' position, as last read
         self._reading: dict[int, asyncio.Future] = {}
+        self._ending: dict[int, asyncio.Future] = {}  # partition -> its end offset when assigned
 
     def produced(self, partition: int, next_offset: int, user_id: str | None = None) -> None:
         self._needed[partition] = max(self._needed.get(partition, 0), next_offset)
@@ -120,6 +124,7 @@ class ProjectionBarrier:
             self._needed.pop(p, None)
             self._whole.discard(p)
             self._applied.pop(p, None)
+            self._ending.pop(p, None)
         gone = set(partitions)
         self._by_user = {k: v for k, v in self._by_user.items() if k[0] not in gone}
 
@@ -133,7 +138,10 @@ class ProjectionBarrier:
         """Until the projections have applied what formation produced for ``users`` (default:
         everyone) on ``partition``; on a fresh assignment, every decision already there."""
         if partition not in self._whole:
-            needed = self._needed[partition] = max(self._needed.get(partition, 0), await self._end_offset(partition))
+            ending = self._ending.get(partition)
+            if ending is None or (ending.done() and (ending.cancelled() or ending.exception() is not None)):
+                ending = self._ending[partition] = asyncio.ensure_future(self._end_offset(partition))  # one ask for all
+            needed = self._needed[partition] = max(self._needed.get(partition, 0), await asyncio.shield(ending))
         elif users is None:
             needed = self._needed[partition]
         else:
@@ -196,7 +204,7 @@ class Formation:
         # last finish, and the views of users whose decisions the projections may not hold yet.
         self._in_flight, self._max_in_flight = 0, in_flight
         self._room = asyncio.Condition()
-        self._tails: dict[str, asyncio.Task] = {}
+        self._tails: dict[str, _Tail] = {}
         self._finishing: dict[int, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self._recording: set[asyncio.Future] = set()
@@ -204,36 +212,33 @@ class Formation:
         self._unfinished: collections.Counter[str] = collections.Counter()
         self._failed: BaseException | None = None
         self._ranked = 0
+        self._epoch = 0  # abandoned so far: a part of an earlier epoch records nothing
         self._on_fatal, self._timed = on_fatal, timed or (lambda seconds: None)
 
     async def process(self, records: list[Record]) -> None:
-        """The ``Step`` contract: every record's effect durable on return (``admit``, then ``drain``)."""
         await self.admit(records)
         await self.drain()
 
     async def admit(self, records: list[Record], recorded: Callable[[], None] | None = None) -> None:
-        """Start forming ``records`` and return once fewer than ``in_flight`` records are in
-        flight, before they are durable (``recorded`` is called once they all are). Each user's turns and commands are formed in log order,
-        each after the one before, beside other users' (a user's next batch does not wait for the
-        rest of this one); each partition's decisions are produced, and its position stored, in
-        log order, batch after batch. A ``Retryable`` error is retried where it happened — its
-        user, and so its partition's position, wait; anything else is fatal: ``on_fatal`` is told
-        (the worker stops), else the next ``admit`` or ``drain`` raises it."""
+        """``PipelinedStep.admit``: room means fewer than ``in_flight`` records in flight. Each
+        user's turns and commands are formed in log order, each after the one before, beside
+        other users' (a user's next batch does not wait for the rest of this one); a fatal error
+        goes to ``on_fatal``."""
         self._raise_failed()
         turns, letters = decode_turns(records, self.name, self._partitions)
         partitions = list(dict.fromkeys(r.partition for r in records))
-        left = [len(partitions)]
+        left = len(partitions)
 
         def one_recorded() -> None:
-            left[0] -= 1
-            if not left[0] and recorded is not None:
+            nonlocal left
+            left -= 1
+            if not left and recorded is not None:
                 recorded()
 
         for partition in partitions:
-            part = _Part([r for r in records if r.partition == partition],
-                         [(r, e) for r, e in turns if r.partition == partition],
-                         [x for x in letters if x[0].partition == partition], one_recorded)
-            self._start(part)
+            self._start(_Part([r for r in records if r.partition == partition],
+                              [(r, e) for r, e in turns if r.partition == partition],
+                              [x for x in letters if x[0].partition == partition], one_recorded, self._epoch))
         if not partitions and recorded is not None:
             recorded()
         async with self._room:
@@ -250,17 +255,28 @@ class Formation:
         """Give up what is in flight (partitions revoked): every chain cancelled, a batch whose
         decisions are being produced finished first. What was not recorded is formed again from
         the stored positions by whoever holds the partitions next."""
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*self._recording, return_exceptions=True)
+        # At once, before any wait: a batch admitted meanwhile starts afresh, after none of these.
+        self._epoch += 1
+        tasks, recording = list(self._tasks), list(self._recording)
         self._tails.clear()
         self._finishing.clear()
         self._views.clear()
         self._unfinished.clear()
+        self._in_flight = 0
+        for t in tasks:
+            t.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        if recording:
+            done, late = await asyncio.wait(recording, timeout=RECORDING_GRACE_S)
+            outcomes += [t.exception() for t in done if not t.cancelled()]
+            if late:  # Kafka or Postgres gone: the next owner must not find this worker still recording
+                outcomes.append(BrokerUnavailable(f"{len(late)} batches still recording after {RECORDING_GRACE_S} s"))
+                for t in late:
+                    t.cancel()
+        for failed in outcomes:
+            if isinstance(failed, Exception):
+                self._fail(failed)
         async with self._room:
-            self._in_flight = 0
             self._room.notify_all()
 
     def _raise_failed(self) -> None:
@@ -268,12 +284,16 @@ class Formation:
             raise self._failed
 
     def _fail(self, exc: BaseException) -> None:
-        if self._failed is None:
-            self._failed = exc
-            if self._on_fatal is not None:
-                self._on_fatal(exc)
-            else:
-                log.error("formation failed: %r", exc)
+        if self._failed is not None:
+            return
+        self._failed = exc
+        if self._on_fatal is not None:
+            self._on_fatal(exc)
+            return
+        log.error("formation failed: %r", exc)
+        for t in self._tasks:  # nothing more can be recorded: let ``drain`` and ``admit`` raise
+            if t is not asyncio.current_task():
+                t.cancel()
 
     def _spawn(self, coroutine) -> asyncio.Task:
         task = asyncio.ensure_future(coroutine)
@@ -283,41 +303,47 @@ class Formation:
 
     def _start(self, part: "_Part") -> None:
         said = [(i, t) for i, (_, t) in enumerate(part.turns) if isinstance(t, TurnRecorded)]
+        texts = [episode_text(t) for _, t in said]
         # The episodes are embedded while the model is asked about their turns.
-        part.embedded = self._spawn(asyncio.to_thread(self._embedder.embed, [episode_text(t) for _, t in said])
-                                    if said else asyncio.sleep(0, []))
+        embed = lambda: asyncio.to_thread(self._embedder.embed, texts)  # noqa: E731
+        part.embedded = self._spawn(retried("embedding episodes", embed) if said else asyncio.sleep(0, []))
         part.where = {i: n for n, (i, _) in enumerate(said)}
+        for i, _ in enumerate(part.turns):
+            self._ranked += 1
+            part.ranks[i] = self._ranked
         if self._turn_extractor is not None:
             # What the model reads in a turn does not depend on what came before: asked for at
             # once, beside the user's earlier turns (only resolving them must wait).
             for i, t in said:
-                self._ranked += 1
-                part.ranks[i] = self._ranked
-                part.extracted[i] = self._spawn(self._extract(t, self._ranked))
+                part.extracted[i] = self._spawn(self._extract(t, part.ranks[i]))
         users: dict[str, list[int]] = {}
         for i, (_, event) in enumerate(part.turns):
             users.setdefault(event.user_id, []).append(i)
+        p = part.records[0].partition
+        part.finish = self._spawn(self._finish(part, self._finishing.get(p)))
+        self._finishing[p] = part.finish
+        part.finish.add_done_callback(lambda t: self._finishing.pop(p) if self._finishing.get(p) is t else None)
         for user, indices in users.items():
             self._unfinished[user] += 1
-            task = self._tails[user] = self._spawn(self._chain(part, user, indices, self._tails.get(user)))
-            task.add_done_callback(lambda t, u=user: self._tails.pop(u) if self._tails.get(u) is t else None)
+            before = self._tails.get(user)
+            task = self._spawn(self._chain(part, user, indices, before))
+            self._tails[user] = _Tail(task, part)  # until the part is recorded
             part.chains.append(task)
         part.users = list(users)
-        p = part.records[0].partition
-        task = self._finishing[p] = self._spawn(self._finish(part, self._finishing.get(p)))
-        task.add_done_callback(lambda t: self._finishing.pop(p) if self._finishing.get(p) is t else None)
         self._in_flight += len(part.records)
 
-    async def _chain(self, part: "_Part", user: str, indices: list[int], before: asyncio.Task | None) -> None:
+    async def _chain(self, part: "_Part", user: str, indices: list[int], before: "_Tail | None") -> None:
         # One user's turns and commands of this batch, after their previous batch's.
         if before is not None:
-            await asyncio.wait([before])
-        if self._failed is not None:
+            await asyncio.wait([before.chain])
+            if before.chain.cancelled() or before.chain.exception() is not None:
+                return  # abandoned, or fatal: its partition records nothing from here on
+        if self._failed is not None or part.epoch != self._epoch:
             return
-        views = await self._views_for(part.records[0].partition, user)
+        views = await self._views_for(part.records[0].partition, user, before)
         for i in indices:
             r, event = part.turns[i]
-            _RANK.set(part.ranks.get(i, 0))
+            _RANK.set(part.ranks[i])
 
             async def attempt():
                 # On forks: a turn that fails half way is retried as if never begun.
@@ -330,12 +356,24 @@ class Formation:
             part.made[i], why = await retried(f"formation of {type(event).__name__} {event.event_id}", attempt)
             if why is not None:
                 part.refused[i] = why
+            for d in part.made[i]:
+                if isinstance(d, MemoryForgotten) and d.kind == "user":
+                    # Nothing of theirs is left: the store's rows, until the forget is applied, would mislead.
+                    views.facts, views.graph = MemoryView(self._embedder.model_id), GraphView(None)
+                elif isinstance(d, MemoryForgotten) and d.kind == "episode":
+                    views.settle = True  # what it forgot stays in the store until it is recorded and applied
 
-    async def _views_for(self, partition: int, user: str) -> "_Views":
+    async def _views_for(self, partition: int, user: str, before: "_Tail | None") -> "_Views":
         views = self._views.pop(user, None)
-        alone = self._unfinished[user] == 1  # no decision of theirs in flight but this batch's
-        if views is not None and alone and (self._barrier is None or self._barrier.applied_for(partition, user)):
-            views = None  # the projections hold all it overlaid: read afresh (an overlay only grows)
+        if views is not None and (views.settle or len(views.facts.rows) > VIEW_ROWS):
+            # Read afresh once the store holds what the views overlay: after a forget of some of
+            # it, or once they have grown (a busy user's are seldom idle enough to be dropped).
+            if before is not None:  # their last part not recorded yet
+                await asyncio.wait([before.part.finish])
+            views = None
+        elif views is not None and self._unfinished[user] == 1 and (
+                self._barrier is None or self._barrier.applied_for(partition, user)):
+            views = None  # no decision of theirs in flight but this batch's, and the store holds the rest
         if views is None:
             if self._barrier is not None:
                 await retried("formation's barrier", lambda: self._barrier.wait(partition, {user}))
@@ -348,37 +386,45 @@ class Formation:
             del self._views[idle]
         return views
 
-    async def _finish(self, part: "_Part", before: asyncio.Task | None) -> None:
-        # A partition's batches are recorded one after another, in log order.
-        if before is not None:
-            await asyncio.wait([before])
-        await asyncio.wait([part.embedded, *part.chains, *part.extracted.values()])
+    async def _finish(self, part: "_Part", before: asyncio.Task | None) -> bool:
+        # A partition's batches are recorded one after another, in log order; True once recorded.
         try:
-            for t in [part.embedded, *part.chains, *part.extracted.values()]:
-                if t.cancelled():
-                    return  # abandoned
-                if t.exception() is not None:
-                    return self._fail(t.exception())
-            if self._failed is not None:
-                return
+            if before is not None:
+                await asyncio.wait([before])
+                if before.cancelled() or before.exception() is not None or not before.result():
+                    return False
+            tasks = [part.embedded, *part.chains, *part.extracted.values()]
+            await asyncio.wait(tasks)
+            failed = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
+            if failed:
+                self._fail(failed[0])
+            if failed or any(t.cancelled() for t in tasks) or self._failed is not None or part.epoch != self._epoch:
+                return False
             decisions = [(part.turns[i][0], d) for i in range(len(part.turns)) for d in part.made[i]]
             letters = part.letters + [(part.turns[i][0], self.name, why) for i, why in sorted(part.refused.items())]
             # Shielded: once producing, a batch is finished even when what is in flight is abandoned.
-            recording = asyncio.ensure_future(retried("formation", lambda: self._record(part.records, decisions,
-                                                                                       letters)))
+            recording = asyncio.ensure_future(
+                retried("formation", lambda: self._record(part.records, decisions, letters)))
             self._recording.add(recording)
             recording.add_done_callback(self._recording.discard)
-            try:
-                await asyncio.shield(recording)
-            except Exception as exc:
-                return self._fail(exc)
+            await asyncio.shield(recording)
+            if part.epoch != self._epoch:
+                return True  # abandoned meanwhile: the bookkeeping below was cleared with it
             for user in part.users:
                 self._unfinished[user] -= 1
                 if not self._unfinished[user]:
                     del self._unfinished[user]
+                if self._tails.get(user, _NO_TAIL).part is part:
+                    del self._tails[user]
             self._in_flight -= len(part.records)
             self._timed(time.perf_counter() - part.admitted)
             part.recorded()
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(exc)
+            return False
         finally:
             async with self._room:
                 self._room.notify_all()
@@ -493,7 +539,8 @@ class Formation:
 
     async def _extract(self, turn: TurnRecorded, rank: int):
         _RANK.set(rank)  # this task's own context
-        return await retried(f"extraction of {turn.event_id}", lambda: self._llm(self._turn_extractor.extract_turn, turn))
+        return await retried(f"extraction of {turn.event_id}",
+                             lambda: self._llm(self._turn_extractor.extract_turn, turn))
 
     async def _command(self, r: Record, e: Event, overlay: FactView, graph: GraphView) -> list[Decision]:
         """The decisions a command about ``e.user_id``'s memory makes."""
@@ -640,19 +687,34 @@ _RANK: contextvars.ContextVar[int] = contextvars.ContextVar("rank", default=0)  
 VIEWS_KEPT = 2_000  # users whose views formation keeps between their turns (a dropped one is read afresh)
 
 
+RECORDING_GRACE_S = 30.0  # a revoke waits this long for batches being recorded, then the worker stops
+VIEW_ROWS = 1_000  # a user's fact view past this many rows is read afresh
+
+
 class _Views:
     """One user's facts and graph as formation has decided them so far."""
 
     def __init__(self, facts: FactView, graph: GraphView):
         self.facts, self.graph = facts, graph
+        self.settle = False  # read afresh once what they overlay is recorded and applied
+
+
+class _Tail(NamedTuple):
+    """A user's last chain, and the part it is in."""
+    chain: asyncio.Task
+    part: "_Part"
+
+
+_NO_TAIL = _Tail(None, None)
 
 
 class _Part:
     """One partition's records of an admitted batch, in flight."""
 
     def __init__(self, records: list[Record], turns: list[tuple[Record, Event]], letters: list,
-                 recorded: Callable[[], None]):
-        self.records, self.turns, self.letters, self.recorded = records, turns, letters, recorded
+                 recorded: Callable[[], None], epoch: int):
+        self.records, self.turns, self.letters, self.recorded, self.epoch = records, turns, letters, recorded, epoch
+        self.finish: asyncio.Task
         self.made: list[list[Decision]] = [[] for _ in turns]
         self.refused: dict[int, str] = {}
         self.chains: list[asyncio.Task] = []

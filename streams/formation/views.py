@@ -23,21 +23,22 @@ NEIGHBOURS = 10  # nearest current facts shown to the resolver, besides same-att
 
 class FactView(Protocol):
     """One embedding model's current facts as the facts projection will hold them once every
-    decision made so far applies: those of earlier batches (already in the view's store) and
-    those of this batch (given to ``apply`` as formation makes them). Formation asks it, per
+    decision made so far applies: those already in the view's store and those given to
+    ``apply`` since the view was made (as formation makes them; the store may catch up with
+    them meanwhile, which changes no answer). Formation asks it, per
     candidate fact, which facts the resolver is shown (``neighbours``) and which rows a
     decision may target (``rows``).
 
     ``rows`` maps fact id -> ``FactRow``, each in its current state exactly as the facts
     projection's core folds it (``projections.facts.core.fold``): a version superseded or
-    deleted in this batch reads as such. It holds every fact this view's ``apply`` changed and
+    deleted since the view was made reads as such. It holds every fact this view's ``apply`` changed and
     every fact ``ensure`` found; it may hold others (``MemoryView`` holds all of them), so a fact
     missing from ``rows`` is not thereby unknown — ``ensure`` it first.
 
     ``ensure(user_id, fact_ids)``: afterwards ``rows`` holds each of ``user_id``'s ``fact_ids``
-    the store or this batch holds (never another user's: the store is read by user and id).
+    the store or the view's decisions hold (never another user's: the store is read by user and id).
     Ids nobody holds are ignored, not an error. It only loads: a row already in ``rows`` keeps
-    this batch's state and is not read again from the store.
+    the view's state and is not read again from the store.
 
     ``apply(decision)``: folds one decision into ``rows`` with the facts core, as the projection
     will. The rows it targets (``core.targets``) must be in ``rows`` — applied earlier or
@@ -47,15 +48,14 @@ class FactView(Protocol):
     and synchronous: nothing is written; the projection writes the decision when it comes back
     from the log.
 
-    ``neighbours(user_id, attribute, vector)``: ``user_id``'s current facts (after this batch's
+    ``neighbours(user_id, attribute, vector)``: ``user_id``'s current facts (after the view's
     decisions) embedded by the view's model, as ``ExistingFact`` whose ``similarity`` is the
     cosine of the fact's embedding with ``vector`` (embeddings are unit vectors), highest first.
     It includes the ``NEIGHBOURS`` most similar such facts — exactly in ``MemoryView``; in
     ``PostgresView`` as the HNSW index finds them, which for a user with thousands of facts may
-    miss some (BENCHMARKS.md) — and every such fact that fills ``attribute``; it may include more
-    (``PostgresView``: every fact this batch touched). Each fact at most once. Never another
-    user's fact, a superseded or deleted version, or a fact of another embedding model. The
-    order of equal similarities is unspecified.
+    miss some (BENCHMARKS.md) — and every such fact that fills ``attribute``, and no others. Each
+    fact at most once. Never another user's fact, a superseded or deleted version, or a fact of
+    another embedding model. The order of equal similarities is unspecified.
 
     ``fork()``: a view that answers as this one does now, and that ``apply`` and ``ensure`` then
     change without changing this one: formation decides a turn on a fork and keeps it only if
@@ -78,8 +78,8 @@ class FactView(Protocol):
 
 
 class PostgresView(FactView):
-    """Current facts as the facts projection will hold them once this batch's decisions apply:
-    the projection's rows (same SQL as the read path) under an overlay of the batch's decisions."""
+    """Current facts as the facts projection will hold them once the view's decisions apply:
+    the projection's rows (same SQL as the read path) under an overlay of those decisions."""
 
     def __init__(self, pool: asyncpg.Pool, model_id: str):
         self._pool, self._model = pool, model_id
@@ -101,8 +101,8 @@ class PostgresView(FactView):
         return other
 
     async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
-        # Facts this batch ended still sit in Postgres: ask for as many more, so the nearest that
-        # are still current are NEIGHBOURS whatever the batch did.
+        # Facts the view ended may still sit in Postgres: ask for as many more, so the nearest that
+        # are still current are NEIGHBOURS whatever the view overlaid.
         ended = sum(1 for f in self._touched if self.rows[f].user_id == user_id and not self.rows[f].current)
         async with self._pool.acquire() as conn:
             near = await facts_q.nearest(conn, user_id, vector, NEIGHBOURS + ended, self._model)
@@ -120,7 +120,9 @@ class PostgresView(FactView):
             if row.user_id == user_id and row.current and row.embedding_model == self._model:
                 found[fid] = _existing(row, vector)
         stale = {f for f in found if f in self.rows and not self.rows[f].current}
-        return sorted((f for fid, f in found.items() if fid not in stale), key=lambda f: -f.similarity)
+        ranked = sorted((f for fid, f in found.items() if fid not in stale), key=lambda f: -f.similarity)
+        # As many as ``MemoryView`` shows, however much the view has overlaid since it was made.
+        return ranked[:NEIGHBOURS] + [f for f in ranked[NEIGHBOURS:] if f.attribute == attribute]
 
 
 class MemoryView(FactView):

@@ -5,7 +5,7 @@ what is abandoned is never produced; a turn that fails half way is retried as if
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pytest
 from aiokafka import TopicPartition
@@ -15,7 +15,9 @@ from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.llm.protocols import Throttled
 from memstream.projections import positions as pos
 from memstream.projections.db import create_pool
-from memstream.schemas import TurnRecorded
+from memstream.projections.facts.store import FactStore
+from memstream.schemas import TurnRecorded, UserForgotten
+from memstream.schemas.events import new_event_id
 from memstream.schemas.codec import decode_decision, encode
 from memstream.streams.admission import expected_partition
 from memstream.streams.dead_letter import DeadLetters
@@ -70,11 +72,13 @@ class Log:
         self.topic, self.next = topic, {}
 
     def __call__(self, user: str, said: str, partitions: int) -> Record:
-        p = expected_partition(user.encode(), partitions)
+        return self.record(TurnRecorded.new(user_id=user, conversation_id="c", user_message=said,
+                                            assistant_message="Noted.", occurred_at=AT), partitions)
+
+    def record(self, event, partitions: int) -> Record:
+        p = expected_partition(event.user_id.encode(), partitions)
         offset = self.next[p] = self.next.get(p, -1) + 1
-        turn = TurnRecorded.new(user_id=user, conversation_id="c", user_message=said, assistant_message="Noted.",
-                                occurred_at=AT + timedelta(minutes=offset))
-        return Record(self.topic, p, offset, user.encode(), encode(turn), (), 1_700_000_000_000 + offset)
+        return Record(self.topic, p, offset, event.user_id.encode(), encode(event), (), 1_700_000_000_000 + offset)
 
 
 async def produced(settings) -> dict[int, list]:
@@ -144,6 +148,64 @@ async def test_batches_are_decided_side_by_side_and_recorded_in_log_order(settin
         assert resolver.failed
         assert [(type(d).__name__, getattr(d, "value", None)) for d in made if type(d).__name__.startswith("Fact")] \
             == [("FactAdded", "Paris"), ("FactUpdated", "Berlin")]
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+class Flaky(Scattered):
+    """An embedder whose first call fails as a connection would (a passing error)."""
+
+    failed = False
+
+    def embed(self, texts):
+        if not self.failed:
+            self.failed = True
+            raise ConnectionResetError("for the test")
+        return super().embed(texts)
+
+
+class Broken(OfflineTurnExtractor):
+    async def extract_turn(self, turn):
+        if "broken" in turn.user_message:
+            raise RuntimeError("a bug, for the test")
+        return await super().extract_turn(turn)
+
+
+async def test_a_forgotten_user_starts_afresh_and_errors_are_retried_or_fatal(settings, dsn):
+    n = settings.partitions
+    user = user_on(0, n, "ana")
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=4)
+    producer = idempotent_producer(settings.kafka_bootstrap)
+    await producer.start()
+
+    def formation(embedder, extract=None) -> Formation:
+        return Formation(producer=producer, decisions_topic=settings.decisions_topic, embedder=embedder,
+                         extractor=None, resolver=OfflineResolver(), pool=pool, barrier=None, partitions=n,
+                         dead_letters=DeadLetters(producer, settings.dead_letter_topic, 10),
+                         turn_extractor=extract or OfflineTurnExtractor())
+
+    turn = Log(settings.events_topic)
+    try:
+        # Their home, formed (the first embedding fails and is retried) and projected.
+        flaky = Flaky()
+        await formation(flaky).process([turn(user, "I live in Oslo.", n)])
+        assert flaky.failed
+        async with pool.acquire() as conn:
+            await FactStore().apply_batch(conn, (await produced(settings))[0], {})
+        # Forgotten, then the same said again in one batch: a new fact, not the forgotten one
+        # observed again (the store still holds it until the projection applies the forget).
+        forget = UserForgotten(event_id=new_event_id(), user_id=user, occurred_at=AT, actor="user")
+        await formation(Scattered()).process([turn.record(forget, n), turn(user, "I live in Oslo.", n)])
+        made = [d for d in (await produced(settings))[0] if d.source.offset == 2]
+        assert [type(d).__name__ for d in made if type(d).__name__.startswith("Fact")] == ["FactAdded"]
+
+        # Not Retryable: the batch is never recorded and ``drain`` raises, the other users' too.
+        broken = formation(Scattered(), Broken())
+        await broken.admit([turn(user, "broken", n)])
+        with pytest.raises(RuntimeError, match="a bug"):
+            await broken.drain()
+        assert (await pos.load(pool, "formation", settings.events_topic)) == {0: 3}
     finally:
         await producer.stop()
         await pool.close()

@@ -74,6 +74,17 @@ async def test_align_seeks_back_only_partitions_the_consumer_would_resume_past_t
     assert [r.offset for r in await g.admit([rec(0, 5), rec(1, 7)])] == [5, 7]
 
 
+async def test_align_leaves_a_partition_already_admitting_records_as_it_is():
+    # The consumer went ahead before the alignment ran (Faust resumes it first): what was
+    # admitted may be in flight, not yet stored, and must not be admitted again.
+    f = Fakes({0: 0, 1: 3})
+    g = PositionGate("x", f.load, f.seek)
+    assert [r.offset for r in await g.admit([rec(0, o) for o in range(8)])] == list(range(8))
+    await align([g], "t", {0: 12, 1: 9}, f.seek)
+    assert f.seeks == [("t", 1, 3)]  # only the partition nothing was admitted from
+    assert [r.offset for r in await g.admit([rec(0, o) for o in range(6, 10)])] == [8, 9]
+
+
 async def test_steps_sharing_a_consumer_resume_at_the_least_advanced_one():
     ahead, behind = Fakes({0: 10}), Fakes({0: 4})
     a = PositionGate("episodes", ahead.load, ahead.seek)
