@@ -49,14 +49,16 @@ class PositionGate:
         return (topic, partition) in self._admitting
 
     async def expect(self, topic: str, partitions) -> dict[int, int]:
-        """Reload the stored positions of ``partitions`` (after an assignment)."""
+        """Reload the stored positions of ``partitions`` (after an assignment), but for those a
+        record was admitted from since (also while the store was read): which are left out."""
         stored = await self._load(topic)
-        for p in partitions:
+        fresh = [p for p in partitions if not self.admitting(topic, p)]
+        for p in fresh:
             self._next[(topic, p)] = stored.get(p, 0)
             self._seeking.pop((topic, p), None)
             self._heard.pop((topic, p), None)
             self._moved[(topic, p)] = time.monotonic()
-        return {p: self._next[(topic, p)] for p in partitions}
+        return {p: self._next[(topic, p)] for p in fresh}
 
     def seek_started(self, topic: str, partition: int) -> None:
         self._seeking[(topic, partition)] = (1, time.monotonic())
@@ -140,13 +142,13 @@ async def align(gates: list[PositionGate], topic: str, consumer_positions: dict[
     records of is left as it is: the first of them was checked against the store, and what was
     admitted since may still be in flight (a pipelined step records it later), so reloading the
     stored position would admit it twice."""
-    consumer_positions = {p: at for p, at in consumer_positions.items()
-                          if not any(g.admitting(topic, p) for g in gates)}
     target: dict[int, int] = {}
     for gate in gates:
         for p, expected in (await gate.expect(topic, list(consumer_positions))).items():
             target[p] = min(target.get(p, expected), expected)
     for p, at in consumer_positions.items():
+        if any(g.admitting(topic, p) for g in gates):
+            continue
         if at is not None and at > target[p]:
             log.warning("%s/%s would resume at %s but %s applied only up to %s; seeking back",
                         topic, p, at, "/".join(g.name for g in gates), target[p])

@@ -379,7 +379,8 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
     @app.on_partitions_assigned.connect
     async def on_assigned(sender, assigned, **kwargs):
         await runtime.check_partitions()  # new partitions trigger a rebalance: see it at once
-        runtime.forget(assigned)
+        # Nothing to forget: a revoke came first (eager rebalancing), and records may already
+        # have been admitted meanwhile (Faust feeds the agents before this runs), still in flight.
         mine = sorted(f"{tp.topic}/{tp.partition}" for tp in assigned if tp.topic in routes)
         log.info("%s assigned partitions: %s", role, " ".join(mine) or "(none)")
 

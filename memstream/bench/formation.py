@@ -174,6 +174,19 @@ async def _paced(settings: Settings, dsn: str, tag: str, *, users: int, rate: fl
             "turn_to_facts_visible_p95_ms": ms(_pct(seen["others"], 0.95))}
 
 
+async def _applied(pool, settings: Settings, deadline: float) -> None:
+    """Until every read projection has applied what formation made of every event it formed."""
+    from memstream.projections import positions
+    from memstream.read_client.reader import READ_YOUR_WRITES
+
+    formed = await positions.load(pool, "formation", settings.events_topic)
+    for p, offset in formed.items():
+        while await positions.applied_through(pool, READ_YOUR_WRITES, settings.events_topic, p) < offset:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"the projections did not apply partition {p} up to {offset}")
+            await asyncio.sleep(0.05)
+
+
 async def run_formation_bench(base: Settings, *, turns: int, users: int, llm_latency: float | None = None,
                               llm_latency_p95: float | None = None, concurrency: int | None = None,
                               paced: bool = True, on_progress=None) -> dict:
@@ -215,7 +228,7 @@ async def run_formation_bench(base: Settings, *, turns: int, users: int, llm_lat
             await asyncio.sleep(0.02)
         seconds = time.perf_counter() - t_first
         formed_turns = turns - n_first
-        await asyncio.sleep(2)  # let the facts projection apply the last decisions
+        await _applied(pool, settings, time.perf_counter() + 120)  # every decision in the counts below
         used = await asyncio.to_thread(_scrape, port)
         kinds = Counter({r["status"]: r["n"] for r in await pool.fetch(
             "SELECT status, count(*) AS n FROM memory_facts GROUP BY status")})

@@ -85,6 +85,23 @@ async def test_align_leaves_a_partition_already_admitting_records_as_it_is():
     assert [r.offset for r in await g.admit([rec(0, o) for o in range(6, 10)])] == [8, 9]
 
 
+async def test_a_record_admitted_while_the_alignment_reads_the_store_is_not_admitted_again():
+    f = Fakes({0: 0})
+    g = PositionGate("x", f.load, f.seek)
+    load = f.load
+
+    async def slow_load(topic):  # the agent admits records while the alignment awaits the store
+        g._load = load
+        got = await load(topic)
+        await g.admit([rec(0, o) for o in range(5)])
+        return got
+
+    g._load = slow_load
+    await align([g], "t", {0: 12}, f.seek)
+    assert f.seeks == []
+    assert [r.offset for r in await g.admit([rec(0, o) for o in range(3, 7)])] == [5, 6]
+
+
 async def test_steps_sharing_a_consumer_resume_at_the_least_advanced_one():
     ahead, behind = Fakes({0: 10}), Fakes({0: 4})
     a = PositionGate("episodes", ahead.load, ahead.seek)
