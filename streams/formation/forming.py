@@ -332,14 +332,14 @@ class Formation:
         part.users = list(users)
         self._in_flight += len(part.records)
 
-    async def _chain(self, part: "_Part", user: str, indices: list[int], before: "_Tail | None") -> None:
-        # One user's turns and commands of this batch, after their previous batch's.
+    async def _chain(self, part: "_Part", user: str, indices: list[int], before: "_Tail | None") -> bool:
+        # One user's turns and commands of this batch, after their previous batch's; True once formed.
         if before is not None:
             await asyncio.wait([before.chain])
-            if before.chain.cancelled() or before.chain.exception() is not None:
-                return  # abandoned, or fatal: its partition records nothing from here on
+            if before.chain.cancelled() or before.chain.exception() is not None or not before.chain.result():
+                return False  # abandoned, or fatal: its partition records nothing from here on
         if self._failed is not None or part.epoch != self._epoch:
-            return
+            return False
         views = await self._views_for(part.records[0].partition, user, before)
         for i in indices:
             r, event = part.turns[i]
@@ -362,6 +362,7 @@ class Formation:
                     views.facts, views.graph = MemoryView(self._embedder.model_id), GraphView(None)
                 elif isinstance(d, MemoryForgotten) and d.kind == "episode":
                     views.settle = True  # what it forgot stays in the store until it is recorded and applied
+        return True
 
     async def _views_for(self, partition: int, user: str, before: "_Tail | None") -> "_Views":
         views = self._views.pop(user, None)
@@ -398,7 +399,8 @@ class Formation:
             failed = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
             if failed:
                 self._fail(failed[0])
-            if failed or any(t.cancelled() for t in tasks) or self._failed is not None or part.epoch != self._epoch:
+            if (failed or any(t.cancelled() for t in tasks) or not all(t.result() for t in part.chains)
+                    or self._failed is not None or part.epoch != self._epoch):
                 return False
             decisions = [(part.turns[i][0], d) for i in range(len(part.turns)) for d in part.made[i]]
             letters = part.letters + [(part.turns[i][0], self.name, why) for i, why in sorted(part.refused.items())]
