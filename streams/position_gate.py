@@ -33,9 +33,11 @@ class PositionGate:
         self._heard: dict[tuple[str, int], float] = {}  # tp being sought -> when a record last came
         self._moved: dict[tuple[str, int], float] = {}  # tp -> when a record was last admitted
         self._admitting: set[tuple[str, int]] = set()  # tps a record was admitted from since assigned
+        self._forgets = 0  # so far: an admission that read the store across one admits nothing
 
     def forget(self, tps: Iterable[tuple[str, int]]) -> None:
         """Drop cached positions (on rebalance: another worker may have moved them)."""
+        self._forgets += 1
         for tp in tps:
             self._next.pop(tp, None)
             self._seeking.pop(tp, None)
@@ -93,8 +95,11 @@ class PositionGate:
                 await self._seek(tp[0], tp[1], self._next[tp])
 
     async def admit(self, records: list[Record]) -> list[Record]:
+        forgets = self._forgets
         for topic in {r.topic for r in records if (r.topic, r.partition) not in self._next}:
             stored = await self._load(topic)
+            if forgets != self._forgets:
+                return []  # partitions revoked meanwhile: these records are from before
             for r in records:
                 if r.topic == topic:
                     self._next.setdefault((topic, r.partition), stored.get(r.partition, 0))
@@ -147,7 +152,7 @@ async def align(gates: list[PositionGate], topic: str, consumer_positions: dict[
         for p, expected in (await gate.expect(topic, list(consumer_positions))).items():
             target[p] = min(target.get(p, expected), expected)
     for p, at in consumer_positions.items():
-        if any(g.admitting(topic, p) for g in gates):
+        if p not in target:  # every gate admitting it already
             continue
         if at is not None and at > target[p]:
             log.warning("%s/%s would resume at %s but %s applied only up to %s; seeking back",

@@ -244,13 +244,17 @@ class Runtime:
                     e.ack()
         return acknowledge
 
-    async def abandon(self) -> None:
-        """Give up formation's batches in flight (partitions revoked): what was not recorded is
-        formed again from the stored positions, here or by the partitions' next owner."""
+    async def revoke(self, tps) -> None:
+        """Partitions revoked: no batch opened before is admitted, what pipelined steps have in
+        flight is given up (formed again from the stored positions, here or by the partitions'
+        next owner), and what was cached of the partitions forgotten — before and after the
+        batches being recorded finish (they tell the barrier what they produced)."""
         self._revocations += 1
+        self.forget(tps)
         for step, _ in self.steps.values():
             if isinstance(step, PipelinedStep):
                 await step.abandon()
+        self.forget(tps)
 
     def forget(self, tps) -> None:
         for _, gate in self.steps.values():
@@ -263,6 +267,9 @@ class Runtime:
         admits, opened once and in log order by that topic's sealer (a record the gates turn
         away is never opened, so a forget is never read ahead of the records before it)."""
         name, revocations = "opening", self._revocations
+        # Faust checks an event's consumer generation when it buffers it, not when the buffer
+        # is handed on: events of partitions revoked since are not this consumer's to apply.
+        events = [e for e in events if e.message.generation_id == self.app.consumer_generation_id]
         try:
             records = [from_faust(e) for e in events]
             admitted = {n: await self.steps[n][1].admit(records) for n in names}
@@ -368,8 +375,7 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender, revoked, **kwargs):
-        await runtime.abandon()  # every partition is revoked at a rebalance (eager protocol)
-        runtime.forget(revoked)
+        await runtime.revoke(revoked)  # every partition, at a rebalance (the eager protocol)
 
     @app.on_rebalance_complete.connect
     async def on_rebalance_complete(sender, **kwargs):

@@ -102,6 +102,34 @@ async def test_a_record_admitted_while_the_alignment_reads_the_store_is_not_admi
     assert [r.offset for r in await g.admit([rec(0, o) for o in range(3, 7)])] == [5, 6]
 
 
+async def test_records_read_across_a_revoke_are_not_admitted_and_the_partition_is_forgotten():
+    f = Fakes({0: 0})
+    g = PositionGate("x", f.load, f.seek)
+    load = f.load
+
+    async def revoked_meanwhile(topic):
+        g._load = load
+        g.forget([("t", 0)])
+        return await load(topic)
+
+    g._load = revoked_meanwhile
+    assert await g.admit([rec(0, 0), rec(0, 1)]) == []
+    assert not g.admitting("t", 0)
+    assert [r.offset for r in await g.admit([rec(0, 0)])] == [0]  # assigned again: from the store
+    g.forget([("t", 0)])
+    assert not g.admitting("t", 0)
+
+
+async def test_a_gate_behind_is_sought_back_though_another_sharing_the_consumer_admits():
+    ahead, behind = Fakes({0: 0}), Fakes({0: 4})
+    a = PositionGate("episodes", ahead.load, ahead.seek)
+    b = PositionGate("facts", behind.load, behind.seek)
+    await a.admit([rec(0, o) for o in range(3)])
+    await align([a, b], "t", {0: 12}, ahead.seek)
+    assert ahead.seeks == [("t", 0, 4)]
+    assert [r.offset for r in await a.admit([rec(0, o) for o in range(4)])] == [3]  # the rest: redeliveries
+
+
 async def test_steps_sharing_a_consumer_resume_at_the_least_advanced_one():
     ahead, behind = Fakes({0: 10}), Fakes({0: 4})
     a = PositionGate("episodes", ahead.load, ahead.seek)
