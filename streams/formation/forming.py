@@ -134,16 +134,14 @@ class ProjectionBarrier:
         return (partition in self._whole
                 and self._applied.get(partition, 0) >= self._by_user.get((partition, user_id), 0))
 
-    async def wait(self, partition: int, users=None) -> None:
-        """Until the projections have applied what formation produced for ``users`` (default:
-        everyone) on ``partition``; on a fresh assignment, every decision already there."""
+    async def wait(self, partition: int, users) -> None:
+        """Until the projections have applied what formation produced for ``users`` on
+        ``partition``; on a fresh assignment, every decision already there."""
         if partition not in self._whole:
             ending = self._ending.get(partition)
             if ending is None or (ending.done() and (ending.cancelled() or ending.exception() is not None)):
                 ending = self._ending[partition] = asyncio.ensure_future(self._end_offset(partition))  # one ask for all
             needed = self._needed[partition] = max(self._needed.get(partition, 0), await asyncio.shield(ending))
-        elif users is None:
-            needed = self._needed[partition]
         else:
             needed = max((self._by_user.get((partition, u), 0) for u in users), default=0)
         deadline = asyncio.get_running_loop().time() + self._timeout
