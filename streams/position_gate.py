@@ -53,7 +53,10 @@ class PositionGate:
     async def expect(self, topic: str, partitions) -> dict[int, int]:
         """Reload the stored positions of ``partitions`` (after an assignment), but for those a
         record was admitted from since (also while the store was read): which are left out."""
+        forgets = self._forgets
         stored = await self._load(topic)
+        if forgets != self._forgets:
+            return {}  # revoked meanwhile: the store may have moved on since it was read (a batch recorded)
         fresh = [p for p in partitions if not self.admitting(topic, p)]
         for p in fresh:
             self._next[(topic, p)] = stored.get(p, 0)

@@ -32,9 +32,10 @@ class PipelinedStep(Step, Protocol):
     would have left it — batches become durable in the order admitted, per partition. A
     ``Retryable`` error is retried inside the step; anything else is fatal: the step stops the
     process (or, with nobody to stop it, the next ``admit`` or ``drain`` raises it).
-    ``drain()``: until everything admitted is durable. ``abandon()``: cancels what is not yet
-    being recorded (its partitions revoked); what it gave up is never recorded, so it is applied
-    again from the stored positions. ``process`` is ``admit`` then ``drain``.
+    ``drain()``: until everything admitted is durable or abandoned. ``abandon()``: cancels what
+    is not yet being recorded (its partitions revoked); what it gave up is never recorded, so it
+    is applied again from the stored positions. ``process`` is ``admit`` then ``drain``, and
+    raises a ``Retryable`` error if what it admitted was abandoned.
     """
 
     async def admit(self, records: list[Record], recorded: Callable[[], None] | None = None) -> None: ...

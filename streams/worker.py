@@ -71,6 +71,7 @@ class Runtime:
         self.partitions: int | None = None
         self.steps: dict[str, tuple[Step, PositionGate]] = {}
         self._revocations = 0  # so far: a batch begun before the last one is not formation's any more
+        self._revoked_generation: int | None = None  # the consumer generation last revoked
         self.app: faust.App | None = None
 
     async def ready(self) -> None:
@@ -250,6 +251,7 @@ class Runtime:
         next owner), and what was cached of the partitions forgotten — before and after the
         batches being recorded finish (they tell the barrier what they produced)."""
         self._revocations += 1
+        self._revoked_generation = self.app.consumer_generation_id  # Faust sets the next one on assignment
         self.forget(tps)
         for step, _ in self.steps.values():
             if isinstance(step, PipelinedStep):
@@ -268,8 +270,10 @@ class Runtime:
         away is never opened, so a forget is never read ahead of the records before it)."""
         name, revocations = "opening", self._revocations
         # Faust checks an event's consumer generation when it buffers it, not when the buffer
-        # is handed on: events of partitions revoked since are not this consumer's to apply.
-        events = [e for e in events if e.message.generation_id == self.app.consumer_generation_id]
+        # is handed on: events of partitions revoked since are not this consumer's to apply —
+        # nor, while a revoke is under way (no generation assigned yet), any event at all.
+        generation = self.app.consumer_generation_id
+        events = [e for e in events if e.message.generation_id == generation != self._revoked_generation]
         try:
             records = [from_faust(e) for e in events]
             admitted = {n: await self.steps[n][1].admit(records) for n in names}

@@ -95,6 +95,13 @@ class ProjectionLagging(Retryable, TimeoutError):
     """The projections formation reads have not caught up with what it produced (retried)."""
 
 
+class Abandoned(Retryable):
+    """Records given up before they were recorded (their partitions revoked): form them again."""
+
+
+PRUNE_AT = 10_000  # the barrier's users from which it drops those the projections have applied
+
+
 class ProjectionBarrier:
     """Waits until the projections formation reads (facts, graph) have applied what formation
     produced to a partition."""
@@ -104,24 +111,21 @@ class ProjectionBarrier:
     def __init__(self, pool: asyncpg.Pool, decisions_topic: str,
                  end_offset: Callable[[int], Awaitable[int]], timeout: float = 30.0):
         self._pool, self._topic, self._end_offset, self._timeout = pool, decisions_topic, end_offset, timeout
-        self._needed: dict[int, int] = {}
         self._whole: set[int] = set()  # waited for as a whole since assigned (the previous owner's decisions too)
         # (partition, user) -> the offset past that user's last decision: a batch waits only for
         # the users in it (others' decisions cannot change what it decides).
         self._by_user: dict[tuple[int, str], int] = {}
+        self._prune_at = PRUNE_AT
         self._applied: dict[int, int] = {}  # partition -> the projections' position, as last read
         self._reading: dict[int, asyncio.Future] = {}
         self._ending: dict[int, asyncio.Future] = {}  # partition -> its end offset when assigned
 
-    def produced(self, partition: int, next_offset: int, user_id: str | None = None) -> None:
-        self._needed[partition] = max(self._needed.get(partition, 0), next_offset)
-        if user_id is not None:
-            key = (partition, user_id)
-            self._by_user[key] = max(self._by_user.get(key, 0), next_offset)
+    def produced(self, partition: int, next_offset: int, user_id: str) -> None:
+        key = (partition, user_id)
+        self._by_user[key] = max(self._by_user.get(key, 0), next_offset)
 
     def forget(self, partitions) -> None:
         for p in partitions:
-            self._needed.pop(p, None)
             self._whole.discard(p)
             self._applied.pop(p, None)
             self._ending.pop(p, None)
@@ -141,7 +145,10 @@ class ProjectionBarrier:
             ending = self._ending.get(partition)
             if ending is None or (ending.done() and (ending.cancelled() or ending.exception() is not None)):
                 ending = self._ending[partition] = asyncio.ensure_future(self._end_offset(partition))  # one ask for all
-            needed = self._needed[partition] = max(self._needed.get(partition, 0), await asyncio.shield(ending))
+                ending.add_done_callback(_retrieved)  # by its waiters, unless all were cancelled
+            # Until a first wait there is over, formation records on the partition no facts
+            # or edges (a turn's chain waits first): the end offset is all there is to wait for.
+            needed = await asyncio.shield(ending)
         else:
             needed = max((self._by_user.get((partition, u), 0) for u in users), default=0)
         deadline = asyncio.get_running_loop().time() + self._timeout
@@ -150,8 +157,9 @@ class ProjectionBarrier:
             applied = await self._read(partition)
             if applied >= needed:
                 self._whole.add(partition)
-                if len(self._by_user) > 10_000:  # users long applied need no entry
-                    self._by_user = {k: v for k, v in self._by_user.items() if k[0] != partition or v > applied}
+                if len(self._by_user) > self._prune_at:  # users applied need no entry
+                    self._by_user = {k: v for k, v in self._by_user.items() if v > self._applied.get(k[0], 0)}
+                    self._prune_at = max(PRUNE_AT, 2 * len(self._by_user))  # scanned again once it doubled
                 return
             if asyncio.get_running_loop().time() > deadline:
                 # The facts projection may be restarting or on another worker.
@@ -167,7 +175,7 @@ class ProjectionBarrier:
                 "SELECT coalesce(min(next_offset), 0) FROM projection_positions WHERE projection = ANY($3::text[]) "
                 "AND topic = $1 AND partition = $2 HAVING count(*) = cardinality($3::text[])",
                 self._topic, partition, list(self.projections)))
-            reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved by its waiters
+            reading.add_done_callback(_retrieved)
         applied = await asyncio.shield(reading) or 0
         self._applied[partition] = max(self._applied.get(partition, 0), applied)
         return applied
@@ -214,8 +222,11 @@ class Formation:
         self._on_fatal, self._timed = on_fatal, timed or (lambda seconds: None)
 
     async def process(self, records: list[Record]) -> None:
+        epoch = self._epoch
         await self.admit(records)
         await self.drain()
+        if epoch != self._epoch:
+            raise Abandoned(f"{len(records)} records given up before they were recorded (partitions revoked)")
 
     async def admit(self, records: list[Record], recorded: Callable[[], None] | None = None) -> None:
         """``PipelinedStep.admit``: room means fewer than ``in_flight`` records in flight. Each
@@ -244,7 +255,7 @@ class Formation:
         self._raise_failed()
 
     async def drain(self) -> None:
-        """Until everything admitted is durable (or raise what stopped it)."""
+        """Until everything admitted is durable or abandoned (or raise what stopped it)."""
         while self._finishing:
             await asyncio.wait(list(self._finishing.values()))
         self._raise_failed()
@@ -300,23 +311,17 @@ class Formation:
         return task
 
     def _start(self, part: "_Part") -> None:
-        said = [(i, t) for i, (_, t) in enumerate(part.turns) if isinstance(t, TurnRecorded)]
-        texts = [episode_text(t) for _, t in said]
-        # The episodes are embedded while the model is asked about their turns.
-        embed = lambda: asyncio.to_thread(self._embedder.embed, texts)  # noqa: E731
-        part.embedded = self._spawn(retried("embedding episodes", embed) if said else asyncio.sleep(0, []))
-        part.where = {i: n for n, (i, _) in enumerate(said)}
+        embedding, part.where = self._episodes(part.turns)
+        part.embedded = self._spawn(embedding)
         for i, _ in enumerate(part.turns):
             self._ranked += 1
             part.ranks[i] = self._ranked
         if self._turn_extractor is not None:
             # What the model reads in a turn does not depend on what came before: asked for at
             # once, beside the user's earlier turns (only resolving them must wait).
-            for i, t in said:
-                part.extracted[i] = self._spawn(self._extract(t, part.ranks[i]))
-        users: dict[str, list[int]] = {}
-        for i, (_, event) in enumerate(part.turns):
-            users.setdefault(event.user_id, []).append(i)
+            for i in part.where:
+                part.extracted[i] = self._spawn(self._extract(part.turns[i][1], part.ranks[i]))
+        users = _by_user(part.turns)
         p = part.records[0].partition
         part.finish = self._spawn(self._finish(part, self._finishing.get(p)))
         self._finishing[p] = part.finish
@@ -329,6 +334,15 @@ class Formation:
             part.chains.append(task)
         part.users = list(users)
         self._in_flight += len(part.records)
+
+    def _episodes(self, turns: list[tuple[Record, Event]]) -> tuple[Awaitable[list], dict[int, int]]:
+        """The embedding of ``turns``' episodes, to ask for at once (while the model is asked
+        about their turns), and each turn's index in it."""
+        said = [(i, t) for i, (_, t) in enumerate(turns) if isinstance(t, TurnRecorded)]
+        texts = [episode_text(t) for _, t in said]
+        embed = lambda: asyncio.to_thread(self._embedder.embed, texts)  # noqa: E731
+        return (retried("embedding episodes", embed) if said else asyncio.sleep(0, [])), {
+            i: n for n, (i, _) in enumerate(said)}
 
     async def _chain(self, part: "_Part", user: str, indices: list[int], before: "_Tail | None") -> bool:
         # One user's turns and commands of this batch, after their previous batch's; True once formed.
@@ -344,6 +358,10 @@ class Formation:
             _RANK.set(part.ranks[i])
 
             async def attempt():
+                if part.epoch != self._epoch:
+                    # Abandoned, and the cancel lost: cancelled as a model call failed, a task
+                    # group raises the call's error instead, and it is retried.
+                    raise asyncio.CancelledError
                 # On forks: a turn that fails half way is retried as if never begun.
                 facts, graph = views.facts.fork(), views.graph.fork()
                 made, refused = await self._form(r, event, facts, graph, part.embedded, part.where.get(i),
@@ -464,11 +482,8 @@ class Formation:
         goes to ``letters`` as ``(record, stage, reason)``."""
         if not turns:
             return []
-        said = [t for _, t in turns if isinstance(t, TurnRecorded)]
-        # The episodes are embedded while the model is asked about their turns.
-        embedded = asyncio.ensure_future(asyncio.to_thread(self._embedder.embed, [episode_text(t) for t in said])
-                                         if said else asyncio.sleep(0, []))
-        where = {id(t): i for i, t in enumerate(said)}
+        embedding, where = self._episodes(turns)
+        embedded = asyncio.ensure_future(embedding)
         overlay = view if view is not None else PostgresView(self._pool, self._embedder.model_id)
         graph = graph if graph is not None else GraphView(self._load_graph)
         made: list[list[Decision]] = [[] for _ in turns]
@@ -478,17 +493,14 @@ class Formation:
             # One user's turns and commands, each after the one before: it sees their decisions.
             for i in indices:
                 r, event = turns[i]
-                made[i], why = await self._form(r, event, overlay, graph, embedded, where.get(id(event)))
+                made[i], why = await self._form(r, event, overlay, graph, embedded, where.get(i))
                 if why is not None:
                     refused[i] = why
 
-        users: dict[str, list[int]] = {}
-        for i, (_, event) in enumerate(turns):
-            users.setdefault(event.user_id, []).append(i)
         # Users are independent (per-user order is the only order formation owes): their turns
         # wait on the model side by side. The decisions leave in the batch's order all the same.
         try:
-            await _together(*(in_order(indices) for indices in users.values()))
+            await _together(*(in_order(indices) for indices in _by_user(turns).values()))
         finally:
             if not embedded.done():
                 embedded.cancel()
@@ -745,6 +757,19 @@ def _bears_on(m: int, n: int, candidates, shown, vectors) -> bool:
 
     return (candidates[m].attribute == candidates[n].attribute or not related(m).isdisjoint(related(n))
             or float(vectors[m] @ vectors[n]) >= RELATED)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    # A shared ask's outcome is its waiters' to see; with none left it must not warn unretrieved.
+    future.cancelled() or future.exception()
+
+
+def _by_user(turns: list[tuple[Record, Event]]) -> dict[str, list[int]]:
+    """Each user's turns and commands (indices into ``turns``), in order."""
+    users: dict[str, list[int]] = {}
+    for i, (_, event) in enumerate(turns):
+        users.setdefault(event.user_id, []).append(i)
+    return users
 
 
 async def _together(*coroutines) -> list:

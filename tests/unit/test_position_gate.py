@@ -181,3 +181,21 @@ async def test_a_partition_with_records_past_its_position_but_none_coming_is_sou
     await check()
     assert f.seeks == [("t", 0, 6)]
     assert [r.offset for r in await g.admit([rec(0, 6)])] == [6]
+
+
+async def test_an_alignment_that_reads_the_store_across_a_revoke_leaves_the_positions_to_the_next_batch():
+    f = Fakes({0: 3})
+    g = PositionGate("x", f.load, f.seek)
+    load = f.load
+
+    async def revoked_meanwhile(topic):
+        got = await load(topic)  # read before the revoke's last batch was recorded
+        g._load = load
+        g.forget([("t", 0)])
+        f.stored[0] = 5
+        return got
+
+    g._load = revoked_meanwhile
+    await align([g], "t", {0: 9}, f.seek)
+    assert f.seeks == []
+    assert [r.offset for r in await g.admit([rec(0, o) for o in range(3, 7)])] == [5, 6]  # read afresh
