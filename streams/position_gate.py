@@ -52,7 +52,8 @@ class PositionGate:
 
     async def expect(self, topic: str, partitions) -> dict[int, int]:
         """Reload the stored positions of ``partitions`` (after an assignment), but for those a
-        record was admitted from since (also while the store was read): which are left out."""
+        record was admitted from since (also while the store was read): which are left out.
+        Nothing is reloaded (``{}``) if a revoke came while the store was read."""
         forgets = self._forgets
         stored = await self._load(topic)
         if forgets != self._forgets:

@@ -71,7 +71,7 @@ class Runtime:
         self.partitions: int | None = None
         self.steps: dict[str, tuple[Step, PositionGate]] = {}
         self._revocations = 0  # so far: a batch begun before the last one is not formation's any more
-        self._revoked_generation: int | None = None  # the consumer generation last revoked
+        self._revoked_generation: int | None = None  # the consumer generation revoked, until assigned again
         self.app: faust.App | None = None
 
     async def ready(self) -> None:
@@ -258,6 +258,11 @@ class Runtime:
                 await step.abandon()
         self.forget(tps)
 
+    def assigned(self) -> None:
+        # Kafka may assign again under the revoked generation (a member rejoining a stable
+        # group): its events are this consumer's. Any it was fed before this are sought back to.
+        self._revoked_generation = None
+
     def forget(self, tps) -> None:
         for _, gate in self.steps.values():
             gate.forget([(tp.topic, tp.partition) for tp in tps])
@@ -388,6 +393,7 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender, assigned, **kwargs):
+        runtime.assigned()
         await runtime.check_partitions()  # new partitions trigger a rebalance: see it at once
         # Nothing to forget: a revoke came first (eager rebalancing), and records may already
         # have been admitted meanwhile (Faust feeds the agents before this runs), still in flight.

@@ -222,10 +222,10 @@ class Formation:
         self._on_fatal, self._timed = on_fatal, timed or (lambda seconds: None)
 
     async def process(self, records: list[Record]) -> None:
-        epoch = self._epoch
-        await self.admit(records)
+        recorded = []
+        await self.admit(records, recorded=lambda: recorded.append(True))
         await self.drain()
-        if epoch != self._epoch:
+        if not recorded:
             raise Abandoned(f"{len(records)} records given up before they were recorded (partitions revoked)")
 
     async def admit(self, records: list[Record], recorded: Callable[[], None] | None = None) -> None:
@@ -320,7 +320,7 @@ class Formation:
             # What the model reads in a turn does not depend on what came before: asked for at
             # once, beside the user's earlier turns (only resolving them must wait).
             for i in part.where:
-                part.extracted[i] = self._spawn(self._extract(part.turns[i][1], part.ranks[i]))
+                part.extracted[i] = self._spawn(self._extract(part.turns[i][1], part.ranks[i], part.epoch))
         users = _by_user(part.turns)
         p = part.records[0].partition
         part.finish = self._spawn(self._finish(part, self._finishing.get(p)))
@@ -359,8 +359,8 @@ class Formation:
 
             async def attempt():
                 if part.epoch != self._epoch:
-                    # Abandoned, and the cancel lost: cancelled as a model call failed, a task
-                    # group raises the call's error instead, and it is retried.
+                    # Abandoned, and the cancel lost: cancelled as a model call fails, a task
+                    # group (or a client) raises the call's error instead, and it is retried.
                     raise asyncio.CancelledError
                 # On forks: a turn that fails half way is retried as if never begun.
                 facts, graph = views.facts.fork(), views.graph.fork()
@@ -425,6 +425,8 @@ class Formation:
                 retried("formation", lambda: self._record(part.records, decisions, letters)))
             self._recording.add(recording)
             recording.add_done_callback(self._recording.discard)
+            # Said once recorded, even across an abandon (whose caller then acknowledges nothing).
+            recording.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or part.recorded())
             await asyncio.shield(recording)
             if part.epoch != self._epoch:
                 return True  # abandoned meanwhile: the bookkeeping below was cleared with it
@@ -436,7 +438,6 @@ class Formation:
                     del self._tails[user]
             self._in_flight -= len(part.records)
             self._timed(time.perf_counter() - part.admitted)
-            part.recorded()
             return True
         except asyncio.CancelledError:
             raise
@@ -549,10 +550,15 @@ class Formation:
         async with self._slots.slot(_RANK.get()):
             return await call(*args)
 
-    async def _extract(self, turn: TurnRecorded, rank: int):
+    async def _extract(self, turn: TurnRecorded, rank: int, epoch: int):
         _RANK.set(rank)  # this task's own context
-        return await retried(f"extraction of {turn.event_id}",
-                             lambda: self._llm(self._turn_extractor.extract_turn, turn))
+
+        async def once():
+            if epoch != self._epoch:
+                raise asyncio.CancelledError  # abandoned, the cancel lost to the call's error (``_chain``)
+            return await self._llm(self._turn_extractor.extract_turn, turn)
+
+        return await retried(f"extraction of {turn.event_id}", once)
 
     async def _command(self, r: Record, e: Event, overlay: FactView, graph: GraphView) -> list[Decision]:
         """The decisions a command about ``e.user_id``'s memory makes."""

@@ -62,6 +62,17 @@ async def test_no_event_is_applied_from_a_revoke_until_the_next_assignment():
     assert step.offsets == [0, 2]
 
 
+async def test_an_assignment_under_the_revoked_generation_is_applied():
+    runtime = Runtime(Settings(), "postgresql://unused", "projections")
+    runtime.app = SimpleNamespace(consumer_generation_id=5)
+    step = Applied()
+    runtime.steps, runtime.sealers = {"applied": (step, Open())}, {"t": Plain()}
+    await runtime.revoke([])
+    runtime.assigned()  # a member rejoining a stable group keeps its generation
+    await runtime.run_batch(["applied"], [event(0, 5)])
+    assert step.offsets == [0]
+
+
 class Throttles(OfflineTurnExtractor):
     """Throttled on every call, after ``at`` has been set."""
 
@@ -78,12 +89,13 @@ class Throttles(OfflineTurnExtractor):
 
 class FailsAsAbandoned(OfflineExtractor):
     """Asks ``formation`` to abandon its work on the first call, and fails as the cancel lands
-    (a client turning the cancel into its own error)."""
+    (a client turning the cancel into its own error); as the facts extractor or the turn's."""
 
     def __init__(self):
-        self.calls, self.formation = 0, None
+        self.calls, self.formation, self.turns = 0, None, OfflineTurnExtractor()
+        self.model_id = self.relations_model_id = "fails-as-abandoned"
 
-    async def extract(self, turn):
+    async def _first(self):
         self.calls += 1
         if self.calls == 1:
             self.abandoning = asyncio.ensure_future(self.formation.abandon())
@@ -92,14 +104,23 @@ class FailsAsAbandoned(OfflineExtractor):
             except asyncio.CancelledError:
                 pass
             raise Throttled("a quota, for the test")
+
+    async def extract(self, turn):
+        await self._first()
         return await super().extract(turn)
 
+    async def extract_turn(self, turn):
+        await self._first()
+        return await self.turns.extract_turn(turn)
 
-async def test_a_turn_cancelled_as_its_model_call_fails_is_not_retried():
+
+@pytest.mark.parametrize("call", ["extraction of facts", "one extraction for the turn"])
+async def test_a_turn_cancelled_as_its_model_call_fails_is_not_retried(call):
     model = FailsAsAbandoned()
+    turn_model = model if call == "one extraction for the turn" else None
     f = model.formation = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=model,
                                     resolver=OfflineResolver(), dead_letters=None, pool=None, barrier=None,
-                                    record_position=False)
+                                    record_position=False, turn_extractor=turn_model)
     await f.admit([turn(0)])
     await asyncio.wait_for(asyncio.sleep(0.01), 1)
     await asyncio.wait_for(model.abandoning, 5)
