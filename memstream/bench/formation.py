@@ -191,6 +191,7 @@ async def run_formation_bench(base: Settings, *, turns: int, users: int, llm_lat
                               llm_latency_p95: float | None = None, concurrency: int | None = None,
                               paced: bool = True, on_progress=None) -> dict:
     from memstream.projections.db import create_pool, drop_schema
+    from memstream.streams.topics import drop_topics
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.producer import TurnLog
 
@@ -245,6 +246,7 @@ async def run_formation_bench(base: Settings, *, turns: int, users: int, llm_lat
         worker.stop()
         await pool.close()
         await drop_schema(dsn, settings.postgres_schema)
+        await drop_topics(settings)
     calls = used["calls"]
     report = {
         "turns": turns, "users": users, "extractor": settings.extractor,

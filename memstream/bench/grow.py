@@ -21,6 +21,7 @@ async def run_grow_bench(base: Settings, *, turns: int, users: int = 1000, on_pr
 
     from memstream.bench.rebuild import _write
     from memstream.projections.db import create_pool, drop_schema
+    from memstream.streams.topics import drop_topics
     from memstream.schemas import TurnRecorded
     from memstream.streams.kafka_util import groupless_consumer
     from memstream.streams.partition_growth import grow_partitions
@@ -59,3 +60,4 @@ async def run_grow_bench(base: Settings, *, turns: int, users: int = 1000, on_pr
         await pool.close()
         await drop_schema(dsn, settings.postgres_schema)
         await drop_schema(dsn, settings.keys_schema)
+        await drop_topics(settings)

@@ -88,6 +88,7 @@ class Visibility:
 async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: float = 25.0,
                            latency_share: float = 0.2, on_progress=None) -> dict:
     from memstream.projections.db import create_pool, drop_schema
+    from memstream.streams.topics import drop_topics
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.producer import TurnLog
     from memstream.streams.replay import PROJECTIONS, replay
@@ -146,6 +147,7 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
     finally:
         await drop_schema(dsn, settings.postgres_schema + "_replay")
         await drop_schema(dsn, settings.postgres_schema)
+        await drop_topics(settings)
     return {
         "sealed": settings.seal_records,
         "turns": turns, "users": users, "worker": "memstream worker (formation + projections processes), embed_threads=%d" % settings.embed_threads,

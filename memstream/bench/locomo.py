@@ -305,6 +305,7 @@ async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None
     and score the evidence among the returned episodes. The schema is dropped and the worker
     stopped afterwards, whatever happens; the topics stay, as with ``bench ingest``."""
     from memstream.projections.db import drop_schema, migrate
+    from memstream.streams.topics import drop_topics
     from memstream.read_client import MemoryReader
     from memstream.stack.launcher import stack_from_settings
     from memstream.stack.worker_process import WorkerProcess
@@ -336,6 +337,7 @@ async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None
         if worker is not None:
             worker.stop()
         await drop_schema(dsn, settings.postgres_schema)
+        await drop_topics(settings)
     report = {"file": str(path), "samples": len(samples), "questions": len(results), "k": k,
               **score(results, k), "ingest_seconds": round(ingest_s, 2), **_latency(latencies),
               "degraded_reads": degraded}

@@ -67,6 +67,7 @@ async def _write(settings: Settings, pool, n: int, users: int) -> float:
 async def run_rebuild_bench(base: Settings, *, episodes: int, users: int = 1000, compare_replay: bool = False,
                             on_progress=None) -> dict:
     from memstream.projections.db import create_pool, drop_schema
+    from memstream.streams.topics import drop_topics
     from memstream.streams.rebuild import rebuild_episodes
     from memstream.streams.replay import replay
 
@@ -87,3 +88,4 @@ async def run_rebuild_bench(base: Settings, *, episodes: int, users: int = 1000,
         await pool.close()
         for schema in (into, settings.postgres_schema + "_replayed", settings.postgres_schema):
             await drop_schema(dsn, schema)
+        await drop_topics(settings)

@@ -23,7 +23,7 @@ from memstream.config import Settings
 from memstream.projections.db import drop_schema, migrate
 from memstream.stack.launcher import Stack
 from memstream.stack.worker_process import worker_env
-from memstream.streams.topics import ensure_topics
+from memstream.streams.topics import drop_topics, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 HOME = Path(os.environ.get("MEMSTREAM_HOME", ROOT / ".memstream"))
@@ -74,6 +74,7 @@ async def settings(stack: Stack, dsn: str):
     yield s
     await drop_schema(dsn, s.postgres_schema)
     await drop_schema(dsn, s.keys_schema)
+    await drop_topics(s)
 
 
 @pytest.fixture

@@ -1,0 +1,46 @@
+"""A run with topics of its own deletes them, and only them, when it ends (``drop_topics``)."""
+from __future__ import annotations
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from memstream.streams.topics import drop_topics, ensure_topics
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+async def topics(settings) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+async def test_a_run_drops_its_topics_and_what_was_made_from_them_but_no_others(settings):
+    neighbour = settings.model_copy(update={
+        "events_topic": settings.events_topic + "x", "decisions_topic": settings.decisions_topic + "x",
+        "ingress_topic": settings.ingress_topic + "x", "dead_letter_topic": settings.dead_letter_topic + "x",
+        "group_id": settings.group_id + "x"})
+    await ensure_topics(neighbour)
+    grown = [f"{settings.events_topic}.p8", f"{settings.group_id}.p8-__assignor-__leader"]
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t, 1, 1) for t in grown])
+    finally:
+        await admin.close()
+    await wait_until(lambda: _listed(settings, grown), timeout=20, what="the made topics listed")
+    dropped = await drop_topics(settings)
+    assert set(dropped) == {settings.events_topic, settings.decisions_topic, settings.ingress_topic,
+                            settings.dead_letter_topic, *grown}
+    left = await topics(settings)
+    assert left.isdisjoint(dropped) and {neighbour.events_topic, neighbour.decisions_topic} <= left
+    assert await drop_topics(neighbour)
+
+
+async def _listed(settings, names) -> bool:
+    return set(names) <= await topics(settings)
