@@ -3,6 +3,7 @@ events and decisions land in the same partition number (both are keyed by ``user
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -34,12 +35,7 @@ async def ensure_topics(settings: Settings) -> None:
     """Create the events, decisions, ingress and dead-letter topics if missing, and give the
     ingress and dead-letter topics the plaintext window of ``settings``. Partition counts of
     existing topics are never changed here: that would move users' keys."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15000)
-    try:
-        await admin.start()
-    except KafkaConnectionError as exc:
-        raise BrokerUnavailable(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc
-    try:
+    async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
         window = plaintext_window(settings)
         configs = {settings.events_topic: FOREVER, settings.decisions_topic: FOREVER,
@@ -60,27 +56,35 @@ async def ensure_topics(settings: Settings) -> None:
         # as it loads its logs: many topics take a while), answer LeaderNotAvailable until then.
         await _wait_for_leaders(admin, list(configs), timeout=120)
         await _check_copartitioned(admin, settings)
-    finally:
-        await admin.close()
 
 
-async def drop_topics(settings: Settings) -> list[str]:
-    """Delete the topics of a run with topics of its own (a test, a benchmark): its four, those
-    made from them (a grown or moved log's ``<name>.p<N>``, a reform's ``<decisions>.<version>``)
-    and Faust's for its consumer groups (``<group_id>-...``, a grown log's ``<group_id>.p<N>-...``). A broker loads every topic it holds
-    at each start: thousands left behind made the local one take minutes. Returns those deleted."""
-    names = (settings.events_topic, settings.decisions_topic, settings.ingress_topic, settings.dead_letter_topic)
+async def drop_topics(*runs: Settings) -> list[str]:
+    """Delete the topics of runs with topics of their own (tests, benchmarks): each run's four,
+    those made from them (a grown or moved log's ``<name>.p<N>``, a reform's
+    ``<decisions>.<version>``) and Faust's for its consumer groups (``<group_id>-...``; a grown
+    log's ``<group_id>.p<N>-...``). A broker loads every topic it holds at each start: thousands
+    left behind made the local one take minutes. Returns those deleted."""
+    names = {n for s in runs for n in (s.events_topic, s.decisions_topic, s.ingress_topic, s.dead_letter_topic)}
+    made = tuple(p for s in runs for p in (*(n + "." for n in (s.events_topic, s.decisions_topic, s.ingress_topic,
+                                                             s.dead_letter_topic)), s.group_id + "-", s.group_id + "."))
+    if not runs:
+        return []
+    async with _admin(runs[0]) as admin:
+        mine = sorted(t for t in await admin.list_topics() if t in names or t.startswith(made))
+        for i in range(0, len(mine), 500):  # a request the controller answers within the timeout
+            await admin.delete_topics(mine[i:i + 500])
+        return mine
+
+
+@contextlib.asynccontextmanager
+async def _admin(settings: Settings):
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15000)
     try:
         await admin.start()
     except KafkaConnectionError as exc:
         raise BrokerUnavailable(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc
     try:
-        mine = sorted(t for t in await admin.list_topics() if t in names or t.startswith(
-            (*(n + "." for n in names), settings.group_id + "-", settings.group_id + ".")))
-        if mine:
-            await admin.delete_topics(mine)
-        return mine
+        yield admin
     finally:
         await admin.close()
 

@@ -55,8 +55,17 @@ def no_postgres_crash(request):
         pytest.fail("Postgres crashed during this test: " + "; ".join(crashes), pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def runs(stack: Stack):
+    """Every test's settings: their topics are deleted at the end, at once (a broker loads every
+    topic it holds at each start)."""
+    made: list[Settings] = []
+    yield made
+    asyncio.run(drop_topics(*made))
+
+
 @pytest.fixture
-async def settings(stack: Stack, dsn: str):
+async def settings(stack: Stack, dsn: str, runs: list):
     tag = uuid.uuid4().hex[:10]
     s = Settings(
         home=HOME,
@@ -69,12 +78,12 @@ async def settings(stack: Stack, dsn: str):
         keys_schema=f"k_{tag}",
         partitions=4,
     )
+    runs.append(s)
     await ensure_topics(s)
     await migrate(dsn, s.postgres_schema)
     yield s
     await drop_schema(dsn, s.postgres_schema)
     await drop_schema(dsn, s.keys_schema)
-    await drop_topics(s)
 
 
 @pytest.fixture
