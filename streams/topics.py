@@ -64,11 +64,10 @@ async def drop_topics(*runs: Settings) -> list[str]:
     ``<decisions>.<version>``) and Faust's for its consumer groups (``<group_id>-...``; a grown
     log's ``<group_id>.p<N>-...``). A broker loads every topic it holds at each start: thousands
     left behind made the local one take minutes. Returns those deleted."""
-    names = {n for s in runs for n in (s.events_topic, s.decisions_topic, s.ingress_topic, s.dead_letter_topic)}
-    made = tuple(p for s in runs for p in (*(n + "." for n in (s.events_topic, s.decisions_topic, s.ingress_topic,
-                                                             s.dead_letter_topic)), s.group_id + "-", s.group_id + "."))
     if not runs:
         return []
+    names = {n for s in runs for n in (s.events_topic, s.decisions_topic, s.ingress_topic, s.dead_letter_topic)}
+    made = (*(n + "." for n in names), *(s.group_id + end for s in runs for end in "-."))
     async with _admin(runs[0]) as admin:
         mine = sorted(t for t in await admin.list_topics() if t in names or t.startswith(made))
         for i in range(0, len(mine), 500):  # a request the controller answers within the timeout

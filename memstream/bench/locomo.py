@@ -302,8 +302,8 @@ def select_samples(samples: list[Sample], conv: str | None) -> list[Sample]:
 async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None, k: int = 5,
                           catch_up_timeout: float = CATCH_UP_TIMEOUT_S, on_progress=None) -> dict:
     """Ingest ``path`` through a fresh pipeline (own topics, group and schema), ask every question
-    and score the evidence among the returned episodes. The schema is dropped and the worker
-    stopped afterwards, whatever happens; the topics stay, as with ``bench ingest``."""
+    and score the evidence among the returned episodes. The schema is dropped, the worker
+    stopped and the topics deleted afterwards, whatever happens."""
     from memstream.projections.db import drop_schema, migrate
     from memstream.streams.topics import drop_topics
     from memstream.read_client import MemoryReader

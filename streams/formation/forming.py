@@ -358,10 +358,6 @@ class Formation:
             _RANK.set(part.ranks[i])
 
             async def attempt():
-                if part.epoch != self._epoch:
-                    # Abandoned, and the cancel lost: cancelled as a model call fails, a task
-                    # group (or a client) raises the call's error instead, and it is retried.
-                    raise asyncio.CancelledError
                 # On forks: a turn that fails half way is retried as if never begun.
                 facts, graph = views.facts.fork(), views.graph.fork()
                 made, refused = await self._form(r, event, facts, graph, part.embedded, part.where.get(i),
@@ -369,7 +365,8 @@ class Formation:
                 views.facts, views.graph = facts, graph
                 return made, refused
 
-            part.made[i], why = await retried(f"formation of {type(event).__name__} {event.event_id}", attempt)
+            part.made[i], why = await self._retried(f"formation of {type(event).__name__} {event.event_id}",
+                                                    part.epoch, attempt)
             if why is not None:
                 part.refused[i] = why
             for d in part.made[i]:
@@ -553,12 +550,19 @@ class Formation:
     async def _extract(self, turn: TurnRecorded, rank: int, epoch: int):
         _RANK.set(rank)  # this task's own context
 
+        return await self._retried(f"extraction of {turn.event_id}", epoch,
+                                   lambda: self._llm(self._turn_extractor.extract_turn, turn))
+
+    async def _retried(self, what: str, epoch: int, attempt_once):
+        """``retried``, for work of ``epoch``: given up at the next attempt once abandoned. The
+        cancel can be lost: cancelled as a model call fails, a task group (or a client) raises
+        the call's error instead, and it would be retried."""
         async def once():
             if epoch != self._epoch:
-                raise asyncio.CancelledError  # abandoned, the cancel lost to the call's error (``_chain``)
-            return await self._llm(self._turn_extractor.extract_turn, turn)
+                raise asyncio.CancelledError
+            return await attempt_once()
 
-        return await retried(f"extraction of {turn.event_id}", once)
+        return await retried(what, once)
 
     async def _command(self, r: Record, e: Event, overlay: FactView, graph: GraphView) -> list[Decision]:
         """The decisions a command about ``e.user_id``'s memory makes."""
