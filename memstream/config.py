@@ -75,6 +75,9 @@ class Settings(BaseModel):
     # Records formation holds in flight, decided but not yet produced or still being decided:
     # past this many, the worker stops taking batches until the oldest are recorded.
     formation_in_flight: int = Field(1024, ge=1)
+    # Times a turn's extraction, or its resolution, is asked when the model gives no usable answer
+    # (Unanswered) before formation gives the turn up: its episode kept, the turn dead-lettered.
+    formation_model_attempts: int = Field(5, ge=1)
     # extractor "offline+latency" only (benchmarks and tests: memstream.llm.latency): seconds per
     # call (p50, and p95 of a log-normal; None: always p50) and the calls at once past which it throttles.
     stand_in_latency_p50: float = Field(0.8, ge=0)

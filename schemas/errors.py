@@ -10,8 +10,9 @@ which it was raised (``streams.worker``: one ``except`` per kind):
   batch is applied;
 * anything else — a bug or a broken deployment: the worker stops without acknowledging.
 
-Errors of other libraries are translated into these kinds at one seam
-(``streams.errors.as_retryable``), so no decision is made by matching names.
+Errors of other libraries are translated into these kinds at their seams — Postgres's and
+Kafka's at ``streams.errors.as_retryable``, a model service's in its adapter
+(``memstream.llm.bedrock``) — so the rest never decides by matching names.
 """
 
 

@@ -114,6 +114,7 @@ class Runtime:
                                        partitions=partitions, sealer=self.sealer, ends_keys=True,
                                        decided=self.metrics.decided, turn_extractor=turn,
                                        concurrency=s.formation_concurrency, in_flight=s.formation_in_flight,
+                                       model_attempts=s.formation_model_attempts,
                                        on_fatal=lambda exc: _fatal("formation", exc),
                                        timed=self.metrics.batch.labels("formation").observe))
                 log.info("formation ready: embedder=%s extractor=%s resolver=%s",

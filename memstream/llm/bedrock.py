@@ -2,9 +2,14 @@
 
 Credentials come only from boto3's own chain or from arguments passed to ``bedrock_client``;
 this module never reads the environment. boto3 is synchronous, so calls run in a thread.
-Throttling and transient service errors are retried with exponential backoff; a response
-without the forced tool call, or whose input does not fit the tool's schema, raises
-``MalformedOutput`` (formation then retries the batch, it never guesses).
+Throttling, transient service errors and lost connections are retried with exponential
+backoff, then raised as ``Throttled`` or ``ModelUnavailable`` (formation retries the turn). The
+model failing on the request (``ModelFailed``), or a response without the forced tool call or
+whose input does not fit the tool's schema (``MalformedOutput``), is raised at once: formation
+asks again a few times, it never guesses. A turn too long for the model, or an answer a content
+filter or guardrail stopped, raises ``ModelRefused`` (formation dead-letters the turn). Any
+other client error (credentials, access, a model id or setting the model does not take) is
+raised as it is: the deployment is broken, the worker stops.
 """
 from __future__ import annotations
 
@@ -13,22 +18,30 @@ import concurrent.futures
 import functools
 import json
 import logging
+import re
 from datetime import datetime
 from typing import Any, Literal, Sequence
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
 from pydantic import BaseModel, Field, ValidationError
-from memstream.llm.protocols import (CATEGORIES, CandidateFact, ExistingFact, MalformedOutput, Operation,
-                                     Resolution, TurnCandidates)
+from memstream.llm.protocols import (CATEGORIES, CandidateFact, ExistingFact, MalformedOutput, ModelRefused,
+                                     ModelFailed, ModelUnavailable, Operation, Resolution, Throttled,
+                                     TurnCandidates)
 from memstream.llm.retrying import retrying
 from memstream.schemas import TurnRecorded
 
 log = logging.getLogger("memstream.llm")
 
-RETRYABLE = frozenset({"ThrottlingException", "ServiceUnavailableException", "InternalServerException",
-                       "ModelNotReadyException", "TooManyRequestsException"})
+THROTTLING = frozenset({"ThrottlingException"})
+RETRYABLE = THROTTLING | {"ServiceUnavailableException", "InternalServerException", "ModelNotReadyException"}
+# The model failing on this request: not asked again here, formation's attempts of the turn count it.
+FAILED = frozenset({"ModelTimeoutException", "ModelErrorException"})
+# A ValidationException is Bedrock's every 400: only one about the input's length is the turn's
+# (any other is the deployment's: a model id, a tool or token setting the model does not take).
+TOO_LONG = re.compile(r"too long|too many (input )?tokens|context (window|length)", re.IGNORECASE)
+STOPPED = frozenset({"content_filtered", "guardrail_intervened", "model_context_window_exceeded"})
 
 
 def bedrock_client(region: str, *, aws_access_key_id: str | None = None, aws_secret_access_key: str | None = None,
@@ -120,16 +133,37 @@ class _Converse:
     async def call(self, request: dict, model: type[BaseModel]) -> BaseModel:
         name = request["toolConfig"]["tools"][0]["toolSpec"]["name"]
         loop = asyncio.get_running_loop()
-        response = await retrying(
-            lambda: loop.run_in_executor(self._executor, functools.partial(self._client.converse, **request)),
-            retry_if=lambda e: isinstance(e, ClientError) and e.response["Error"]["Code"] in RETRYABLE,
-            attempts=self._attempts, backoff=self._backoff, what=f"bedrock {self.model_id}")
+        try:
+            response = await retrying(
+                lambda: loop.run_in_executor(self._executor, functools.partial(self._client.converse, **request)),
+                retry_if=_passing, attempts=self._attempts, backoff=self._backoff, what=f"bedrock {self.model_id}")
+        except ClientError as exc:
+            code, message = exc.response["Error"]["Code"], exc.response["Error"].get("Message", "")
+            what = f"bedrock {self.model_id}: {code}: {message}"
+            if code in THROTTLING:
+                raise Throttled(what) from exc
+            if code in FAILED:
+                raise ModelFailed(what) from exc
+            if code in RETRYABLE:
+                raise ModelUnavailable(what) from exc
+            if code == "ValidationException" and TOO_LONG.search(message):
+                raise ModelRefused(what) from exc
+            raise
+        except (BotoConnectionError, HTTPClientError) as exc:
+            raise ModelUnavailable(f"bedrock {self.model_id}: {type(exc).__name__}") from exc
         usage = response.get("usage", {})
         self.tokens = (self.tokens[0] + usage.get("inputTokens", 0), self.tokens[1] + usage.get("outputTokens", 0))
         return _parse(response, name, model)
 
 
+def _passing(exc: BaseException) -> bool:
+    return ((isinstance(exc, ClientError) and exc.response["Error"]["Code"] in RETRYABLE)
+            or isinstance(exc, (BotoConnectionError, HTTPClientError)))
+
+
 def _parse(response: dict, tool_name: str, model: type[BaseModel]) -> BaseModel:
+    if response.get("stopReason") in STOPPED:
+        raise ModelRefused(f"the model stopped: {response['stopReason']}")
     content = response.get("output", {}).get("message", {}).get("content", [])
     uses = [c["toolUse"] for c in content if "toolUse" in c and c["toolUse"].get("name") == tool_name]
     if not uses:
@@ -137,7 +171,9 @@ def _parse(response: dict, tool_name: str, model: type[BaseModel]) -> BaseModel:
     try:
         return model.model_validate(uses[0].get("input"))
     except ValidationError as exc:
-        raise MalformedOutput(f"{tool_name} input does not fit its schema: {exc.errors()[:3]}") from exc
+        # Without the input: it is what the model read in the turn (logged, and a dead letter's reason).
+        errors = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False)[:3]]
+        raise MalformedOutput(f"{tool_name} input does not fit its schema: {errors}") from exc
 
 
 def _render_turn(turn: TurnRecorded) -> str:

@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Protocol, Sequence
 
 from memstream.schemas import TurnRecorded
-from memstream.schemas.errors import Retryable
+from memstream.schemas.errors import Refused, Retryable
 from memstream.schemas.facts import FactContent
 
 # Categories whose facts define who the user is or what must never be violated: changing or
@@ -95,11 +95,34 @@ class TurnExtractionClient(Protocol):
         ...
 
 
-class MalformedOutput(Retryable, ValueError):
-    """The model returned output that does not fit the expected structure. Retried, logged each
-    time, rather than guessed at or skipped: formation stalls visibly until the model or the
-    prompt is fixed."""
+class Unanswered(Retryable):
+    """The model gave no usable answer to this call: asked again, logged each time, never
+    guessed at. A turn's extraction, and its resolution, are each asked at most
+    ``formation_model_attempts`` times; then the turn is given up as ``ModelRefused`` (one
+    user's turn the model cannot answer must not hold up the others; a prompt or model that
+    fails every turn passes the dead-letter limit and stops the worker)."""
+
+
+class MalformedOutput(Unanswered, ValueError):
+    """The model returned output that does not fit the expected structure."""
+
+
+class ModelFailed(Unanswered):
+    """The model failed on this request past the adapter's own retries (Bedrock's
+    ``ModelErrorException``, ``ModelTimeoutException``): often for what the turn says."""
 
 
 class Throttled(Retryable):
     """The model refused the call for now (a quota of calls or tokens): retried after a backoff."""
+
+
+class ModelUnavailable(Retryable):
+    """The model's service failed or could not be reached, past the adapter's own retries: the
+    turn is retried from its start."""
+
+
+class ModelRefused(Refused):
+    """The model will not read this turn: a content filter or guardrail stopped it, the service
+    rejected the request made of it (too long for the model), or its answers never fitted.
+    Formation records the turn's episode without facts or relations and dead-letters the turn
+    with this reason (``memstream dead-letters retry`` forms it again)."""

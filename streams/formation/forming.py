@@ -28,7 +28,8 @@ import asyncpg
 import numpy as np
 
 from memstream.embedding import Embedder, to_bytes
-from memstream.llm.protocols import ExtractionClient, Operation, Resolution, ResolutionClient, TurnExtractionClient
+from memstream.llm.protocols import (ExtractionClient, ModelRefused, Operation, Resolution, ResolutionClient,
+                                     TurnExtractionClient, Unanswered)
 from memstream.projections import positions as pos
 from memstream.projections.episodes import core as episodes
 from memstream.schemas import (SYSTEM_USER, Decision, EdgeForgotten, EpisodeForgotten, EpisodeRecorded, Event,
@@ -191,8 +192,9 @@ class Formation:
                  sealer: RecordSealer | None = None, ends_keys: bool = False, decided=None,
                  turn_extractor: TurnExtractionClient | None = None, concurrency: int = 16,
                  in_flight: int = 1024, on_fatal: Callable[[BaseException], None] | None = None,
-                 timed: Callable[[float], None] | None = None):
+                 timed: Callable[[float], None] | None = None, model_attempts: int = 5):
         self._relations, self._partitions = relations, partitions
+        self._model_attempts = model_attempts  # a turn's extraction, or resolution, asked at most this often
         # One call for a turn's facts and relations when the model offers it (fewer calls per turn).
         self._turn_extractor = turn_extractor
         self._slots = OldestFirst(concurrency)  # LLM calls in flight for this worker
@@ -283,7 +285,7 @@ class Formation:
                 for t in late:
                     t.cancel()
         for failed in outcomes:
-            if isinstance(failed, Exception):
+            if isinstance(failed, Exception) and not isinstance(failed, ModelRefused):  # its chain's to settle
                 self._fail(failed)
         async with self._room:
             self._room.notify_all()
@@ -365,8 +367,13 @@ class Formation:
                 views.facts, views.graph = facts, graph
                 return made, refused
 
-            part.made[i], why = await self._retried(f"formation of {type(event).__name__} {event.event_id}",
-                                                    part.epoch, attempt)
+            try:
+                part.made[i], why = await self._retried(f"formation of {type(event).__name__} {event.event_id}",
+                                                        part.epoch, attempt)
+            except ModelRefused as exc:  # past the turn's extraction: its resolution (the forks dropped)
+                if not isinstance(event, TurnRecorded):
+                    raise
+                part.made[i], why = self._given_up(r, event, (await part.embedded)[part.where[i]], exc)
             if why is not None:
                 part.refused[i] = why
             for d in part.made[i]:
@@ -409,7 +416,9 @@ class Formation:
                     return False
             tasks = [part.embedded, *part.chains, *part.extracted.values()]
             await asyncio.wait(tasks)
-            failed = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
+            # A refused extraction is its turn's chain's to settle (the episode alone).
+            failed = [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None
+                      and not isinstance(e, ModelRefused)]
             if failed:
                 self._fail(failed[0])
             if (failed or any(t.cancelled() for t in tasks) or not all(t.result() for t in part.chains)
@@ -477,7 +486,9 @@ class Formation:
         ``EpisodeRecorded``. Facts are decided against ``view`` and edges against ``graph``
         (default: the projections under an overlay of this batch's decisions). A command about a
         user's memory becomes its decisions in its place; one naming what its user does not hold
-        goes to ``letters`` as ``(record, stage, reason)``."""
+        goes to ``letters`` as ``(record, stage, reason)``, as does a turn whose extraction the
+        model refuses (its episode alone). Nothing is retried here: a refusal past the
+        extraction, or an error, is raised."""
         if not turns:
             return []
         embedding, where = self._episodes(turns)
@@ -511,9 +522,10 @@ class Formation:
     async def _form(self, r: Record, event: Event, overlay: FactView, graph: GraphView, embedded: asyncio.Future,
                     n: int | None, extracted: asyncio.Future | None = None) -> tuple[list[Decision], str | None]:
         """One turn's or command's decisions, applied to ``overlay`` and ``graph``; and why a
-        command was refused (it makes none). ``extracted``: the turn's extraction, if asked for already."""
+        command was refused (it makes none) or a turn given up (its episode alone). ``extracted``:
+        the turn's extraction, if asked for already."""
         if isinstance(event, TurnRecorded):
-            return await self._turn(r, event, embedded, n, overlay, graph, extracted), None
+            return await self._turn(r, event, embedded, n, overlay, graph, extracted)
         try:
             made = await self._command(r, event, overlay, graph)
         except CommandRefused as exc:
@@ -525,23 +537,35 @@ class Formation:
         return made, None
 
     async def _turn(self, r: Record, turn: TurnRecorded, embedded: asyncio.Future, n: int, overlay: FactView,
-                    graph: GraphView, extracted: asyncio.Future | None = None) -> list[Decision]:
-        """A turn's fact and edge decisions (the two pipelines side by side), then its episode."""
+                    graph: GraphView, extracted: asyncio.Future | None = None) -> tuple[list[Decision], str | None]:
+        """A turn's fact and edge decisions (the two pipelines side by side), then its episode;
+        or, if the model refuses to extract from it, its episode alone and why."""
         if self._turn_extractor is not None:
-            found = await (extracted or self._llm(self._turn_extractor.extract_turn, turn))
+            try:
+                found = await (extracted or self._llm(self._turn_extractor.extract_turn, turn))
+            except ModelRefused as exc:  # nothing decided yet: ``decide`` (no forks) can give it up too
+                return self._given_up(r, turn, (await embedded)[n], exc)
             facts, edges = await _together(self._facts(r, turn, overlay, list(found.facts)),
                                            self._edges(r, turn, graph, list(found.relations)))
         else:
             facts, edges = await _together(self._facts(r, turn, overlay), self._edges(r, turn, graph))
-        vector = (await embedded)[n]
-        episode = EpisodeRecorded(
+        # Last: a projection that has applied a turn's episode has seen all of its decisions.
+        return [*facts, *edges, self._episode(r, turn, (await embedded)[n])], None
+
+    def _given_up(self, r: Record, turn: TurnRecorded, vector: np.ndarray, exc: ModelRefused
+                  ) -> tuple[list[Decision], str]:
+        # One user's turn the model will not answer must not hold up the partition: its episode
+        # is kept (it needs no model), the turn dead-lettered to be formed again.
+        log.warning("the model refused turn %s of user %s: %s", turn.event_id, turn.user_id, exc)
+        return [self._episode(r, turn, vector)], f"its episode recorded without facts or relations: {exc}"
+
+    def _episode(self, r: Record, turn: TurnRecorded, vector: np.ndarray) -> EpisodeRecorded:
+        return EpisodeRecorded(
             decision_id=episodes.episode_id(turn.event_id), source_event_id=turn.event_id,
             source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
             user_id=turn.user_id, conversation_id=turn.conversation_id, occurred_at=turn.occurred_at,
             user_message=turn.user_message, assistant_message=turn.assistant_message,
             metadata=turn.metadata, embedding=to_bytes(vector), embedding_model=self._embedder.model_id)
-        # Last: a projection that has applied a turn's episode has seen all of its decisions.
-        return [*facts, *edges, episode]
 
     async def _llm(self, call, *args):
         async with self._slots.slot(_RANK.get()):
@@ -556,11 +580,23 @@ class Formation:
     async def _retried(self, what: str, epoch: int, attempt_once):
         """``retried``, for work of ``epoch``: given up at the next attempt once abandoned. The
         cancel can be lost: cancelled as a model call fails, a task group (or a client) raises
-        the call's error instead, and it would be retried."""
+        the call's error instead, and it would be retried. The ``model_attempts``-th call left
+        ``Unanswered`` is raised as ``ModelRefused``."""
+        unanswered = 0
+
         async def once():
+            nonlocal unanswered
             if epoch != self._epoch:
                 raise asyncio.CancelledError
-            return await attempt_once()
+            try:
+                return await attempt_once()
+            except Unanswered as exc:
+                unanswered += 1
+                if epoch != self._epoch:  # abandoned as it failed: nothing of it is to be recorded
+                    raise asyncio.CancelledError from exc
+                if unanswered >= self._model_attempts:
+                    raise ModelRefused(f"no usable answer of the model in {unanswered} attempts: {exc}") from exc
+                raise
 
         return await retried(what, once)
 

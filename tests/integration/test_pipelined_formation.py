@@ -1,10 +1,12 @@
 """Formation's pipeline (``Formation.admit``) on real Kafka and Postgres, with the offline model
 held back for one user: a user's later batches are decided while an earlier batch waits on
 another user; each partition's decisions are produced, and its position stored, in log order;
-what is abandoned is never produced; a turn that fails half way is retried as if never begun."""
+what is abandoned is never produced; a turn that fails half way is retried as if never begun; a
+turn the model cannot answer is given up, its episode kept, without holding up its partition."""
 from __future__ import annotations
 
 import asyncio
+import collections
 from datetime import datetime, timezone
 
 import pytest
@@ -12,7 +14,8 @@ from aiokafka import TopicPartition
 
 from memstream.llm.offline import OfflineResolver
 from memstream.llm.offline_relations import OfflineTurnExtractor
-from memstream.llm.protocols import Throttled
+from memstream.dead_letters import Letter, letters
+from memstream.llm.protocols import MalformedOutput, ModelRefused, Throttled
 from memstream.projections import positions as pos
 from memstream.projections.db import create_pool
 from memstream.projections.facts.store import FactStore
@@ -206,6 +209,72 @@ async def test_a_forgotten_user_starts_afresh_and_errors_are_retried_or_fatal(se
         with pytest.raises(RuntimeError, match="a bug"):
             await broken.drain()
         assert (await pos.load(pool, "formation", settings.events_topic)) == {0: 3}
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+class Unreadable(OfflineTurnExtractor):
+    """Answers that never fit for a turn saying "garbled"; a content filter for one saying "filtered"."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = collections.Counter()
+
+    async def extract_turn(self, turn):
+        self.asked[turn.user_message] += 1
+        if "garbled" in turn.user_message:
+            raise MalformedOutput("record_turn input does not fit its schema, for the test")
+        if "filtered" in turn.user_message:
+            raise ModelRefused("the model stopped: content_filtered")
+        return await super().extract_turn(turn)
+
+
+class GarbledResolution(OfflineResolver):
+    """Answers that never fit for a candidate whose value is Madrid."""
+
+    def __init__(self):
+        self.asked = 0
+
+    async def resolve_all(self, asked):
+        if any(c.value == "Madrid" for c, _ in asked):
+            self.asked += 1
+            raise MalformedOutput("classify_facts input does not fit its schema, for the test")
+        return await super().resolve_all(asked)
+
+
+async def test_a_turn_the_model_cannot_answer_is_given_up_without_holding_up_its_partition(settings, dsn):
+    n = settings.partitions
+    stranger, neighbour = user_on(0, n, "stranger"), user_on(0, n, "neighbour")
+    model, resolver = Unreadable(), GarbledResolution()
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=4)
+    producer = idempotent_producer(settings.kafka_bootstrap)
+    await producer.start()
+    formation = Formation(producer=producer, decisions_topic=settings.decisions_topic, embedder=Scattered(),
+                          extractor=None, resolver=resolver, pool=pool, barrier=None, partitions=n,
+                          dead_letters=DeadLetters(producer, settings.dead_letter_topic, 10),
+                          turn_extractor=model, model_attempts=2)
+    turn = Log(settings.events_topic)
+    try:
+        said = ["garbled: I live in Oslo.", "I live in Rome.", "filtered: I live in Bergen.", "I live in Paris.",
+                "I moved to Madrid."]
+        await asyncio.wait_for(formation.process([turn(stranger, said[0], n), turn(neighbour, said[1], n),
+                                                  turn(stranger, said[2], n), turn(stranger, said[3], n),
+                                                  turn(neighbour, said[4], n)]), 30)
+        # A refusal is not asked again; the resolution of Madrid (against Rome) twice, the turn once.
+        assert model.asked == {said[0]: 2, said[1]: 1, said[2]: 1, said[3]: 1, said[4]: 1} and resolver.asked == 2
+        assert (await pos.load(pool, "formation", settings.events_topic)) == {0: 5}
+        made = collections.defaultdict(list)
+        for d in (await produced(settings))[0]:
+            made[d.source.offset].append((type(d).__name__, getattr(d, "value", None)))
+        # The given-up turns keep their episode (it needs no model); the stranger's next turn and
+        # the neighbour's are formed as ever.
+        assert made[0] == made[2] == made[4] == [("EpisodeRecorded", None)]
+        assert made[1][0] == ("FactAdded", "Rome") and made[3][0] == ("FactAdded", "Paris")
+        got = sorted((Letter.of(r) for r in await letters(settings)), key=lambda x: x.source)
+        assert [(x.stage, x.source) for x in got] == [("formation", f"{settings.events_topic}/0/{o}") for o in (0, 2, 4)]
+        assert "in 2 attempts" in got[0].reason and "content_filtered" in got[1].reason
+        assert "in 2 attempts" in got[2].reason and "classify_facts" in got[2].reason
     finally:
         await producer.stop()
         await pool.close()

@@ -7,8 +7,10 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from memstream.llm.bedrock import BedrockExtractor, BedrockResolver
-from memstream.llm.protocols import CandidateFact, ExistingFact, MalformedOutput, Operation
+from memstream.llm.protocols import (CandidateFact, ExistingFact, MalformedOutput, ModelFailed, ModelRefused,
+                                     ModelUnavailable, Operation, Throttled)
 from memstream.schemas import TurnRecorded
+from memstream.schemas.errors import Refused, Retryable
 
 MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
 TURN = TurnRecorded.new(user_id="u", conversation_id="c", user_message="I moved to Berlin last month.",
@@ -62,17 +64,70 @@ async def test_throttling_is_retried_with_backoff(client):
     assert [f.value for f in await ex.extract(TURN)] == ["Berlin"]
 
 
-async def test_throttling_past_the_attempt_limit_raises_and_other_errors_are_not_retried(client):
+async def test_errors_past_the_attempt_limit_are_ours_by_what_they_say_of_the_turn(client):
     from botocore.exceptions import ClientError
 
     ex = BedrockExtractor(client, MODEL, backoff=0.001, attempts=2)
-    for _ in range(2):
-        client.stub.add_client_error("converse", service_error_code="ThrottlingException", http_status_code=429)
-    with pytest.raises(ClientError, match="Throttling"):
+    for code, status, raised in [("ThrottlingException", 429, Throttled), ("ServiceUnavailableException", 503,
+                                                                          ModelUnavailable),
+                                 ("ModelErrorException", 424, ModelFailed)]:
+        for _ in range(1 if raised is ModelFailed else 2):  # formation's attempts of the turn count it
+            client.stub.add_client_error("converse", service_error_code=code, http_status_code=status)
+        with pytest.raises(raised, match=code) as info:
+            await ex.extract(TURN)
+        assert isinstance(info.value, Retryable)  # formation retries the turn
+    # The request made of this turn (too long for the model): asked once, the turn dead-lettered.
+    client.stub.add_client_error("converse", service_error_code="ValidationException", http_status_code=400,
+                                 service_message="Input is too long for requested model.")
+    with pytest.raises(ModelRefused, match="too long") as info:
         await ex.extract(TURN)
+    assert isinstance(info.value, Refused)
+    # The deployment (credentials, access, a setting the model does not take): raised as it is, the worker stops.
     client.stub.add_client_error("converse", service_error_code="AccessDeniedException", http_status_code=403)
     with pytest.raises(ClientError, match="AccessDenied"):
         await ex.extract(TURN)
+    client.stub.add_client_error("converse", service_error_code="ValidationException", http_status_code=400,
+                                 service_message="The provided model identifier is invalid.")
+    with pytest.raises(ClientError, match="model identifier"):
+        await ex.extract(TURN)
+
+
+class Unreachable:
+    """A client whose endpoint cannot be reached, then can (botocore's own error)."""
+
+    def __init__(self, fails: int, then: dict):
+        self.fails, self.then, self.calls = fails, then, 0
+
+    def converse(self, **request):
+        from botocore.exceptions import EndpointConnectionError
+
+        self.calls += 1
+        if self.calls <= self.fails:
+            raise EndpointConnectionError(endpoint_url="https://bedrock-runtime.us-east-1.amazonaws.com")
+        return self.then
+
+
+async def test_a_lost_connection_is_retried_then_unavailable():
+    ok = Unreachable(1, tool_response("record_facts", BERLIN))
+    assert [f.value for f in await BedrockExtractor(ok, MODEL, backoff=0.001).extract(TURN)] == ["Berlin"]
+    assert ok.calls == 2
+    with pytest.raises(ModelUnavailable, match="EndpointConnectionError"):
+        await BedrockExtractor(Unreachable(9, {}), MODEL, backoff=0.001, attempts=2).extract(TURN)
+
+
+@pytest.mark.parametrize("stop", ["content_filtered", "guardrail_intervened", "model_context_window_exceeded"])
+async def test_an_answer_stopped_for_the_turns_content_is_refused(client, stop):
+    client.stub.add_response("converse", {**tool_response("record_facts", BERLIN), "stopReason": stop})
+    with pytest.raises(ModelRefused, match=stop):
+        await BedrockExtractor(client, MODEL).extract(TURN)
+
+
+async def test_a_malformed_answer_does_not_repeat_what_the_model_read(client):
+    secret = {"facts": [{**BERLIN["facts"][0], "category": "Lives at 12 Secret Street"}]}
+    client.stub.add_response("converse", tool_response("record_facts", secret))
+    with pytest.raises(MalformedOutput, match="category") as info:
+        await BedrockExtractor(client, MODEL).extract(TURN)
+    assert "Secret Street" not in str(info.value)  # logged, and a dead letter's reason
 
 
 @pytest.mark.parametrize("response", [
