@@ -4,7 +4,8 @@ Every one derives from ``MemstreamError``, and its kind says what a worker does 
 which it was raised (``streams.worker``: one ``except`` per kind):
 
 * ``Retryable`` — a passing condition (a broker or database out of reach, a projection that
-  lags, a model's malformed answer): the same batch is retried in place, nothing acknowledged;
+  lags, a model throttled): the same batch is retried in place, nothing acknowledged (a
+  model's unusable answer is retried only so often: ``memstream.llm.protocols.Unanswered``);
 * ``Refused`` — this record can never be applied as it is (undecodable, invalid, naming a row
   the store does not hold): it goes to the dead-letter topic with the reason, the rest of the
   batch is applied;
@@ -21,7 +22,8 @@ class MemstreamError(Exception):
 
 
 class Retryable(MemstreamError):
-    """The same work will succeed later: retry it, never skip it."""
+    """The same work will succeed later: retry it, never skip it (``Unanswered`` alone is given up
+    after its attempts, as ``Refused``)."""
 
 
 class Refused(MemstreamError):

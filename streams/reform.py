@@ -51,6 +51,7 @@ class ReformReport:
     skipped_events: int
     seconds: float
     shredded: int = 0  # records sealed with a destroyed key (forgotten users): skipped
+    refused_events: int = 0  # commands naming what their user does not hold, turns the model refused (episode only)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -58,7 +59,8 @@ class ReformReport:
     def render(self) -> str:
         return (f"reformed with {self.extractor} into {self.topic}: copied {self.copied_decisions} decisions, "
                 f"formed {self.reformed_events} events -> {self.new_decisions} decisions "
-                f"({self.skipped_events} undecodable skipped, {self.shredded} shredded) in {self.seconds:.1f}s")
+                f"({self.skipped_events} undecodable skipped, {self.refused_events} refused, {self.shredded} shredded) "
+                f"in {self.seconds:.1f}s")
 
 
 async def reform(settings: Settings, *, extractor: str, topic: str, since: datetime | None = None,
@@ -93,7 +95,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
 
             view = MemoryView(embedder.model_id)
             graph = GraphView(None)
-            counts = {"copied": 0, "events": 0, "new": 0, "skipped": 0}
+            counts = {"copied": 0, "events": 0, "new": 0, "skipped": 0, "refused": 0}
 
             async def copy(batch: list[Record]) -> None:
                 futures = []
@@ -121,8 +123,10 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
             async def form(batch: list[Record]) -> None:
                 batch = await sealer.open(batch)
                 turns, letters = decode_turns(batch, "reform", len(partitions))
-                counts["skipped"] += len(letters)
+                undecodable = len(letters)
+                counts["skipped"] += undecodable
                 made = await formation.decide(turns, view, graph, letters=letters)
+                counts["refused"] += len(letters) - undecodable
                 made += nothing_decided(batch, made)
                 futures = []
                 for r, d in made:
@@ -148,7 +152,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
         await producer.stop()
         await pool.close()
     report = ReformReport(topic, extraction.model_id, counts["copied"], counts["events"], counts["new"],
-                          counts["skipped"], time.perf_counter() - t0, sealer.shredded)
+                          counts["skipped"], time.perf_counter() - t0, sealer.shredded, counts["refused"])
     log.info(report.render())
     return report
 

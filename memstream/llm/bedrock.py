@@ -35,9 +35,11 @@ from memstream.schemas import TurnRecorded
 log = logging.getLogger("memstream.llm")
 
 THROTTLING = frozenset({"ThrottlingException"})
-RETRYABLE = THROTTLING | {"ServiceUnavailableException", "InternalServerException", "ModelNotReadyException"}
+# A timeout is the service's load more often than the turn's: retried for ever, never given up.
+RETRYABLE = THROTTLING | {"ServiceUnavailableException", "InternalServerException", "ModelNotReadyException",
+                          "ModelTimeoutException"}
 # The model failing on this request: not asked again here, formation's attempts of the turn count it.
-FAILED = frozenset({"ModelTimeoutException", "ModelErrorException"})
+FAILED = frozenset({"ModelErrorException"})
 # A ValidationException is Bedrock's every 400: only one about the input's length is the turn's
 # (any other is the deployment's: a model id, a tool or token setting the model does not take).
 TOO_LONG = re.compile(r"too long|too many (input )?tokens|context (window|length)", re.IGNORECASE)

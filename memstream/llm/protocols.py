@@ -97,10 +97,11 @@ class TurnExtractionClient(Protocol):
 
 class Unanswered(Retryable):
     """The model gave no usable answer to this call: asked again, logged each time, never
-    guessed at. A turn's extraction, and its resolution, are each asked at most
-    ``formation_model_attempts`` times; then the turn is given up as ``ModelRefused`` (one
-    user's turn the model cannot answer must not hold up the others; a prompt or model that
-    fails every turn passes the dead-letter limit and stops the worker)."""
+    guessed at — at most ``formation_model_attempts`` times for a turn's one extraction call,
+    and as often for the rest of the turn (its resolution; without a turn extractor, its
+    extractions too); then the turn is given up as ``ModelRefused`` (one user's turn the model
+    cannot answer must not hold up the others; a prompt or model that fails every turn passes
+    the dead-letter limit and stops the worker)."""
 
 
 class MalformedOutput(Unanswered, ValueError):
@@ -108,8 +109,8 @@ class MalformedOutput(Unanswered, ValueError):
 
 
 class ModelFailed(Unanswered):
-    """The model failed on this request past the adapter's own retries (Bedrock's
-    ``ModelErrorException``, ``ModelTimeoutException``): often for what the turn says."""
+    """The model failed on this request (Bedrock's ``ModelErrorException``): often for what the
+    turn says, so formation's attempts of the turn count it."""
 
 
 class Throttled(Retryable):

@@ -370,7 +370,8 @@ class Formation:
             try:
                 part.made[i], why = await self._retried(f"formation of {type(event).__name__} {event.event_id}",
                                                         part.epoch, attempt)
-            except ModelRefused as exc:  # past the turn's extraction: its resolution (the forks dropped)
+            except ModelRefused as exc:
+                # Its half-made decisions were on forks, dropped: the turn can be given up anywhere.
                 if not isinstance(event, TurnRecorded):
                     raise
                 part.made[i], why = self._given_up(r, event, (await part.embedded)[part.where[i]], exc)
@@ -486,9 +487,10 @@ class Formation:
         ``EpisodeRecorded``. Facts are decided against ``view`` and edges against ``graph``
         (default: the projections under an overlay of this batch's decisions). A command about a
         user's memory becomes its decisions in its place; one naming what its user does not hold
-        goes to ``letters`` as ``(record, stage, reason)``, as does a turn whose extraction the
-        model refuses (its episode alone). Nothing is retried here: a refusal past the
-        extraction, or an error, is raised."""
+        goes to ``letters`` as ``(record, stage, reason)``, as does a turn whose one extraction
+        call (``turn_extractor``) the model refuses (its episode alone). Nothing is retried here,
+        and a refusal later in a turn is raised: the shared view has no forks to drop its
+        half-made decisions from."""
         if not turns:
             return []
         embedding, where = self._episodes(turns)
@@ -539,7 +541,7 @@ class Formation:
     async def _turn(self, r: Record, turn: TurnRecorded, embedded: asyncio.Future, n: int, overlay: FactView,
                     graph: GraphView, extracted: asyncio.Future | None = None) -> tuple[list[Decision], str | None]:
         """A turn's fact and edge decisions (the two pipelines side by side), then its episode;
-        or, if the model refuses to extract from it, its episode alone and why."""
+        or, if the model refuses its one extraction call, its episode alone and why."""
         if self._turn_extractor is not None:
             try:
                 found = await (extracted or self._llm(self._turn_extractor.extract_turn, turn))

@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from memstream.llm.offline import OfflineResolver
 from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.dead_letters import Letter, letters
-from memstream.llm.protocols import MalformedOutput, ModelRefused, Throttled
+from memstream.llm.protocols import MalformedOutput, Throttled
 from memstream.projections import positions as pos
 from memstream.projections.db import create_pool
 from memstream.projections.facts.store import FactStore
@@ -28,6 +28,7 @@ from memstream.streams.formation.forming import Formation
 from memstream.streams.kafka_util import drain, groupless_consumer
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record
+from tests.unit.test_model_refusal import Unreadable
 from tests.unit.test_turn_resolution import Scattered
 
 from .conftest import wait_until
@@ -212,22 +213,6 @@ async def test_a_forgotten_user_starts_afresh_and_errors_are_retried_or_fatal(se
     finally:
         await producer.stop()
         await pool.close()
-
-
-class Unreadable(OfflineTurnExtractor):
-    """Answers that never fit for a turn saying "garbled"; a content filter for one saying "filtered"."""
-
-    def __init__(self):
-        super().__init__()
-        self.asked = collections.Counter()
-
-    async def extract_turn(self, turn):
-        self.asked[turn.user_message] += 1
-        if "garbled" in turn.user_message:
-            raise MalformedOutput("record_turn input does not fit its schema, for the test")
-        if "filtered" in turn.user_message:
-            raise ModelRefused("the model stopped: content_filtered")
-        return await super().extract_turn(turn)
 
 
 class GarbledResolution(OfflineResolver):

@@ -3,6 +3,7 @@ its attempts, on every path formation asks the model by; and a refusal never sto
 not even as partitions are revoked (fakes for Kafka and the model, no stack; the real stack:
 ``tests/integration/test_pipelined_formation.py``)."""
 import asyncio
+import collections
 from datetime import datetime, timezone
 from types import SimpleNamespace
 
@@ -14,6 +15,8 @@ from memstream.llm.protocols import MalformedOutput, ModelFailed, ModelRefused
 from memstream.schemas import TurnRecorded
 from memstream.schemas.codec import decode_decision, encode
 from memstream.streams.formation.forming import Formation, decode_turns
+from memstream.streams.formation.graph import GraphView
+from memstream.streams.formation.views import MemoryView
 from memstream.streams.records import Record
 from tests.unit.test_turn_resolution import Scattered
 
@@ -48,23 +51,27 @@ def turn(offset: int, said: str, user: str = "u") -> Record:
     return Record("events", 0, offset, user.encode(), encode(t), (), 1_700_000_000_000)
 
 
-class NoAnswer(OfflineExtractor):
-    """Answers a turn saying "garbled" with ``error``, every time; as the facts extractor or the turn's."""
+class Unreadable(OfflineExtractor):
+    """The offline model, as the facts extractor or the turn's: a turn saying "garbled" answered
+    with ``error`` every time, one saying "filtered" refused (a content filter)."""
 
-    def __init__(self, error):
-        self.error, self.calls, self.turns = error, 0, OfflineTurnExtractor()
-        self.model_id = self.relations_model_id = "no-answer"
+    def __init__(self, error=MalformedOutput):
+        self.error, self.turns, self.asked = error, OfflineTurnExtractor(), collections.Counter()
+        self.model_id = self.relations_model_id = "unreadable"
 
-    async def extract(self, turn):
-        self.calls += 1
+    async def _read(self, turn):
+        self.asked[turn.user_message] += 1
         if "garbled" in turn.user_message:
             raise self.error("for the test")
+        if "filtered" in turn.user_message:
+            raise ModelRefused("the model stopped: content_filtered")
+
+    async def extract(self, turn):
+        await self._read(turn)
         return await super().extract(turn)
 
     async def extract_turn(self, turn):
-        self.calls += 1
-        if "garbled" in turn.user_message:
-            raise self.error("for the test")
+        await self._read(turn)
         return await self.turns.extract_turn(turn)
 
 
@@ -79,42 +86,26 @@ def formation(model, *, turn_model: bool, attempts: int, **kw) -> tuple[Formatio
 @pytest.mark.parametrize("turn_model", [True, False], ids=["one extraction for the turn", "extraction of facts"])
 @pytest.mark.parametrize("error", [MalformedOutput, ModelFailed])
 async def test_a_turn_left_unanswered_is_given_up_after_its_attempts(turn_model, error):
-    model = NoAnswer(error)
+    model = Unreadable(error)
     f, produced, letters = formation(model, turn_model=turn_model, attempts=3)
     await asyncio.wait_for(f.process([turn(0, "garbled, said in Oslo.")]), 10)  # backoff: 0.2 + 0.4 s
-    assert model.calls == 3
+    assert model.asked == {"garbled, said in Oslo.": 3}
     assert [type(d).__name__ for d in produced.decisions] == ["EpisodeRecorded"]
     [(record, stage, reason)] = letters.letters
     assert (record.offset, stage) == (0, "formation")
     assert "in 3 attempts" in reason and "Oslo" not in reason
 
 
-class Refuses(OfflineTurnExtractor):
-    """A content filter, for a turn saying "filtered"."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    async def extract_turn(self, turn):
-        self.calls += 1
-        if "filtered" in turn.user_message:
-            raise ModelRefused("the model stopped: content_filtered")
-        return await super().extract_turn(turn)
-
-
 async def test_a_refusal_is_not_asked_again_and_reform_gives_it_up_too():
-    model = Refuses()
+    model = Unreadable()
     f, produced, letters = formation(model, turn_model=True, attempts=5)
     filtered = turn(0, "filtered: something")
     await asyncio.wait_for(f.process([filtered]), 10)
-    assert model.calls == 1 and [type(d).__name__ for d in produced.decisions] == ["EpisodeRecorded"]
+    assert model.asked == {"filtered: something": 1}
+    assert [type(d).__name__ for d in produced.decisions] == ["EpisodeRecorded"]
     assert [(stage, reason) for _, stage, reason in letters.letters] == [
         ("formation", "its episode recorded without facts or relations: the model stopped: content_filtered")]
     # ``decide`` (reform's), without the pipeline: the same decisions and letter.
-    from memstream.streams.formation.views import MemoryView
-    from memstream.streams.formation.graph import GraphView
-
     turns, _ = decode_turns([filtered], "reform")
     letters_too: list = []
     made = await f.decide(turns, MemoryView("m"), GraphView(None), letters=letters_too)
@@ -122,28 +113,20 @@ async def test_a_refusal_is_not_asked_again_and_reform_gives_it_up_too():
     assert [(s, why) for _, s, why in letters_too] == [(s, why) for _, s, why in letters.letters]
 
 
-class FailsAsAbandoned(NoAnswer):
+class FailsAsAbandoned(Unreadable):
     """Asks ``formation`` to abandon its work on the first call, and answers garbled as the
     cancel lands — the turn's last allowed attempt (a client turning the cancel into its error)."""
 
-    def __init__(self):
-        super().__init__(MalformedOutput)
-        self.formation = self.abandoning = None
+    formation = abandoning = None
 
-    async def _first(self):
-        self.calls += 1
+    async def _read(self, turn):
+        self.asked[turn.user_message] += 1
         self.abandoning = asyncio.ensure_future(self.formation.abandon())
         try:
             await asyncio.sleep(1)
         except asyncio.CancelledError:
             pass
         raise MalformedOutput("for the test")
-
-    async def extract(self, turn):
-        await self._first()
-
-    async def extract_turn(self, turn):
-        await self._first()
 
 
 @pytest.mark.parametrize("turn_model", [True, False], ids=["one extraction for the turn", "extraction of facts"])
@@ -155,4 +138,4 @@ async def test_a_turn_given_up_as_its_partitions_are_revoked_stops_nothing(turn_
     await asyncio.sleep(0.01)
     await asyncio.wait_for(model.abandoning, 5)
     await asyncio.sleep(0.3)
-    assert (fatal, produced.decisions, letters.letters, model.calls) == ([], [], [], 1)
+    assert (fatal, produced.decisions, letters.letters, model.asked) == ([], [], [], {"garbled": 1})
