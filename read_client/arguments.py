@@ -9,6 +9,7 @@ from datetime import datetime
 from memstream.read_client.budget import Budgets
 from memstream.schemas import SYSTEM_USER, LogPosition
 from memstream.schemas.errors import InvalidArgument, not_utf8
+from memstream.schemas.events import STORABLE_TIMES, in_range
 from memstream.schemas.read_models import AsOf
 
 
@@ -81,6 +82,8 @@ def _aware(times) -> None:
         if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
             # A naive time would be read in some zone nobody chose: off by hours on both time axes.
             raise InvalidArgument(f"{name} must be a timezone-aware datetime, not {value!r}")
+        if value is not None and not in_range(value):  # it would overflow in UTC, in every channel
+            raise InvalidArgument(f"{name} must fall {STORABLE_TIMES}, not {value!r}")
 
 
 def storable(name: str, text: str) -> None:

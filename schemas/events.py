@@ -47,6 +47,34 @@ class LogPosition(msgspec.Struct, frozen=True):
 
 SYSTEM_USER = "__memstream__"  # the log key of host-wide commands (expert identities), and only theirs
 
+# Python's datetimes end at years 1 and 9999: a time within a day of either end overflows once
+# shifted to UTC (asyncpg, every comparison across offsets) and would stop every step storing it.
+EARLIEST, LATEST = datetime(2, 1, 1), datetime(9998, 12, 31)
+STORABLE_TIMES = f"between {EARLIEST.isoformat()[:10]} and {LATEST.isoformat()[:10]}"
+
+
+def in_range(when: datetime) -> bool:
+    """Whether ``when`` is a time memstream can store and compare: with an offset, between
+    ``EARLIEST`` and ``LATEST`` (as the clock on the wall said it)."""
+    return when.tzinfo is not None and EARLIEST <= when.replace(tzinfo=None) <= LATEST
+
+
+def _check_values(value, path: str) -> None:
+    # Postgres text takes no NUL, and no time past ``in_range``: a record with one would stop
+    # every step that stores it, whichever of its fields holds it.
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidEvent(f"{path[2:]} must not contain NUL characters", path)
+    elif isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidEvent(f"{path[2:]} must carry a timezone offset", path)
+        if not in_range(value):
+            raise InvalidEvent(f"{path[2:]} must fall {STORABLE_TIMES}", path)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_values(k, f"{path}[{k!r}]")
+            _check_values(v, f"{path}[{k!r}]")
+
 
 def _check_envelope(ev: Event) -> None:
     for name in ("user_id", "conversation_id"):
@@ -58,6 +86,8 @@ def _check_envelope(ev: Event) -> None:
         raise InvalidEvent("event_id must be a UUIDv7", "$.event_id")
     if ev.occurred_at.tzinfo is None:
         raise InvalidEvent("occurred_at must carry a timezone offset", "$.occurred_at")
+    for name in ev.__struct_fields__:
+        _check_values(getattr(ev, name), f"$.{name}")
     # Host-wide records only under the host-wide key, and nothing of a user's under it: its
     # records share one partition, so their order (and a replay) is defined, and no user id
     # can reach what every user's read receives.

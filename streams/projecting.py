@@ -44,8 +44,10 @@ async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseEx
     (``finish``). The ones refused (``Refused``: e.g. the store lacks a row they name; or the
     database refuses their rows) are dead-lettered with the reason, and the letters are durable before
     that transaction commits: a position never passes a record whose letter could be lost.
-    When the database refuses every one of several items alike, that is our bug or our schema,
-    not bad records: the batch's error is raised instead. Returns the ``id()`` of the records refused."""
+    When the database refuses every item of several users, that is our bug or our schema, not
+    bad records: the batch's error is raised instead (one user's records refused alike are that
+    user's input: dead-lettered, or a stranger could stop the worker). Returns the ``id()`` of
+    the records refused."""
     refused, by_database = [], 0
     async with conn.transaction():
         # Deferred constraints (the edges' overlap, the foreign keys) checked at each item, not
@@ -61,7 +63,7 @@ async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseEx
                     raise
                 refused.append((r, stage, f"database refused it: {exc}"))
                 by_database += 1
-        if by_database == len(items) > 1:
+        if by_database == len(items) and len({r.key for r, _ in items}) > 1:
             raise batch_error
         await finish()
         await dead_letters.send(refused)

@@ -19,18 +19,19 @@ import functools
 import json
 import logging
 import re
-from datetime import datetime
-from typing import Any, Literal, Sequence
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Sequence
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 from memstream.llm.protocols import (CATEGORIES, CandidateFact, ExistingFact, MalformedOutput, ModelRefused,
                                      ModelFailed, ModelUnavailable, Operation, Resolution, Throttled,
                                      TurnCandidates)
 from memstream.llm.retrying import retrying
 from memstream.schemas import TurnRecorded
+from memstream.schemas.events import in_range
 
 log = logging.getLogger("memstream.llm")
 
@@ -69,6 +70,17 @@ def bedrock_executor(max_in_flight: int) -> concurrent.futures.ThreadPoolExecuto
 MAX_SLOT_CHARS = 100
 
 
+def _world_time(when: datetime | None) -> datetime | None:
+    # A model may answer a bare date ("2024-05-01": naive) or a year past what the store holds:
+    # a naive time is taken as UTC, one out of range is no time at all (the fact stands undated).
+    if when is not None and when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when if when is None or in_range(when) else None
+
+
+WorldTime = Annotated[datetime | None, AfterValidator(_world_time)]
+
+
 class _Fact(BaseModel):
     text: str = Field(min_length=1, description="the fact as a short sentence about the user")
     category: Literal[CATEGORIES]  # type: ignore[valid-type]
@@ -79,7 +91,7 @@ class _Fact(BaseModel):
     value: str
     confidence: float = Field(ge=0, le=1)
     explicit: bool = Field(description="true if the user stated it, false if inferred")
-    valid_at: datetime | None = Field(None, description="when the fact became true, if the turn says")
+    valid_at: WorldTime = Field(None, description="when the fact became true, if the turn says")
     negated: bool = Field(False, description="true if the user says it is no longer true or asks to forget it")
 
 
@@ -278,7 +290,7 @@ class _Relation(BaseModel):
     target_is_entity: bool
     confidence: float = Field(ge=0, le=1)
     explicit: bool
-    valid_at: datetime | None = None
+    valid_at: WorldTime = None
     negated: bool = False
 
 

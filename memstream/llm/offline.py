@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Sequence
 from memstream.llm.protocols import CandidateFact, ExistingFact, Operation, Resolution
 from memstream.schemas.vocabulary import single_valued
 from memstream.schemas import TurnRecorded
+from memstream.schemas.events import in_range
 
 _MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}
 _MONTHS.update({m.lower(): i for i, m in enumerate(calendar.month_abbr) if m})
@@ -62,7 +63,16 @@ _CLAUSE_END = re.compile(r"[,;:!?]|\s(?:and|but|so|because|while|though|although
 
 def _when(text: str, at: datetime, past: bool = False) -> datetime | None:
     """World time a phrase refers to, relative to when the turn happened. ``past``: the phrase
-    tells what already happened ("moved to Lisbon in October"), so a bare month is the last one."""
+    tells what already happened ("moved to Lisbon in October"), so a bare month is the last one.
+    None past the times memstream stores ("999 years ago", said in the year 500)."""
+    try:
+        when = _phrase_time(text, at, past)
+    except OverflowError:
+        return None
+    return when if when is None or in_range(when) else None
+
+
+def _phrase_time(text: str, at: datetime, past: bool) -> datetime | None:
     t = text.lower()
     for phrase, delta in (("last month", -30), ("next month", 30), ("last week", -7), ("next week", 7),
                           ("yesterday", -1), ("tomorrow", 1), ("last year", -365), ("next year", 365)):
@@ -150,7 +160,8 @@ def _employer(m, turn):
 
 
 @_rule(_I + r"\s+(?:work|am working|'m working) as (?:a|an) (?P<role>[^,.;!?]+?)(?: (?:at|for) " + _VALUE + r")?" + _STOP)
-@_rule(_I + r"(?:'m| am) (?:a|an) (?P<role>[a-z][a-z -]+?) (?:at|for) " + _VALUE)
+# Bounded: an unbounded lazy role is tried from every "I am a" to the end of the turn (quadratic).
+@_rule(_I + r"(?:'m| am) (?:a|an) (?P<role>[a-z][a-z -]{1,60}?) (?:at|for) " + _VALUE)
 def _role(m, turn):
     role = _clean(m.group("role"))
     yield _fact(f"Works as a {role}", "work", "role", role)

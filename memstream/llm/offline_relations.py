@@ -23,7 +23,7 @@ _RULES: list[tuple[re.Pattern, str | None, bool]] = [
     (re.compile(_I + r"\s+(?:currently |still |now )?(?:work|am working|'m working) (?:at|for) " + _VALUE.replace("value", "t")), "works_at", False),
     (re.compile(_I + r"(?:'ve| have)?\s+(?:just |recently )?(?:joined|started (?:a new job |working )?at) " + _PROPER.replace("value", "t")), "works_at", False),
     (re.compile(_I + r"(?:'m| am) employed by " + _PROPER.replace("value", "t")), "employed_by", False),
-    (re.compile(_I + r"\s+(?:work|am working|'m working) as (?:a|an) [^,.;!?]+? (?:at|for) " + _PROPER.replace("value", "t")), "works_at", False),
+    (re.compile(_I + r"\s+(?:work|am working|'m working) as (?:a|an) [^,.;!?]{1,80}? (?:at|for) " + _PROPER.replace("value", "t")), "works_at", False),
     (re.compile(_I + r"(?:'ve| have)?\s+(?:just |recently )?joined " + _PROPER.replace("value", "t") + r" as\b"), "works_at", False),
     (re.compile(_I + r"\s+(?:no longer|don't|do not) work (?:at|for) " + _VALUE.replace("value", "t")), "works_at", True),
     (re.compile(_I + r"\s+(?:quit|left) (?:my job at |my job with |working at )?" + _PROPER.replace("value", "t")), "works_at", True),

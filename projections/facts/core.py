@@ -86,13 +86,14 @@ def targets(decision: Decision) -> list[uuid.UUID]:
     return []
 
 
-# A turn's fact decisions are uuid5(event_id, "fact:<n>"); a turn yields far fewer candidates.
-_MAX_CANDIDATES = 64
+# A turn's fact decisions are uuid5(event_id, "fact:<n>"): formation decides at most this many
+# candidates of a turn, so forgetting the turn names every fact it made or observed.
+MAX_CANDIDATES = 64
 
 
 def turn_decisions(event_id: uuid.UUID) -> list[uuid.UUID]:
     """The ids a turn's fact decisions can have: how a fact's ``observed_by`` names the turns behind it."""
-    return [fact_id(event_id, n) for n in range(_MAX_CANDIDATES)]
+    return [fact_id(event_id, n) for n in range(MAX_CANDIDATES)]
 
 
 def sources(decision: Decision) -> list[tuple[str, uuid.UUID]]:

@@ -32,6 +32,7 @@ from memstream.llm.protocols import (ExtractionClient, ModelRefused, Operation, 
                                      TurnExtractionClient, Unanswered)
 from memstream.projections import positions as pos
 from memstream.projections.episodes import core as episodes
+from memstream.projections.facts import core as facts_core
 from memstream.schemas import (SYSTEM_USER, Decision, EdgeForgotten, EpisodeForgotten, EpisodeRecorded, Event,
                                FactChangeDeferred, FactCorrected, FactDecision, FactForgotten, FactUpdated,
                                InvalidEvent, LogPosition, MemoryForgotten, NothingDecided, TurnRecorded,
@@ -709,6 +710,10 @@ class Formation:
             model = self._turn_extractor.model_id
         if not candidates:
             return []
+        if len(candidates) > facts_core.MAX_CANDIDATES:  # the rest would have ids a forget cannot name
+            log.info("turn %s of user %s: %d candidate facts, the first %d decided", turn.event_id, turn.user_id,
+                     len(candidates), facts_core.MAX_CANDIDATES)
+            candidates = candidates[:facts_core.MAX_CANDIDATES]
         vectors = await self._embed_facts([c.text for c in candidates])
         ctx = Context(turn=turn, source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
                       extractor=model, resolver=self._resolver.model_id,

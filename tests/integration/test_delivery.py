@@ -163,13 +163,24 @@ async def test_an_episode_the_database_refuses_is_dead_lettered_and_kept_out_of_
     (letter,) = await _read_all(settings, settings.dead_letter_topic, 1)
     assert letter.value == encode(sent[1])
     assert dict(letter.headers)["memstream.stage"] == b"episodes"
+    # A batch of one user's records, every one refused: their input, dead-lettered (were it
+    # taken for our bug, a stranger could stop the worker); later records still project.
+    more = [episode(3, "\x00 again"), episode(4, "and \x00 again")]
+    await _put_decisions(settings, more, key=b"nul")
+    await _put_decisions(settings, [episode(5, "sixth")], key=b"nul")
+
+    async def all_projected():
+        return await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'nul'") == 3
+
+    await wait_until(all_projected, what="the episode after a batch refused whole")
+    assert [r.value for r in await _read_all(settings, settings.dead_letter_topic, 3)][1:] == [encode(e) for e in more]
     epoch = await conn.fetchval("SELECT epoch FROM projection_epochs WHERE projection = 'episodes'")
     redis = aioredis.from_url(settings.redis_url)
     try:
         cached = await recent_turns(redis, settings.postgres_schema, epoch, "nul", "c", 10)
     finally:
         await redis.aclose()
-    assert [t["user_message"] for t in cached] == ["first", "third"]
+    assert [t["user_message"] for t in cached] == ["first", "third", "sixth"]
 
 
 async def test_two_workers_in_one_group_split_the_partitions_and_project_everything(settings, conn, workers):

@@ -85,6 +85,14 @@ class Log:
         return Record(self.topic, p, offset, event.user_id.encode(), encode(event), (), 1_700_000_000_000 + offset)
 
 
+def formation_on(settings, producer, pool, *, embedder=None, resolver=None, **kw) -> Formation:
+    """Formation on the test's topics, its turns extracted by one call (``turn_extractor``), no barrier."""
+    return Formation(producer=producer, decisions_topic=settings.decisions_topic, embedder=embedder or Scattered(),
+                     extractor=None, resolver=resolver or OfflineResolver(), pool=pool, barrier=None,
+                     partitions=settings.partitions, dead_letters=DeadLetters(producer, settings.dead_letter_topic, 10),
+                     **kw)
+
+
 async def produced(settings) -> dict[int, list]:
     """Every decision on the decisions topic, per partition in log order."""
     out: dict[int, list] = {}
@@ -109,10 +117,7 @@ async def test_batches_are_decided_side_by_side_and_recorded_in_log_order(settin
     pool = await create_pool(dsn, settings.postgres_schema, max_size=4)
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
-    formation = Formation(producer=producer, decisions_topic=settings.decisions_topic, embedder=Scattered(),
-                          extractor=None, resolver=resolver, pool=pool, barrier=None, partitions=n,
-                          dead_letters=DeadLetters(producer, settings.dead_letter_topic, 10),
-                          turn_extractor=extract)
+    formation = formation_on(settings, producer, pool, resolver=resolver, turn_extractor=extract)
     turn = Log(settings.events_topic)
     try:
         # Partition 0: the slow user's turn, then the quick user's two, a batch each; partition 1 beside.
@@ -184,10 +189,7 @@ async def test_a_forgotten_user_starts_afresh_and_errors_are_retried_or_fatal(se
     await producer.start()
 
     def formation(embedder, extract=None) -> Formation:
-        return Formation(producer=producer, decisions_topic=settings.decisions_topic, embedder=embedder,
-                         extractor=None, resolver=OfflineResolver(), pool=pool, barrier=None, partitions=n,
-                         dead_letters=DeadLetters(producer, settings.dead_letter_topic, 10),
-                         turn_extractor=extract or OfflineTurnExtractor())
+        return formation_on(settings, producer, pool, embedder=embedder, turn_extractor=extract or OfflineTurnExtractor())
 
     turn = Log(settings.events_topic)
     try:
@@ -235,10 +237,7 @@ async def test_a_turn_the_model_cannot_answer_is_given_up_without_holding_up_its
     pool = await create_pool(dsn, settings.postgres_schema, max_size=4)
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
-    formation = Formation(producer=producer, decisions_topic=settings.decisions_topic, embedder=Scattered(),
-                          extractor=None, resolver=resolver, pool=pool, barrier=None, partitions=n,
-                          dead_letters=DeadLetters(producer, settings.dead_letter_topic, 10),
-                          turn_extractor=model, model_attempts=2)
+    formation = formation_on(settings, producer, pool, resolver=resolver, turn_extractor=model, model_attempts=2)
     turn = Log(settings.events_topic)
     try:
         said = ["garbled: I live in Oslo.", "I live in Rome.", "filtered: I live in Bergen.", "I live in Paris.",

@@ -227,3 +227,14 @@ async def test_one_call_extracts_a_turns_facts_and_relations_together(client):
     schema = ex.request(TURN)["toolConfig"]["tools"][0]["toolSpec"]["inputSchema"]["json"]
     assert schema["required"] == ["facts", "relations"]
     assert "FACTS." in ex.request(TURN)["system"][0]["text"] and "RELATIONS." in ex.request(TURN)["system"][0]["text"]
+
+
+@pytest.mark.parametrize("said, stored", [
+    ("2026-04-01", datetime(2026, 4, 1, tzinfo=timezone.utc)),  # a bare date: naive, taken as UTC
+    ("0001-01-01T00:00:00+05:00", None),  # past what the store holds: undated
+])
+async def test_a_date_the_model_gives_is_one_the_store_can_compare_and_hold(client, said, stored):
+    client.stub.add_response("converse", tool_response("record_facts", {"facts": [{**BERLIN["facts"][0],
+                                                                                   "valid_at": said}]}))
+    [fact] = await BedrockExtractor(client, MODEL).extract(TURN)
+    assert fact.valid_at == stored and (stored is None or fact.valid_at.tzinfo is not None)

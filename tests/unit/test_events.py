@@ -2,7 +2,7 @@
 upcasting, and the checked-in JSON Schema."""
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -11,10 +11,12 @@ from hypothesis import given, settings, strategies as st
 from memstream.schemas import (EpisodeRecorded, InvalidEvent, TurnRecorded, UnknownEventType,
                                decode_decision, decode_event, encode, new_event_id)
 from memstream.schemas.codec import validated
+from memstream.schemas.events import FactCorrected, PersonIdentitySet, ReminderScheduled
 from memstream.schemas.jsonschema import SCHEMA_PATH, render
 from memstream.schemas.upcasting import upcast, upcaster
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "events"
+AT = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
 
 def turn_json(**changes) -> bytes:
@@ -64,6 +66,32 @@ def test_invalid_turns_name_the_field_and_the_reason(changes, field):
 def test_a_turn_with_a_nul_character_is_refused_at_the_edge():
     with pytest.raises(InvalidEvent, match="NUL"):
         TurnRecorded.new(user_id="u", conversation_id="c", user_message="a\x00b", assistant_message="")
+
+
+@pytest.mark.parametrize("event, field", [
+    (lambda: TurnRecorded.new(user_id="u", conversation_id="c", user_message="hi", assistant_message="",
+                              metadata={"k\x00": 1}), "$.metadata['k\\x00']"),
+    (lambda: TurnRecorded.new(user_id="u", conversation_id="c", user_message="hi", assistant_message="",
+                              metadata={"k": "v\x00"}), "$.metadata['k']"),
+    (lambda: ReminderScheduled.new(user_id="u", text="call \x00 mum", due_at=AT), "$.text"),
+    (lambda: FactCorrected(event_id=new_event_id(), user_id="u", occurred_at=AT, actor="user", fact_id=uuid.uuid4(),
+                           value="Berlin", reason="moved\x00"), "$.reason"),
+    (lambda: PersonIdentitySet(event_id=new_event_id(), user_id="u", occurred_at=AT, attributes={"tone": "\x00"}),
+     "$.attributes['tone']"),
+    # A day from either end of Python's datetimes overflows once shifted to UTC (asyncpg, comparisons).
+    (lambda: TurnRecorded.new(user_id="u", conversation_id="c", user_message="hi", assistant_message="",
+                              occurred_at=datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))), "$.occurred_at"),
+    (lambda: TurnRecorded.new(user_id="u", conversation_id="c", user_message="hi", assistant_message="",
+                              occurred_at=datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))),
+     "$.occurred_at"),
+    (lambda: ReminderScheduled.new(user_id="u", text="call mum", due_at=datetime(9999, 12, 31, tzinfo=timezone.utc)),
+     "$.due_at"),
+])
+def test_a_nul_or_a_time_no_store_can_hold_is_refused_in_any_field(event, field):
+    # Postgres text takes no NUL; each would stop every step that stores the record, then again on restart.
+    with pytest.raises(InvalidEvent) as info:
+        event()
+    assert info.value.field == field
 
 
 def test_a_turn_with_a_lone_surrogate_is_refused_naming_the_field():
@@ -121,7 +149,9 @@ def test_new_event_ids_are_uuid7_and_time_ordered():
     user_id=st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s),
     user_message=st.text(max_size=200).filter(lambda s: "\x00" not in s and s.strip()),
     assistant_message=st.text(max_size=200).filter(lambda s: "\x00" not in s),
-    metadata=st.none() | st.dictionaries(st.text(max_size=10), st.integers() | st.text(max_size=10) | st.booleans(), max_size=4),
+    metadata=st.none() | st.dictionaries(st.text(max_size=10).filter(lambda s: "\x00" not in s),
+                                         st.integers() | st.text(max_size=10).filter(lambda s: "\x00" not in s)
+                                         | st.booleans(), max_size=4),
 )
 def test_any_valid_turn_round_trips_through_the_wire_format(user_id, user_message, assistant_message, metadata):
     turn = TurnRecorded.new(user_id=user_id, conversation_id="c", user_message=user_message,

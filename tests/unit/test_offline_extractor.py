@@ -104,3 +104,26 @@ def test_an_allergy_list_stops_where_the_clause_does():
 def test_a_clause_after_an_allergy_is_not_an_allergy():
     found, _ = facts("I'm allergic to peanuts, as you know.")
     assert {f for f in found if f[0] == "allergy"} == {("allergy", "peanuts", False)}
+
+
+@pytest.mark.parametrize("said, at", [
+    ("I moved to Lisbon next year.", datetime(9998, 12, 1, tzinfo=timezone.utc)),
+    ("I moved to Lisbon last week.", datetime(2, 1, 2, tzinfo=timezone.utc)),
+    ("I moved to Lisbon 999 years ago.", datetime(500, 1, 1, tzinfo=timezone.utc)),  # before year 1
+])
+def test_a_date_past_the_times_memstream_stores_leaves_the_fact_undated(said, at):
+    from memstream.llm.offline_relations import extract_relations
+
+    turn = TurnRecorded.new(user_id="u", conversation_id="c", user_message=said, assistant_message="Ok.", occurred_at=at)
+    [fact] = extract_facts(turn)
+    [relation] = extract_relations(turn)
+    assert (fact.value, fact.valid_at, relation.target, relation.valid_at) == ("Lisbon", None, "Lisbon", None)
+
+
+def test_a_turn_written_to_backtrack_is_read_in_one_pass():
+    # An unbounded lazy group tried from every "I am a" to the end of the turn took 26 s on this one.
+    from memstream.llm.offline_relations import extract_relations
+
+    turn = TurnRecorded.new(user_id="u", conversation_id="c", user_message=("I am a " * 20_000)[:100_000],
+                            assistant_message=("i work as a x " * 10_000)[:100_000], occurred_at=AT)
+    assert extract_facts(turn) == [] and extract_relations(turn) == []

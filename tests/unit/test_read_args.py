@@ -1,6 +1,6 @@
 """``MemoryReader.read`` refuses bad arguments at once, before any I/O (no stack needed)."""
 import asyncio
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -45,6 +45,8 @@ GOOD = {"user_id": "u", "conversation_id": "c", "message": "where do I live?"}
     ({"now": NAIVE}, "now must be a timezone-aware datetime"),  # failed mid-rerank, after every statement
     ({"as_of": NAIVE}, "as_of must be a timezone-aware datetime"),
     ({"as_of": AsOf(valid_time=AWARE, recorded_time=NAIVE)}, "as_of.recorded_time must be a timezone-aware"),
+    ({"as_of": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))}, "as_of must fall between 0002-01-01"),
+    ({"now": datetime(9999, 12, 31, tzinfo=timezone.utc)}, "now must fall between 0002-01-01 and 9998-12-31"),
     ({"identity_id": 7}, "identity_id must be a non-empty string"),  # was a degraded section
     ({"budgets": {"facts": 10}}, "budgets must be a Budgets"),
     ({"user_id": "__memstream__"}, "is the host-wide key, not a user"),  # every user's expert personas live there

@@ -80,3 +80,17 @@ def test_each_candidate_of_a_turn_sees_the_decisions_of_the_ones_before_it(messa
 def test_independent_candidates_share_one_resolution_call():
     _, calls = formed(["I live in Rome and I work at Acme.", "I moved to Oslo and I work at Globex."])
     assert calls == 1  # the second turn's two candidates, other slots, other neighbours: one call
+
+
+def test_a_turn_decides_no_more_candidates_than_forgetting_it_can_name():
+    from memstream.projections.facts.core import MAX_CANDIDATES, turn_decisions
+
+    f = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=None, resolver=OfflineResolver(),
+                  dead_letters=None, pool=None, barrier=None, turn_extractor=OfflineTurnExtractor())
+    said = " ".join(f"I like topic{i}." for i in range(MAX_CANDIDATES + 6))
+    t = TurnRecorded.new(user_id="u", conversation_id="c", user_message=said, assistant_message="Ok.",
+                         occurred_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    made = asyncio.run(f.decide([(Record("e", 0, 0, b"u", b"", (), 1_700_000_000_000), t)], MemoryView("scattered"),
+                                GraphView(None)))
+    facts = [d for _, d in made if type(d).__name__ == "FactAdded"]
+    assert len(facts) == MAX_CANDIDATES and {d.fact_id for d in facts} == set(turn_decisions(t.event_id))
