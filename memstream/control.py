@@ -14,7 +14,12 @@ from memstream.schemas import (EdgeForgotten, EpisodeForgotten, FactCorrected, F
 from memstream.schemas.errors import MemstreamError
 
 class NotFound(MemstreamError, LookupError):
-    """The id names nothing of this user's: unknown, or another user's (the message says which)."""
+    """The id names nothing of this user's: unknown, or another user's (the message says which,
+    for an operator; ``public`` does not, for a caller who may only know of this user's)."""
+
+    def __init__(self, message: str, public: str | None = None):
+        super().__init__(message)
+        self.public = public or message
 
 
 async def _own(reader, kind: str, user_id: str, memory_id: uuid.UUID) -> dict:
@@ -22,7 +27,7 @@ async def _own(reader, kind: str, user_id: str, memory_id: uuid.UUID) -> dict:
     if row is None:
         raise NotFound(f"no {what} {memory_id}")
     if row["user_id"] != user_id:
-        raise NotFound(f"{what} {memory_id} belongs to another user, not {user_id!r}")
+        raise NotFound(f"{what} {memory_id} belongs to another user, not {user_id!r}", public=f"no {what} {memory_id}")
     return row
 
 

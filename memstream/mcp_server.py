@@ -64,7 +64,9 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
         async def refusing(*args, **kwargs):
             try:
                 return await fn(*args, **kwargs)
-            except (InvalidArgument, InvalidEvent, NotFound, BrokerUnavailable) as exc:
+            except NotFound as exc:  # never whether another user's id exists
+                raise ToolError(exc.public) from None
+            except (InvalidArgument, InvalidEvent, BrokerUnavailable) as exc:
                 raise ToolError(str(exc)) from None
 
         return mcp.tool()(refusing)

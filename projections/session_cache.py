@@ -8,6 +8,7 @@ nothing: the read client falls back to Postgres.
 from __future__ import annotations
 
 import json
+from datetime import timezone
 from typing import Iterable, Sequence
 
 from memstream.projections.episodes.core import EpisodeRow
@@ -23,8 +24,9 @@ def turn_member(row: EpisodeRow) -> str:
 
 
 def member(episode_id, occurred_at, user_message: str, assistant_message: str) -> str:
-    """A turn as Tier 0 holds it: canonical JSON, so the same turn is always the same member."""
-    return json.dumps({"episode_id": str(episode_id), "occurred_at": occurred_at.isoformat(),
+    """A turn as Tier 0 holds it: canonical JSON, so the same turn is always the same member
+    (its time in UTC: as the host sent it, or as Postgres gives it back)."""
+    return json.dumps({"episode_id": str(episode_id), "occurred_at": occurred_at.astimezone(timezone.utc).isoformat(),
                        "user_message": user_message, "assistant_message": assistant_message},
                       sort_keys=True, separators=(",", ":"))
 
@@ -51,10 +53,18 @@ async def recent_turns(redis, schema: str, epoch: int, user_id: str, conversatio
 async def forget(redis, schema: str, epoch: int, episodes: Sequence, users: Sequence[str]) -> None:
     """Tier 0 without these turns (rows with episode_id, user_id, conversation_id, occurred_at and
     the messages) and without any conversation of these users."""
+    # Found by its time and id, not by its text: a member written before the text was canonical
+    # (or by another version) would never match, and the forgotten turn be read on.
+    keys = [tier0_key(schema, epoch, e["user_id"], e["conversation_id"]) for e in episodes]
     pipe = redis.pipeline(transaction=False)
-    for e in episodes:
-        key = tier0_key(schema, epoch, e["user_id"], e["conversation_id"])
-        pipe.zrem(key, member(e["episode_id"], e["occurred_at"], e["user_message"], e["assistant_message"]))
+    for key, e in zip(keys, episodes):
+        pipe.zrangebyscore(key, e["occurred_at"].timestamp(), e["occurred_at"].timestamp())
+    found = await pipe.execute() if episodes else []
+    pipe = redis.pipeline(transaction=False)
+    for key, e, members in zip(keys, episodes, found):
+        for m in members:
+            if json.loads(m)["episode_id"] == str(e["episode_id"]):
+                pipe.zrem(key, m)
     await pipe.execute()
     for user in users:
         # Glob characters in a user id match only themselves.

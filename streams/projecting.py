@@ -6,6 +6,7 @@ first); the other steps skip them.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import asyncpg
@@ -20,7 +21,7 @@ from memstream.projections.commands.core import Logged
 from memstream.projections.commands.store import CommandStore
 from memstream.projections.profile import store as profile_store
 from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, MemoryForgotten, decode_decision
-from memstream.schemas.errors import Refused
+from memstream.schemas.errors import Refused, Retryable
 from memstream.schemas.events import COMMAND_TYPES
 from memstream.streams.admission import admit
 from memstream.streams.records import Record, next_offsets
@@ -104,31 +105,60 @@ class EpisodesProjection:
         positions = {**next_offsets(records), **events_covered(decided)}
         forgotten = Forgotten([], [])
         async with self._pool.acquire() as conn:
-            try:
-                forgotten = await self._store.apply_batch(conn, [row for _, row in rows], positions)
-            except asyncpg.PostgresError as exc:
-                if not _refused_by_server(exc):
-                    raise
-                log.warning("episodes batch refused (%s); applying record by record", exc)
-
-                async def one(r, row) -> None:
-                    gone = await self._store.apply_batch(conn, [row], {})
-                    forgotten.episodes.extend(gone.episodes)
-                    forgotten.users.extend(gone.users)
-
-                refused = await _one_by_one(conn, self._dead, self.name, rows, exc, apply=one,
-                                            finish=lambda: self._store.apply_batch(conn, [], positions))
-                rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
             if self._epoch is None:
                 self._epoch = await epoch(conn, "episodes")
-        turns = [row for _, row in rows if not isinstance(row, MemoryForgotten)]
-        if self._redis is None or not rows:
+            async with conn.transaction():
+                try:
+                    async with _checked(conn):
+                        forgotten = await self._store.apply_batch(conn, [row for _, row in rows], positions)
+                except asyncpg.PostgresError as exc:
+                    if not _refused_by_server(exc):
+                        raise
+                    log.warning("episodes batch refused (%s); applying record by record", exc)
+
+                    async def one(r, row) -> None:
+                        gone = await self._store.apply_batch(conn, [row], {})
+                        forgotten.episodes.extend(gone.episodes)
+                        forgotten.users.extend(gone.users)
+
+                    refused = await _one_by_one(conn, self._dead, self.name, rows, exc, apply=one,
+                                                finish=lambda: self._store.apply_batch(conn, [], positions))
+                    rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
+                if self._redis is not None and (forgotten.episodes or forgotten.users):
+                    await _erased("tier 0", session_cache.forget(self._redis, self._schema, self._epoch,
+                                                                 forgotten.episodes, forgotten.users))
+        gone, users = {e["episode_id"] for e in forgotten.episodes}, set(forgotten.users)
+        turns = [row for _, row in rows if not isinstance(row, MemoryForgotten)
+                 and row.episode_id not in gone and row.user_id not in users]  # forgotten in this batch
+        if self._redis is None or not turns:
             return
         try:
             await session_cache.push_turns(self._redis, self._schema, self._epoch, turns, self._keep)
-            await session_cache.forget(self._redis, self._schema, self._epoch, forgotten.episodes, forgotten.users)
         except Exception:  # a derived cache: the read path falls back to Postgres
-            log.exception("tier 0 cache update failed for %d turns", len(rows))
+            log.exception("tier 0 cache update failed for %d turns", len(turns))
+
+
+@contextlib.asynccontextmanager
+async def _checked(conn):
+    """A savepoint whose deferred constraints are checked at its end, where a violation can still
+    be caught (``_one_by_one``), not at the commit of the transaction around it."""
+    async with conn.transaction():
+        yield
+        await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+
+
+class CacheUnavailable(Retryable):
+    """Redis could not erase what a forget removed: the batch is retried, its position unmoved."""
+
+
+async def _erased(cache: str, erasing) -> None:
+    # Before the commit, or the batch is retried: once the position passes a forget, no cache may
+    # serve what it forgot (the read path reads Redis whenever it holds something; Redis back
+    # from an outage would still hold it).
+    try:
+        await erasing
+    except Exception as exc:
+        raise CacheUnavailable(f"{cache}: {type(exc).__name__}: {exc}") from exc
 
 
 class _DecisionProjection:
@@ -149,16 +179,22 @@ class _DecisionProjection:
         decisions = [(r, self.item(r, d)) for r, d in decoded if isinstance(d, self.kinds)]
         positions = {**next_offsets(records), **events_covered(d for _, d in decoded)}
         async with self._pool.acquire() as conn:
-            try:
-                result = await self._store.apply_batch(conn, [d for _, d in decisions], positions)
-            except (Refused, asyncpg.PostgresError) as exc:
-                if not isinstance(exc, Refused) and not _refused_by_server(exc):
-                    raise
-                result = None
-                await _one_by_one(
-                    conn, self._dead, self.name, decisions, exc,
-                    apply=lambda r, d: self._store.apply_batch(conn, [d], {}),
-                    finish=lambda: self._store.apply_batch(conn, [], positions))
+            async with conn.transaction():
+                try:
+                    async with _checked(conn):
+                        result = await self._store.apply_batch(conn, [d for _, d in decisions], positions)
+                except (Refused, asyncpg.PostgresError) as exc:
+                    if not isinstance(exc, Refused) and not _refused_by_server(exc):
+                        raise
+                    results = []
+
+                    async def one(r, d) -> None:
+                        results.append(await self._store.apply_batch(conn, [d], {}))
+
+                    await _one_by_one(conn, self._dead, self.name, decisions, exc, apply=one,
+                                      finish=lambda: self._store.apply_batch(conn, [], positions))
+                    result = self.merged(results)
+                await self.before_commit(conn, result)
             await self.after_commit(conn, result)
 
     def item(self, r: Record, d):
@@ -177,6 +213,13 @@ class _DecisionProjection:
                 continue
         return out
 
+    def merged(self, results: list):
+        """The store's results of a batch applied record by record, as one batch's."""
+        return None
+
+    async def before_commit(self, conn, result) -> None:
+        """What must hold before the batch's position moves (a forget's erasure from a cache)."""
+
     async def after_commit(self, conn, result) -> None:
         """Derived caches, after the transaction (best effort: the read path falls back)."""
 
@@ -186,6 +229,16 @@ class FactsProjection(_DecisionProjection):
 
     name, kinds, store = "facts", (FactDecision, MemoryForgotten), FactStore
     _epoch: int | None = None
+
+    def merged(self, results: list) -> dict:
+        return {user: profile for profiles in results for user, profile in profiles.items()}
+
+    async def before_commit(self, conn, profiles) -> None:
+        gone = {user: None for user, profile in (profiles or {}).items() if profile is None}
+        if self._redis is not None and gone:
+            if self._epoch is None:
+                self._epoch = await epoch(conn, "profile")
+            await _erased("tier 1", profile_store.cache(self._redis, self._schema, self._epoch, gone))
 
     async def after_commit(self, conn, profiles) -> None:
         if self._redis is None or not profiles:

@@ -287,8 +287,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
         try:
             return _position(await coro)
-        except NotFound as exc:
-            raise Problem(404, "Not found", str(exc)) from None
+        except NotFound as exc:  # never whether another tenant's id exists
+            raise Problem(404, "Not found", exc.public) from None
         except BrokerUnavailable as exc:
             raise Problem(503, "Log unavailable", str(exc)) from None
 
@@ -393,7 +393,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         try:
             await _own(state["reader"], "facts", user_id, fact_id)
         except NotFound as exc:
-            raise Problem(404, "Not found", str(exc)) from None
+            raise Problem(404, "Not found", exc.public) from None
         return await state["reader"].fact_history(user_id, fact_id)
 
     @app.post("/v1/users/{user_id}/facts/{fact_id}/correct", status_code=202, response_model=Appended,

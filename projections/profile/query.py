@@ -15,5 +15,11 @@ async def read(redis, pool, schema: str, epoch: int, user_id: str) -> dict:
     value = await pool.fetchval("SELECT profile FROM profiles WHERE user_id = $1", user_id)
     profile = (json.loads(value) if isinstance(value, str) else value) or {}
     if redis is not None and value is not None:
-        await redis.set(profile_key(schema, epoch, user_id), json.dumps(profile, sort_keys=True))
+        # Only into a free key (a profile the projection cached meanwhile is newer), and taken
+        # back if the profile was deleted meanwhile (a forget: its erasure may have come between
+        # this read and this write).
+        key = profile_key(schema, epoch, user_id)
+        if await redis.set(key, json.dumps(profile, sort_keys=True), nx=True) and not await pool.fetchval(
+                "SELECT EXISTS (SELECT FROM profiles WHERE user_id = $1)", user_id):
+            await redis.delete(key)
     return profile

@@ -134,6 +134,7 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
     theirs = await client.post(f"/v1/users/globex:bob/facts/{home['fact_id']}/correct", headers=globex,
                                json={"value": "Oslo"})  # their own user, another tenant's fact
     assert theirs.status_code == 404
+    assert theirs.json()["detail"] == f"no fact {home['fact_id']}"  # not whether another tenant holds it
     status = await client.get("/v1/status", headers=auth(keys["ops"]))
     assert status.status_code == 200 and "positions" in status.json()
     assert (await client.get("/v1/users", headers=globex)).json()["users"] == []  # none of acme's

@@ -4,8 +4,9 @@ and not undone by a replay or a reform."""
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
+from datetime import timedelta, timezone
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 
@@ -18,6 +19,7 @@ from memstream.streams.producer import TurnLog
 from memstream.streams.reform import reform
 from memstream.streams.replay import replay
 
+from .helpers import BASE
 from .test_formation import append_and_wait, turn
 from .test_read_path import make_reader
 
@@ -34,8 +36,11 @@ async def test_correct_and_forget_a_fact_an_episode_and_an_edge_then_replay_and_
                                                                                             workers, embedder):
     w = workers()
     await w.wait_assigned()
+    # Rex's turn said at a local time: Tier 0 holds it as sent, Postgres gives it back in UTC.
+    rex_said = msgspec.structs.replace(turn("cam", "My dog Rex is sick.", 2), occurred_at=(
+        BASE + timedelta(minutes=2)).astimezone(timezone(timedelta(hours=2))))
     await append_and_wait(settings, conn, [turn("cam", "I live in Porto.", 0), turn("cam", "I like jazz.", 1),
-                                           turn("cam", "My dog Rex is sick.", 2), turn("cam", "I work at Acme.", 3)])
+                                           rex_said, turn("cam", "I work at Acme.", 3)])
     reader = await make_reader(dsn, settings, embedder)
     try:
         facts = {f.attribute: f for f in (await reader.memories("cam", "facts")).items}
@@ -396,3 +401,48 @@ async def _forget_eve(stack, settings, conn, dsn, embedder, w, shorten):
         assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'ned'") == 2
     finally:
         await drop_schema(dsn, rebuilt)
+
+
+async def test_a_forget_redis_cannot_erase_is_retried_and_its_position_does_not_move(settings, conn, dsn):
+    """Once a forget's position is stored, no cache may serve what it forgot (Redis back from an
+    outage would still hold it): its erasure is part of the batch, retried with it."""
+    from memstream.projections import positions
+    from memstream.projections.db import create_pool
+    from memstream.schemas import EpisodeRecorded, MemoryForgotten, encode
+    from memstream.streams.projecting import CacheUnavailable, EpisodesProjection
+    from memstream.streams.records import Record
+
+    from .test_delivery import UNIT, _decided
+
+    class Letters:  # none expected
+        async def send(self, letters):
+            assert not letters
+
+        def observe(self, n_ok):
+            pass
+
+    said = EpisodeRecorded(**_decided(settings, 0, "eve", "episode"), conversation_id="c", occurred_at=BASE,
+                           user_message="my secret", assistant_message="ok", embedding=UNIT, embedding_model="test")
+    forget = MemoryForgotten(**_decided(settings, 1, "eve", "forgotten"), kind="user", actor="user")
+    records = [Record(settings.decisions_topic, 0, i, b"eve", encode(d), (), 1_700_000_000_000)
+               for i, d in enumerate([said, forget])]
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
+    up, down = aioredis.from_url(settings.redis_url), aioredis.from_url("redis://127.0.0.1:9", socket_connect_timeout=1)
+    try:
+        live = EpisodesProjection(pool=pool, redis=up, schema=settings.postgres_schema, dead_letters=Letters(),
+                                  tier0_turns=20)
+        await live.process(records[:1])
+        assert await up.keys(f"memstream:{settings.postgres_schema}:*") != []
+        cut_off = EpisodesProjection(pool=pool, redis=down, schema=settings.postgres_schema, dead_letters=Letters(),
+                                     tier0_turns=20)
+        with pytest.raises(CacheUnavailable):
+            await cut_off.process(records[1:])
+        assert (await positions.load(pool, "episodes", settings.decisions_topic)) == {0: 1}  # not past the forget
+        assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'eve'") == 1  # rolled back
+        await live.process(records[1:])  # Redis back: the batch again
+        assert await up.keys(f"memstream:{settings.postgres_schema}:*") == []
+        assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'eve'") == 0
+    finally:
+        await up.aclose()
+        await down.aclose()
+        await pool.close()
