@@ -105,8 +105,10 @@ async def retry(settings, name: str, fixed: Path | None = None) -> dict:
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
     try:
+        # When it first came: what a forget since covers, it still covers (``streams.ingress``).
         meta = await producer.send_and_wait(target, value, key=r.key, partition=partition,
-                                            headers=[("memstream.retried-from", name.encode())])
+                                            headers=[("memstream.retried-from", name.encode()),
+                                                     ("memstream.appended-at", str(r.timestamp_ms).encode())])
     finally:
         await producer.stop()
     return {"letter": name, "topic": target, "partition": meta.partition, "offset": meta.offset}

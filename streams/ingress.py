@@ -6,7 +6,11 @@ person's words in plain text age out of Kafka; the events topic, kept forever, h
 sealed. Each record is checked like any event (an undecodable one, or one keyed by anything but
 its ``user_id``, is dead-lettered with the reason), sealed with its user's data key and appended
 keyed by the user — so on the partition Kafka's default partitioner gives them, whatever
-partitioner the host used. A ``UserForgotten`` is stamped with the key generation it ends.
+partitioner the host used. A ``UserForgotten`` is stamped with the key generation it ends. A
+record that reached the ingress topic before its user's last forget was stamped (a forget
+appended straight to the events topic while the record waited, or a plain letter retried since)
+is dropped, not sealed under the key the user got since: forgetting covers what they said
+before it, wherever it waited.
 
 The step's position on the ingress topic is stored once the sealed records are acknowledged:
 after a crash between the two a record is sealed again, a second copy with the same
@@ -21,7 +25,7 @@ import time
 from aiokafka.errors import MessageSizeTooLargeError
 
 from memstream.projections import positions as pos
-from memstream.schemas import InvalidEvent, decode_event
+from memstream.schemas import InvalidEvent, UserForgotten, decode_event
 from memstream.streams.records import Record, next_offsets
 from memstream.streams.sealing import RecordSealer
 
@@ -35,13 +39,14 @@ class IngressSealing:
         self._producer, self._settings, self._topic, self._sealer = producer, settings, settings.events_topic, sealer
         self._dead, self._pool = dead_letters, pool
         self._fenced = 0.0  # when the events topic was found fenced
+        self.dropped = 0  # records said before their user's forget
 
     async def process(self, records: list[Record]) -> None:
         if self._fenced:
             if time.monotonic() - self._fenced < 10 or await self._moving():
                 return  # not applied, position not stored: read again once the worker moved over
             self._fenced = 0.0  # the fence was lifted by hand: go on
-        letters, futures = [], []
+        letters, futures, events = [], [], []
         for r in records:
             try:
                 event = decode_event(r.value or b"")
@@ -50,6 +55,17 @@ class IngressSealing:
                 continue
             if r.key != event.user_id.encode():
                 letters.append((r, self.name, "record key does not match user_id: per-user order is not guaranteed"))
+                continue
+            events.append((r, event))
+        forgotten = await self._sealer.last_forgets({e.user_id for _, e in events})
+        for r, event in events:
+            if isinstance(event, UserForgotten):
+                # Said when it reached ingress, not when this step (maybe lagging) got to it: what
+                # the user says after it is theirs again.
+                await self._sealer.stamp(event, _appended_at(r))
+            elif _appended_at(r) < forgotten.get(event.user_id, 0.0):
+                self.dropped += 1
+                log.info("%s reached ingress before its user was forgotten: dropped", r.where)
                 continue
             futures.append(await self._producer.send(self._topic, await self._sealer.seal(event), key=r.key))
         try:
@@ -72,3 +88,10 @@ class IngressSealing:
         from memstream.streams.log_topics import moves
 
         return any(m["from_events"] == self._topic and m["state"] != "copying" for m in await moves(self._pool, self._settings))
+
+
+def _appended_at(r: Record) -> float:
+    """When ``r`` first reached the ingress topic (Unix seconds): its log time, or for a letter
+    retried, the time the letter was written (``memstream.appended-at``, in ms)."""
+    first = dict(r.headers).get("memstream.appended-at")
+    return min(r.timestamp_ms, int(first)) / 1000 if first and first.isdigit() else r.timestamp_ms / 1000

@@ -73,9 +73,14 @@ class RecordSealer:
         blob = await self.keys.seal(record.user_id, data, _context(tag), generation)
         return _encoder.encode(_Envelope(tag, record.user_id, record.SCHEMA_VERSION, blob))
 
-    async def stamp(self, forget: UserForgotten) -> int | None:
-        """The key generation ``forget`` ends, the same however often it is asked (None: no keys)."""
-        return None if self.keys is None else await self.keys.stamp(forget.user_id, forget.event_id.bytes)
+    async def stamp(self, forget: UserForgotten, at: float | None = None) -> int | None:
+        """The key generation ``forget`` ends, the same however often it is asked (None: no keys);
+        ``at``: when it was said (Unix seconds; default now), kept from the first time it is asked."""
+        return None if self.keys is None else await self.keys.stamp(forget.user_id, forget.event_id.bytes, at)
+
+    async def last_forgets(self, user_ids) -> dict[str, float]:
+        """When each of ``user_ids`` was last forgotten (Unix seconds; none known without keys)."""
+        return {} if self.keys is None or not user_ids else await self.keys.last_forgets(user_ids)
 
     async def open(self, records: Sequence[Record]) -> list[Record]:
         """``records`` with every sealed value opened: plain JSON, or ``sealing`` saying why not."""

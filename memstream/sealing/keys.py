@@ -17,7 +17,7 @@ import os
 import struct
 import time
 from collections import OrderedDict
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -55,9 +55,11 @@ class WrappedKeys(Protocol):
     generation unless another caller made one first; returns the live one either way.
     ``destroy(user, generation)``: the user has no live key from now on (when ``generation`` is
     given: only if it is the live one); a generation is never reused.
-    ``stamp(user, forget)``: the generation the forget ``forget`` (its 16-byte event id) ends —
+    ``stamp(user, forget, at)``: the generation the forget ``forget`` (its 16-byte event id) ends —
     the live one (0: none) the first time it is asked, the same ever after, so a forget sealed
-    again (a retried append, a restarted ingress) never ends a key the user got after it.
+    again (a retried append, a restarted ingress) never ends a key the user got after it; ``at``
+    (Unix seconds, default the store's clock) is when it was said, kept from the first time too.
+    ``last_forgets(users)``: when each of ``users`` that has one said their last forget.
     ``holds_keys()``: whether any key was ever stored.
     ``user`` is ``user_key(user_id)``."""
 
@@ -67,7 +69,9 @@ class WrappedKeys(Protocol):
 
     async def destroy(self, user: bytes, generation: int | None = None) -> None: ...
 
-    async def stamp(self, user: bytes, forget: bytes) -> int: ...
+    async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int: ...
+
+    async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]: ...
 
     async def holds_keys(self) -> bool: ...
 
@@ -79,6 +83,7 @@ class MemoryWrappedKeys:
         self._live: dict[bytes, tuple[int, str, bytes]] = {}
         self._last: dict[bytes, int] = {}
         self._stamps: dict[bytes, int] = {}
+        self._stamped_at: dict[bytes, float] = {}
 
     async def current(self, user: bytes):
         return self._live.get(user)
@@ -93,8 +98,13 @@ class MemoryWrappedKeys:
         if user in self._live and generation in (None, self._live[user][0]):
             del self._live[user]
 
-    async def stamp(self, user: bytes, forget: bytes) -> int:
+    async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int:
+        if forget not in self._stamps:
+            self._stamped_at[user] = max(self._stamped_at.get(user, 0.0), time.time() if at is None else at)
         return self._stamps.setdefault(forget, self._live[user][0] if user in self._live else 0)
+
+    async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]:
+        return {u: self._stamped_at[u] for u in users if u in self._stamped_at}
 
     async def holds_keys(self) -> bool:
         return bool(self._last)
@@ -139,17 +149,24 @@ class PostgresWrappedKeys:
                                  "WHERE user_key = $1 AND wrapped IS NOT NULL AND ($2::int IS NULL OR generation = $2)",
                                  user, generation)
 
-    async def stamp(self, user: bytes, forget: bytes) -> int:
+    async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int:
         k = f'"{self._schema}"'
         found = await self._pool.fetchval(
             f"WITH live AS (SELECT coalesce((SELECT generation FROM {k}.data_keys WHERE user_key = $1 "
-            f"AND wrapped IS NOT NULL), 0) AS g), made AS (INSERT INTO {k}.forgets (forget, user_key, generation) "
-            "SELECT $2, $1, g FROM live ON CONFLICT (forget) DO NOTHING RETURNING generation) "
+            f"AND wrapped IS NOT NULL), 0) AS g), made AS (INSERT INTO {k}.forgets (forget, user_key, generation, "
+            "stamped_at) SELECT $2, $1, g, coalesce(to_timestamp($3::float8), now()) FROM live "
+            "ON CONFLICT (forget) DO NOTHING RETURNING generation) "
             f"SELECT generation FROM made UNION ALL SELECT generation FROM {k}.forgets WHERE forget = $2 LIMIT 1",
-            user, forget)
+            user, forget, at)
         if found is None:  # stamped by another process since this statement began
             found = await self._pool.fetchval(f"SELECT generation FROM {k}.forgets WHERE forget = $1", forget)
         return found
+
+    async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]:
+        rows = await self._pool.fetch(f'SELECT user_key, extract(epoch FROM max(stamped_at))::float8 AS at '
+                                      f'FROM "{self._schema}".forgets WHERE user_key = ANY($1::bytea[]) GROUP BY user_key',
+                                      list(users))
+        return {bytes(r["user_key"]): r["at"] for r in rows}
 
     async def holds_keys(self) -> bool:
         return await self._pool.fetchval(f'SELECT EXISTS (SELECT FROM "{self._schema}".data_keys)')
@@ -212,9 +229,14 @@ class DataKeys:
         found = await self._store.current(user_key(user_id))
         return 0 if found is None else found[0]
 
-    async def stamp(self, user_id: str, forget: bytes) -> int:
+    async def stamp(self, user_id: str, forget: bytes, at: float | None = None) -> int:
         """The key generation the forget with event id ``forget`` ends (``WrappedKeys.stamp``)."""
-        return await self._store.stamp(user_key(user_id), forget)
+        return await self._store.stamp(user_key(user_id), forget, at)
+
+    async def last_forgets(self, user_ids) -> dict[str, float]:
+        """When each of ``user_ids`` that has one was last forgotten (``WrappedKeys.last_forgets``)."""
+        by_key = {user_key(u): u for u in user_ids}
+        return {by_key[k]: at for k, at in (await self._store.last_forgets(list(by_key))).items()}
 
     async def seal(self, user_id: str, plaintext: bytes, context: str, generation: int | None = None) -> bytes:
         """Seal under the user's live key (made on first use); under ``generation`` only, when

@@ -64,6 +64,16 @@ class DataKeysContract:
         other = DataKeys(LocalKek(tmp_path / "kek"), keys._store)  # held generation 1 would be stale
         assert await other.open("ana", second, "f") == b"second"
 
+    async def test_a_users_last_forget_is_known_as_of_when_it_was_first_said(self, tmp_path):
+        keys = await self.keys(tmp_path)
+        await keys.seal("ana", b"x", "f")
+        assert await keys.last_forgets(["ana", "bo"]) == {}
+        await keys.stamp("ana", b"1" * 16, at=1_700_000_000.0)
+        await keys.stamp("ana", b"1" * 16, at=1_800_000_000.0)  # the same forget sealed again: its first time stays
+        assert await keys.last_forgets(["ana", "bo"]) == {"ana": 1_700_000_000.0}
+        await keys.stamp("ana", b"2" * 16)  # a second forget, said now
+        assert (await keys.last_forgets(["ana"]))["ana"] > 1_700_000_000.0
+
     async def test_the_store_holds_no_user_id(self, tmp_path):
         keys = await self.keys(tmp_path)
         await keys.seal("ana@example.com", b"x", "f")

@@ -446,3 +446,71 @@ async def test_a_forget_redis_cannot_erase_is_retried_and_its_position_does_not_
         await up.aclose()
         await down.aclose()
         await pool.close()
+
+
+async def test_a_turn_still_on_ingress_when_its_user_is_forgotten_is_dropped_not_sealed_anew(settings, dsn):
+    """A forget appended straight to the events topic (``control.forget_user``) while the user's
+    turn waited on the ingress topic: the turn was said before the forget, so it is not sealed
+    under the key the user gets afterwards (it would be memory again); what they say after is."""
+    import time
+
+    from aiokafka import TopicPartition
+
+    from memstream.projections.db import create_pool
+    from memstream.schemas import TurnRecorded, UserForgotten, decode_event, encode
+    from memstream.schemas.events import new_event_id
+    from memstream.sealing import data_keys
+    from memstream.streams.ingress import IngressSealing
+    from memstream.streams.kafka_util import drain, groupless_consumer
+    from memstream.streams.producer import idempotent_producer
+    from memstream.streams.records import Record
+    from memstream.streams.sealing import RecordSealer
+
+    class Letters:  # none expected
+        async def send(self, letters):
+            assert not letters
+
+        def observe(self, n_ok):
+            pass
+
+    def said(text: str) -> TurnRecorded:
+        return TurnRecorded.new(user_id="ivy", conversation_id="c", user_message=text, assistant_message="Ok.")
+
+    def on_ingress(event, offset: int, at: float, headers=()) -> Record:
+        return Record(settings.ingress_topic, 0, offset, b"ivy", encode(event), headers, int(at * 1000))
+
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
+    producer = idempotent_producer(settings.kafka_bootstrap)
+    await producer.start()
+    try:
+        sealer = RecordSealer(await data_keys(settings, pool))
+        ingress = IngressSealing(producer=producer, settings=settings, sealer=sealer, dead_letters=Letters(), pool=pool)
+        t0 = time.time() - 60  # records of a minute ago: this step lags behind them
+        await sealer.stamp(UserForgotten(event_id=new_event_id(), user_id="ivy", occurred_at=BASE, actor="user"),
+                           at=t0 + 1)
+        # Before the forget; a letter of before it, retried since; after it.
+        await ingress.process([on_ingress(said("I live in Oslo."), 0, t0),
+                               on_ingress(said("My PIN is 1234."), 1, t0 + 2, (("memstream.appended-at",
+                                                                                str(int(t0 * 1000)).encode()),)),
+                               on_ingress(said("I am back."), 2, t0 + 3)])
+        assert ingress.dropped == 2
+        # Forgotten through ingress, and back a second later: the forget counts from when it was
+        # said, not from when this lagging step sealed it.
+        again = UserForgotten(event_id=new_event_id(), user_id="ivy", occurred_at=BASE, actor="user")
+        await ingress.process([on_ingress(again, 3, t0 + 4), on_ingress(said("Hello again."), 4, t0 + 5)])
+        assert ingress.dropped == 2
+        got = []
+        async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as c:
+            tps = [TopicPartition(settings.events_topic, p) for p in range(settings.partitions)]
+            c.assign(tps)
+            await c.seek_to_beginning(*tps)
+
+            async def keep(batch):
+                got.extend(batch)
+
+            await drain(c, tps, await c.end_offsets(tps), keep)
+        assert len(got) == 3  # "I am back.", the forget, "Hello again."
+        assert decode_event((await sealer.open(got[:1]))[0].value).user_message == "I am back."
+    finally:
+        await producer.stop()
+        await pool.close()
