@@ -105,10 +105,12 @@ async def retry(settings, name: str, fixed: Path | None = None) -> dict:
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
     try:
-        # When it first came: what a forget since covers, it still covers (``streams.ingress``).
+        # When it first came (kept on the letter; else the letter's own time): what a forget since
+        # covers, it still covers (``streams.ingress``).
+        first = dict(r.headers).get("memstream.appended-at") or str(r.timestamp_ms).encode()
         meta = await producer.send_and_wait(target, value, key=r.key, partition=partition,
                                             headers=[("memstream.retried-from", name.encode()),
-                                                     ("memstream.appended-at", str(r.timestamp_ms).encode())])
+                                                     ("memstream.appended-at", first)])
     finally:
         await producer.stop()
     return {"letter": name, "topic": target, "partition": meta.partition, "offset": meta.offset}

@@ -1,9 +1,10 @@
 """Tier 0: the recent turns of each conversation, a derived cache in Redis.
 
 One sorted set per conversation, scored by ``occurred_at``; members are the turn as canonical
-JSON, so re-adding a redelivered turn is a no-op. Keys carry the schema and the projection
-epoch, so a rebuild or a second deployment never reads another's cache. Losing Redis loses
-nothing: the read client falls back to Postgres.
+JSON, so re-adding a redelivered turn is a no-op (one written before members were canonical in
+UTC is added once more). Keys carry the schema and the projection epoch, so a rebuild or a
+second deployment never reads another's cache. Losing Redis loses nothing: the read client
+falls back to Postgres.
 """
 from __future__ import annotations
 

@@ -73,6 +73,8 @@ class DeadLetters(DeadLetterSink):
                 ("memstream.stage", stage.encode()),
                 ("memstream.source", rec.where.encode()),
             ]
+            if "memstream.appended-at" not in dict(rec.headers):  # when it first came (``streams.ingress``)
+                headers.append(("memstream.appended-at", str(rec.timestamp_ms).encode()))
             futures.append(await self._producer.send(self.topic, rec.wire_value, key=rec.key, headers=headers))
             self._window.append(True)
         await asyncio.gather(*futures)

@@ -63,7 +63,7 @@ class IngressSealing:
                 # Said when it reached ingress, not when this step (maybe lagging) got to it: what
                 # the user says after it is theirs again.
                 await self._sealer.stamp(event, _appended_at(r))
-            elif _appended_at(r) < forgotten.get(event.user_id, 0.0):
+            elif 0 < _appended_at(r) < forgotten.get(event.user_id, 0.0):  # 0: no time known
                 self.dropped += 1
                 log.info("%s reached ingress before its user was forgotten: dropped", r.where)
                 continue
@@ -92,6 +92,6 @@ class IngressSealing:
 
 def _appended_at(r: Record) -> float:
     """When ``r`` first reached the ingress topic (Unix seconds): its log time, or for a letter
-    retried, the time the letter was written (``memstream.appended-at``, in ms)."""
+    retried, the time it first came, kept on the letter (``memstream.appended-at``, in ms)."""
     first = dict(r.headers).get("memstream.appended-at")
     return min(r.timestamp_ms, int(first)) / 1000 if first and first.isdigit() else r.timestamp_ms / 1000

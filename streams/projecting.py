@@ -108,9 +108,15 @@ class EpisodesProjection:
             if self._epoch is None:
                 self._epoch = await epoch(conn, "episodes")
             async with conn.transaction():
+                async def erase() -> None:
+                    if self._redis is not None and (forgotten.episodes or forgotten.users):
+                        await _erased("tier 0", session_cache.forget(self._redis, self._schema, self._epoch,
+                                                                     forgotten.episodes, forgotten.users))
+
                 try:
                     async with _checked(conn):
                         forgotten = await self._store.apply_batch(conn, [row for _, row in rows], positions)
+                    await erase()
                 except asyncpg.PostgresError as exc:
                     if not _refused_by_server(exc):
                         raise
@@ -121,21 +127,35 @@ class EpisodesProjection:
                         forgotten.episodes.extend(gone.episodes)
                         forgotten.users.extend(gone.users)
 
-                    refused = await _one_by_one(conn, self._dead, self.name, rows, exc, apply=one,
-                                                finish=lambda: self._store.apply_batch(conn, [], positions))
+                    async def finish() -> None:  # erased before the letters go: a retry sends them again
+                        await self._store.apply_batch(conn, [], positions)
+                        await erase()
+
+                    refused = await _one_by_one(conn, self._dead, self.name, rows, exc, apply=one, finish=finish)
                     rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
-                if self._redis is not None and (forgotten.episodes or forgotten.users):
-                    await _erased("tier 0", session_cache.forget(self._redis, self._schema, self._epoch,
-                                                                 forgotten.episodes, forgotten.users))
-        gone, users = {e["episode_id"] for e in forgotten.episodes}, set(forgotten.users)
-        turns = [row for _, row in rows if not isinstance(row, MemoryForgotten)
-                 and row.episode_id not in gone and row.user_id not in users]  # forgotten in this batch
+        turns = _not_forgotten_after(rows)
         if self._redis is None or not turns:
             return
         try:
             await session_cache.push_turns(self._redis, self._schema, self._epoch, turns, self._keep)
         except Exception:  # a derived cache: the read path falls back to Postgres
             log.exception("tier 0 cache update failed for %d turns", len(turns))
+
+
+def _not_forgotten_after(rows) -> list:
+    """The turns of ``rows`` (in log order) that no later forget of the batch forgot: a user
+    who came back after their forget keeps what they said since."""
+    users, turns, out = set(), set(), []
+    for row in reversed(rows):
+        row = row[1]
+        if isinstance(row, MemoryForgotten):
+            if row.kind == "user":
+                users.add(row.user_id)
+            else:
+                turns.add(episodes.episode_id(row.target))
+        elif row.user_id not in users and row.episode_id not in turns:
+            out.append(row)
+    return out[::-1]
 
 
 @contextlib.asynccontextmanager
@@ -183,6 +203,7 @@ class _DecisionProjection:
                 try:
                     async with _checked(conn):
                         result = await self._store.apply_batch(conn, [d for _, d in decisions], positions)
+                    await self.before_commit(conn, decisions, result)
                 except (Refused, asyncpg.PostgresError) as exc:
                     if not isinstance(exc, Refused) and not _refused_by_server(exc):
                         raise
@@ -191,10 +212,12 @@ class _DecisionProjection:
                     async def one(r, d) -> None:
                         results.append(await self._store.apply_batch(conn, [d], {}))
 
-                    await _one_by_one(conn, self._dead, self.name, decisions, exc, apply=one,
-                                      finish=lambda: self._store.apply_batch(conn, [], positions))
+                    async def finish() -> None:  # before the letters go: a retry sends them again
+                        await self._store.apply_batch(conn, [], positions)
+                        await self.before_commit(conn, decisions, self.merged(results))
+
+                    await _one_by_one(conn, self._dead, self.name, decisions, exc, apply=one, finish=finish)
                     result = self.merged(results)
-                await self.before_commit(conn, result)
             await self.after_commit(conn, result)
 
     def item(self, r: Record, d):
@@ -217,8 +240,8 @@ class _DecisionProjection:
         """The store's results of a batch applied record by record, as one batch's."""
         return None
 
-    async def before_commit(self, conn, result) -> None:
-        """What must hold before the batch's position moves (a forget's erasure from a cache)."""
+    async def before_commit(self, conn, items, result) -> None:
+        """What must hold before the position passes ``items`` (a forget's erasure from a cache)."""
 
     async def after_commit(self, conn, result) -> None:
         """Derived caches, after the transaction (best effort: the read path falls back)."""
@@ -233,12 +256,12 @@ class FactsProjection(_DecisionProjection):
     def merged(self, results: list) -> dict:
         return {user: profile for profiles in results for user, profile in profiles.items()}
 
-    async def before_commit(self, conn, profiles) -> None:
-        gone = {user: None for user, profile in (profiles or {}).items() if profile is None}
-        if self._redis is not None and gone:
+    async def before_commit(self, conn, items, profiles) -> None:
+        # A batch with a forget: every profile it changed (emptied, or without a forgotten fact).
+        if self._redis is not None and profiles and any(isinstance(d, MemoryForgotten) for _, d in items):
             if self._epoch is None:
                 self._epoch = await epoch(conn, "profile")
-            await _erased("tier 1", profile_store.cache(self._redis, self._schema, self._epoch, gone))
+            await _erased("tier 1", profile_store.cache(self._redis, self._schema, self._epoch, profiles))
 
     async def after_commit(self, conn, profiles) -> None:
         if self._redis is None or not profiles:

@@ -3,6 +3,7 @@ import random
 import string
 import uuid
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import pytest
 
@@ -109,3 +110,24 @@ def test_names_mode_searches_only_names_ids_and_numbers(message, terms):
     from memstream.read_client.terms import keyword_terms
 
     assert keyword_terms(message) == terms
+
+
+def test_tier_0_gets_what_no_later_forget_of_the_batch_forgot():
+    from memstream.projections.episodes.core import episode_id
+    from memstream.schemas import LogPosition, MemoryForgotten
+    from memstream.streams.projecting import _not_forgotten_after
+
+    def row(user, n):
+        return SimpleNamespace(user_id=user, episode_id=uuid.UUID(int=n))
+
+    def forget(user, kind, target=None):
+        return MemoryForgotten(decision_id=uuid.uuid4(), source_event_id=uuid.uuid4(), user_id=user, kind=kind,
+                               target=target, actor="user", source=LogPosition("e", 0, 0),
+                               recorded_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
+
+    said = uuid.uuid4()
+    gone_turn = SimpleNamespace(user_id="bo", episode_id=episode_id(said))
+    rows = [(None, r) for r in (row("ana", 1), gone_turn, forget("ana", "user"), row("ana", 2),
+                                forget("bo", "episode", said), row("bo", 3))]
+    # Ana's turn before her forget goes, the one after (she came back) stays; Bo's forgotten turn goes.
+    assert [r.episode_id.int for r in _not_forgotten_after(rows)] == [2, 3]
