@@ -63,6 +63,8 @@ class IngressSealing:
                 # Said when it reached ingress, not when this step (maybe lagging) got to it: what
                 # the user says after it is theirs again.
                 await self._sealer.stamp(event, _appended_at(r))
+                # And so for the rest of this batch (a retried letter in it may be older).
+                forgotten[event.user_id] = max(forgotten.get(event.user_id, 0.0), _appended_at(r))
             elif 0 < _appended_at(r) < forgotten.get(event.user_id, 0.0):  # 0: no time known
                 self.dropped += 1
                 log.info("%s reached ingress before its user was forgotten: dropped", r.where)

@@ -151,9 +151,9 @@ def _not_forgotten_after(rows) -> list:
         if isinstance(row, MemoryForgotten):
             if row.kind == "user":
                 users.add(row.user_id)
-            else:
-                turns.add(episodes.episode_id(row.target))
-        elif row.user_id not in users and row.episode_id not in turns:
+            else:  # the store forgets only the user's own turn of that id
+                turns.add((row.user_id, episodes.episode_id(row.target)))
+        elif row.user_id not in users and (row.user_id, row.episode_id) not in turns:
             out.append(row)
     return out[::-1]
 
