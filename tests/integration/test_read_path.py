@@ -329,14 +329,15 @@ async def test_after_waits_until_the_turns_facts_and_edges_are_applied_not_only_
     reader = await make_reader(dsn, settings, embedder)
     blocker = await asyncpg.connect(dsn, server_settings={"search_path": f"{settings.postgres_schema},public"})
     try:
-        # The graph projection applies its batch last: with its table locked, the turn's episode
-        # and fact land while its edge cannot.
+        # The graph projection applies a batch after the facts: with its table locked, the turn's
+        # fact lands while its edge cannot. (Not the episode: it is the turn's last decision, and
+        # may come in the batch after the edge's, whose graph step waits for the lock.)
         held = blocker.transaction()
         await held.start()
         await blocker.execute("LOCK TABLE memory_edges IN EXCLUSIVE MODE")
         async with TurnLog(settings) as log:
             pos = await log.append(turn("rya", "I work at Acme.", 0))
-        await wait_until(lambda: conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'rya'"), what="the episode")
+        await wait_until(lambda: conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'rya'"), what="the fact")
         early = await reader.read("rya", "c1", "where do I work?", after=pos, wait_timeout=1.0)
         assert not early.caught_up
         await held.rollback()
