@@ -59,13 +59,14 @@ class IngressSealing:
             events.append((r, event))
         forgotten = await self._sealer.last_forgets({e.user_id for _, e in events})
         for r, event in events:
+            came = _appended_at(r)
             if isinstance(event, UserForgotten):
                 # Said when it reached ingress, not when this step (maybe lagging) got to it: what
                 # the user says after it is theirs again.
-                await self._sealer.stamp(event, _appended_at(r))
+                await self._sealer.stamp(event, came)
                 # And so for the rest of this batch (a retried letter in it may be older).
-                forgotten[event.user_id] = max(forgotten.get(event.user_id, 0.0), _appended_at(r))
-            elif 0 < _appended_at(r) < forgotten.get(event.user_id, 0.0):  # 0: no time known
+                forgotten[event.user_id] = max(forgotten.get(event.user_id, 0.0), came)
+            elif 0 < came < forgotten.get(event.user_id, 0.0):  # 0: no time known
                 self.dropped += 1
                 log.info("%s reached ingress before its user was forgotten: dropped", r.where)
                 continue

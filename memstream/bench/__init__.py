@@ -31,3 +31,13 @@ async def prepared(base: Settings, prefix: str) -> tuple[Settings, str, str]:
     await ensure_topics(settings)
     await migrate(dsn, settings.postgres_schema)
     return settings, tag, dsn
+
+
+async def discarded(settings: Settings, dsn: str, *also: str) -> None:
+    """What a run made, gone: the schemas ``also`` and the run's own, then its topics."""
+    from memstream.projections.db import drop_schema
+    from memstream.streams.topics import drop_topics
+
+    for schema in (*also, settings.postgres_schema):
+        await drop_schema(dsn, schema)
+    await drop_topics(settings)

@@ -14,7 +14,7 @@ from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from memstream.bench import prepared
+from memstream.bench import discarded, prepared
 from memstream.config import Settings
 from memstream.schemas import TurnRecorded
 
@@ -190,8 +190,7 @@ async def _applied(pool, settings: Settings, deadline: float) -> None:
 async def run_formation_bench(base: Settings, *, turns: int, users: int, llm_latency: float | None = None,
                               llm_latency_p95: float | None = None, concurrency: int | None = None,
                               paced: bool = True, on_progress=None) -> dict:
-    from memstream.projections.db import create_pool, drop_schema
-    from memstream.streams.topics import drop_topics
+    from memstream.projections.db import create_pool
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.producer import TurnLog
 
@@ -245,8 +244,7 @@ async def run_formation_bench(base: Settings, *, turns: int, users: int, llm_lat
     finally:
         worker.stop()
         await pool.close()
-        await drop_schema(dsn, settings.postgres_schema)
-        await drop_topics(settings)
+        await discarded(settings, dsn)
     calls = used["calls"]
     report = {
         "turns": turns, "users": users, "extractor": settings.extractor,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
-from memstream.bench import prepared
+from memstream.bench import discarded, prepared
 from memstream.config import Settings
 
 
@@ -20,8 +20,7 @@ async def run_grow_bench(base: Settings, *, turns: int, users: int = 1000, on_pr
     from aiokafka import TopicPartition
 
     from memstream.bench.rebuild import _write
-    from memstream.projections.db import create_pool, drop_schema
-    from memstream.streams.topics import drop_topics
+    from memstream.projections.db import create_pool
     from memstream.schemas import TurnRecorded
     from memstream.streams.kafka_util import groupless_consumer
     from memstream.streams.partition_growth import grow_partitions
@@ -58,6 +57,4 @@ async def run_grow_bench(base: Settings, *, turns: int, users: int = 1000, on_pr
                 "phases_s": {k: round(v, 2) for k, v in report.phases.items()}, "total_s": round(report.seconds, 2)}
     finally:
         await pool.close()
-        await drop_schema(dsn, settings.postgres_schema)
-        await drop_schema(dsn, settings.keys_schema)
-        await drop_topics(settings)
+        await discarded(settings, dsn, settings.keys_schema)

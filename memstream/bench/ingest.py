@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memstream.bench import prepared
+from memstream.bench import discarded, prepared
 from memstream.config import Settings
 from memstream.schemas import TurnRecorded
 
@@ -87,8 +87,7 @@ class Visibility:
 
 async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: float = 25.0,
                            latency_share: float = 0.2, on_progress=None) -> dict:
-    from memstream.projections.db import create_pool, drop_schema
-    from memstream.streams.topics import drop_topics
+    from memstream.projections.db import create_pool
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.producer import TurnLog
     from memstream.streams.replay import PROJECTIONS, replay
@@ -145,9 +144,7 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
     try:  # the log just written, rebuilt: what a replay of it costs (opening every sealed record)
         rebuilt = await replay(settings, dsn, settings.postgres_schema + "_replay", list(PROJECTIONS))
     finally:
-        await drop_schema(dsn, settings.postgres_schema + "_replay")
-        await drop_schema(dsn, settings.postgres_schema)
-        await drop_topics(settings)
+        await discarded(settings, dsn, settings.postgres_schema + "_replay")
     return {
         "sealed": settings.seal_records,
         "turns": turns, "users": users, "worker": "memstream worker (formation + projections processes), embed_threads=%d" % settings.embed_threads,

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from memstream.bench import isolated
+from memstream.bench import discarded, isolated
 from memstream.config import Settings
 
 log = logging.getLogger("memstream.eval")
@@ -304,8 +304,7 @@ async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None
     """Ingest ``path`` through a fresh pipeline (own topics, group and schema), ask every question
     and score the evidence among the returned episodes. The schema is dropped, the worker
     stopped and the topics deleted afterwards, whatever happens."""
-    from memstream.projections.db import drop_schema, migrate
-    from memstream.streams.topics import drop_topics
+    from memstream.projections.db import migrate
     from memstream.read_client import MemoryReader
     from memstream.stack.launcher import stack_from_settings
     from memstream.stack.worker_process import WorkerProcess
@@ -336,8 +335,7 @@ async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None
             await reader.close()
         if worker is not None:
             worker.stop()
-        await drop_schema(dsn, settings.postgres_schema)
-        await drop_topics(settings)
+        await discarded(settings, dsn)
     report = {"file": str(path), "samples": len(samples), "questions": len(results), "k": k,
               **score(results, k), "ingest_seconds": round(ingest_s, 2), **_latency(latencies),
               "degraded_reads": degraded}

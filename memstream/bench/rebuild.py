@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from memstream.bench import prepared
+from memstream.bench import discarded, prepared
 from memstream.config import Settings
 
 def _decisions(settings: Settings, n: int, users: int):
@@ -66,8 +66,7 @@ async def _write(settings: Settings, pool, n: int, users: int) -> float:
 
 async def run_rebuild_bench(base: Settings, *, episodes: int, users: int = 1000, compare_replay: bool = False,
                             on_progress=None) -> dict:
-    from memstream.projections.db import create_pool, drop_schema
-    from memstream.streams.topics import drop_topics
+    from memstream.projections.db import create_pool
     from memstream.streams.rebuild import rebuild_episodes
     from memstream.streams.replay import replay
 
@@ -86,6 +85,4 @@ async def run_rebuild_bench(base: Settings, *, episodes: int, users: int = 1000,
         return out
     finally:
         await pool.close()
-        for schema in (into, settings.postgres_schema + "_replayed", settings.postgres_schema):
-            await drop_schema(dsn, schema)
-        await drop_topics(settings)
+        await discarded(settings, dsn, into, settings.postgres_schema + "_replayed")

@@ -576,7 +576,6 @@ class Formation:
 
     async def _extract(self, turn: TurnRecorded, rank: int, epoch: int):
         _RANK.set(rank)  # this task's own context
-
         return await self._retried(f"extraction of {turn.event_id}", epoch,
                                    lambda: self._llm(self._turn_extractor.extract_turn, turn))
 

@@ -87,6 +87,17 @@ class Throttles(OfflineTurnExtractor):
         raise Throttled("a quota, for the test")
 
 
+async def abandon_then_fail(model, error: Exception):
+    """``model.formation`` asked to abandon its work (``model.abandoning``), and ``error`` raised
+    as the cancel lands: a client turning the cancel into its own error."""
+    model.abandoning = asyncio.ensure_future(model.formation.abandon())
+    try:
+        await asyncio.sleep(1)
+    except asyncio.CancelledError:
+        pass
+    raise error
+
+
 class FailsAsAbandoned(OfflineExtractor):
     """Asks ``formation`` to abandon its work on the first call, and fails as the cancel lands
     (a client turning the cancel into its own error); as the facts extractor or the turn's."""
@@ -98,12 +109,7 @@ class FailsAsAbandoned(OfflineExtractor):
     async def _first(self):
         self.calls += 1
         if self.calls == 1:
-            self.abandoning = asyncio.ensure_future(self.formation.abandon())
-            try:
-                await asyncio.sleep(1)
-            except asyncio.CancelledError:
-                pass
-            raise Throttled("a quota, for the test")
+            await abandon_then_fail(self, Throttled("a quota, for the test"))
 
     async def extract(self, turn):
         await self._first()

@@ -18,6 +18,7 @@ from memstream.streams.formation.forming import Formation, decode_turns
 from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.views import MemoryView
 from memstream.streams.records import Record
+from tests.unit.test_giving_up import abandon_then_fail
 from tests.unit.test_turn_resolution import Scattered
 
 
@@ -121,12 +122,7 @@ class FailsAsAbandoned(Unreadable):
 
     async def _read(self, turn):
         self.asked[turn.user_message] += 1
-        self.abandoning = asyncio.ensure_future(self.formation.abandon())
-        try:
-            await asyncio.sleep(1)
-        except asyncio.CancelledError:
-            pass
-        raise MalformedOutput("for the test")
+        await abandon_then_fail(self, MalformedOutput("for the test"))
 
 
 @pytest.mark.parametrize("turn_model", [True, False], ids=["one extraction for the turn", "extraction of facts"])
