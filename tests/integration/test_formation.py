@@ -46,11 +46,12 @@ async def append_and_wait(settings, conn, turns):
         return bool(dec)
 
     await wait_until(formed, timeout=90, what="formation to pass the turns")
-    # The facts projection trails formation by one hop: wait until it holds every decision.
-    await wait_until(lambda: _facts_caught_up(settings, conn), timeout=60, what="facts projection")
+    # The projections trail formation by one hop, the graph its batch's last step: wait until
+    # each holds every decision (a test may stop the worker next and compare a replay).
+    await wait_until(lambda: _caught_up(settings, conn), timeout=60, what="the episodes, facts and graph projections")
 
 
-async def _facts_caught_up(settings, conn):
+async def _caught_up(settings, conn, projections=("episodes", "facts", "graph")):
     from aiokafka import TopicPartition
 
     from memstream.streams.kafka_util import groupless_consumer
@@ -58,10 +59,10 @@ async def _facts_caught_up(settings, conn):
     async with groupless_consumer(settings.kafka_bootstrap) as c:
         tps = [TopicPartition(settings.decisions_topic, p) for p in range(settings.partitions)]
         ends = await c.end_offsets(tps)
-    rows = {r["partition"]: r["next_offset"] for r in await conn.fetch(
-        "SELECT partition, next_offset FROM projection_positions WHERE projection='facts' AND topic = $1",
-        settings.decisions_topic)}
-    return all(rows.get(tp.partition, 0) >= end for tp, end in ends.items())
+    rows = {(r["projection"], r["partition"]): r["next_offset"] for r in await conn.fetch(
+        "SELECT projection, partition, next_offset FROM projection_positions WHERE projection = ANY($2::text[]) "
+        "AND topic = $1", settings.decisions_topic, list(projections))}
+    return all(rows.get((name, tp.partition), 0) >= end for name in projections for tp, end in ends.items())
 
 
 async def current(conn, user, attribute):
