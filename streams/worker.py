@@ -201,7 +201,7 @@ class Runtime:
         if move is not None and move["state"] == "moved":
             log.warning("the log moved from %s to %s (%d partitions): restarting on the new topics",
                         self.settings.events_topic, move["to_events"], move["partitions"])
-            _restart()
+            _restart(self.app)
 
     async def check_switch(self) -> None:
         """Restart if a switch of the live schema is under way (``streams.switch_lock``): the
@@ -216,7 +216,7 @@ class Runtime:
         if now:
             log.warning("a switch of schema %s is under way: restarting, to go on on the switched-in one",
                         self.settings.postgres_schema)
-            _restart()
+            _restart(self.app)
 
     async def measure_lag(self, topics: dict[str, tuple[str, ...]]) -> None:
         """Each step's lag per partition of its topic, into the metrics: stored positions
@@ -410,11 +410,25 @@ def _agent(app: faust.App, topic, step_names: tuple[str, ...], consume) -> None:
         await consume(step_names, stream)
 
 
-def _restart() -> None:
+def _restart(app: faust.App | None = None) -> None:
     """This process again, from the start (same arguments and environment): like a crash for
     everything in flight, which positions make safe, but with the topics and schema read anew."""
+    if app is not None:
+        _leave_group(app)
     logging.shutdown()
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
+def _leave_group(app: faust.App, timeout_s: float = 5.0) -> None:
+    """Tell the group this member is gone, so its partitions move at once rather than after the
+    session timeout (what a switch or a move waits for). Blocking on purpose: nothing else of
+    this process runs meanwhile, so nothing of it writes after its partitions have moved."""
+    try:
+        thread = app.consumer._thread  # Faust runs aiokafka's consumer on a loop of its own
+        leave = thread._consumer._coordinator._maybe_leave_group()
+        asyncio.run_coroutine_threadsafe(leave, thread.thread_loop).result(timeout_s)
+    except Exception:  # the group then lets it go after the session timeout, as after a crash
+        log.warning("could not leave the consumer group before restarting", exc_info=True)
 
 
 def _fatal_on_failure(task: asyncio.Future) -> None:
