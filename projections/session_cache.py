@@ -12,12 +12,12 @@ import json
 from datetime import timezone
 from typing import Iterable, Sequence
 
+from memstream.projections import cache_keys
 from memstream.projections.episodes.core import EpisodeRow
 
 
 def tier0_key(schema: str, epoch: int, user_id: str, conversation_id: str) -> str:
-    # Length-prefix the user id so "a:b" + "c" and "a" + "b:c" cannot share a key.
-    return f"memstream:{schema}:e{epoch}:t0:{len(user_id)}:{user_id}:{conversation_id}"
+    return cache_keys.key(schema, epoch, "t0", user_id, conversation_id)
 
 
 def turn_member(row: EpisodeRow) -> str:
@@ -67,8 +67,4 @@ async def forget(redis, schema: str, epoch: int, episodes: Sequence, users: Sequ
             if json.loads(m)["episode_id"] == str(e["episode_id"]):
                 pipe.zrem(key, m)
     await pipe.execute()
-    for user in users:
-        # Glob characters in a user id match only themselves.
-        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in tier0_key(schema, epoch, user, "")) + "*"
-        async for key in redis.scan_iter(match=pattern, count=1000):
-            await redis.delete(key)
+    await cache_keys.forget(redis, schema, "t0", users)  # of every epoch: a switch's leftovers too

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from memstream.embedding import Embedder, default_embedder
 from memstream.projections import positions, session_cache
+from memstream.projections.cache_keys import EPOCH_FRESH_S
 from memstream.projections.episodes import query as episodes_q
 from memstream.projections.facts import query as facts_q
 from memstream.projections.commands import query as commands_q
@@ -44,7 +45,6 @@ log = logging.getLogger("memstream.read")
 ANN_CANDIDATES = 20  # the first stage of the funnel: ANN / keyword top-k before the rerank
 EDGE_CANDIDATES = 10  # directly matched edges
 HOP_LIMIT = 20  # edges pulled in by one-hop expansion, at most
-EPOCH_FRESH_S = 1.0  # how long a reader trusts the epochs it read (a switch changes them)
 # What a turn or command changes, each with its position on the events topic: ``after=`` waits for all.
 READ_YOUR_WRITES = ("episodes", "facts", "graph", "commands")
 

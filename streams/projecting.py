@@ -11,7 +11,7 @@ import logging
 
 import asyncpg
 
-from memstream.projections import session_cache
+from memstream.projections import cache_keys, session_cache
 from memstream.projections.episodes import core as episodes
 from memstream.projections.positions import epoch, events_covered
 from memstream.projections.episodes.store import EpisodeStore, Forgotten
@@ -257,11 +257,14 @@ class FactsProjection(_DecisionProjection):
         return {user: profile for profiles in results for user, profile in profiles.items()}
 
     async def before_commit(self, conn, items, profiles) -> None:
-        # A batch with a forget: every profile it changed (emptied, or without a forgotten fact).
-        if self._redis is not None and profiles and any(isinstance(d, MemoryForgotten) for _, d in items):
+        # A batch with a forget: every profile it changed (emptied, or without a forgotten fact),
+        # the forgetting users' keys of other epochs gone first (a switch's leftovers).
+        forgetting = {d.user_id for _, d in items if isinstance(d, MemoryForgotten)}
+        if self._redis is not None and forgetting:
             if self._epoch is None:
                 self._epoch = await epoch(conn, "profile")
-            await _erased("tier 1", profile_store.cache(self._redis, self._schema, self._epoch, profiles))
+            await _erased("tier 1", cache_keys.forget(self._redis, self._schema, "t1", forgetting))
+            await _erased("tier 1", profile_store.cache(self._redis, self._schema, self._epoch, profiles or {}))
 
     async def after_commit(self, conn, profiles) -> None:
         if self._redis is None or not profiles:

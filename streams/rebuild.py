@@ -338,11 +338,33 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
                                    "WHERE projection = $1", projection, epoch)
         if drop_old:
             await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
+        epochs = dict(await conn.fetch(f'SELECT projection, epoch FROM "{live}".projection_epochs'))
     finally:
         await conn.close()
+    stale = await _drop_stale_caches(settings, live, epochs)
     log.info("switched: %s is live (was %s), the old one %s; %d records caught up; workers paused %.1f s "
              "(%.1f s of it for them to leave their groups)", live, schema, "dropped" if drop_old else f"kept as {old}",
              caught, time.monotonic() - paused, gone_s)
     return {"live": live, "from": schema, "old": None if drop_old else old, "caught_up_records": caught,
             "workers_paused_s": round(time.monotonic() - paused, 2),
-            "differences": differ}
+            "differences": differ, "stale_cache_keys_dropped": stale}
+
+
+async def _drop_stale_caches(settings: Settings, live: str, epochs: dict[str, int]) -> int | None:
+    """The old build's Redis keys, dropped once no reader can still be reading them (a reader
+    trusts the epochs it read for ``EPOCH_FRESH_S``, and may fill a key of them until then):
+    none of them expires, and they hold what the old build held."""
+    import redis.asyncio as aioredis
+
+    from memstream.projections import cache_keys
+
+    await asyncio.sleep(cache_keys.EPOCH_FRESH_S + 1)
+    redis = aioredis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
+    try:
+        return await cache_keys.drop_stale(redis, live, epochs)
+    except Exception:  # a user's forget still deletes theirs, of every epoch
+        log.warning("could not drop the old build's Redis keys (memstream:%s:e<old epoch>:*): delete them by hand",
+                    live, exc_info=True)
+        return None
+    finally:
+        await redis.aclose()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from memstream.projections import cache_keys
 from memstream.schemas.vocabulary import SINGLE_VALUED
 _LISTS = {"allergy": "allergies", "likes": "likes", "dislikes": "dislikes", "pet": "pets"}
 _FAMILY = ("daughter", "son", "sister", "brother", "mother", "mom", "mum", "father", "dad", "friend",
@@ -39,4 +40,4 @@ def build_profile(facts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 def profile_key(schema: str, epoch: int, user_id: str) -> str:
     """The profile's Redis key; the epoch changes with a rebuild, so a stale cache is never read."""
-    return f"memstream:{schema}:e{epoch}:t1:{len(user_id)}:{user_id}"
+    return cache_keys.key(schema, epoch, "t1", user_id)

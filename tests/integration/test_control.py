@@ -130,6 +130,14 @@ async def test_forgetting_a_user_leaves_no_row_or_key_of_theirs_survives_a_kill_
                                .encode()).hexdigest() for t in tables}
 
     neighbour = await rows_of("ned")
+    redis = aioredis.from_url(settings.redis_url)
+    # What a switch leaves of the old build (its epochs), and another user's key that merely
+    # contains this one's: the first go with the forget, the second stays.
+    schema, stranger = settings.postgres_schema, "x:t0:3:dee"
+    left = {f"memstream:{schema}:e0:t0:3:dee:c1", f"memstream:{schema}:e0:t1:3:dee"}
+    near = f"memstream:{schema}:e0:t0:{len(stranger)}:{stranger}:c1"
+    for k in left | {near}:
+        await redis.set(k, "what the old build held")
     async with TurnLog(settings) as log:
         pos = await control.forget_user(log, "dee", reason="asked to be forgotten")
     w.kill()  # halfway: the forget is on the log, nothing applied it yet (or part of it)
@@ -146,10 +154,9 @@ async def test_forgetting_a_user_leaves_no_row_or_key_of_theirs_survives_a_kill_
         await reader.close()
     for t in tables:
         assert await conn.fetchval(f"SELECT count(*) FROM {t} WHERE user_id = 'dee'") == 0, t
-    redis = aioredis.from_url(settings.redis_url)
     try:
-        assert [k async for k in redis.scan_iter(match=f"memstream:{settings.postgres_schema}:*:dee*")] == []
-        assert [k async for k in redis.scan_iter(match=f"memstream:{settings.postgres_schema}:*:ned*")] != []
+        assert [k async for k in redis.scan_iter(match=f"memstream:{schema}:*:dee*")] == [near.encode()]
+        assert [k async for k in redis.scan_iter(match=f"memstream:{schema}:*:ned*")] != []
     finally:
         await redis.aclose()
     assert await rows_of("ned") == neighbour

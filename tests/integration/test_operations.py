@@ -84,6 +84,19 @@ async def test_a_rebuilt_schema_is_switched_in_under_read_and_write_load_and_the
         await writes
         await reader.close()
     assert done["old"] == f"{settings.postgres_schema}_old_1"
+    # The old build's caches are gone (none expires), and only they.
+    from memstream.projections import cache_keys
+    import redis.asyncio as aioredis
+
+    epochs = dict(await conn.fetch("SELECT projection, epoch FROM projection_epochs"))
+    redis = aioredis.from_url(settings.redis_url)
+    try:
+        keys = [cache_keys.parse(settings.postgres_schema, k.decode())
+                async for k in redis.scan_iter(match=f"memstream:{settings.postgres_schema}:*")]
+    finally:
+        await redis.aclose()
+    assert done["stale_cache_keys_dropped"] > 0
+    assert all(epoch == epochs[cache_keys.TIERS[tier]] for epoch, tier, _ in keys), keys
     carried = "SELECT projection, topic, partition, next_offset FROM {}.projection_positions " \
               "WHERE projection IN ('formation', 'sealing') ORDER BY 1, 2, 3"
     now, then = (await conn.fetch(carried.format(settings.postgres_schema)), await conn.fetch(carried.format(done["old"])))
