@@ -623,13 +623,18 @@ class Formation:
         if isinstance(e, FactForgotten):
             await overlay.ensure(e.user_id, [e.fact_id])
             row = overlay.rows.get(e.fact_id)
-            if row is not None and row.user_id == e.user_id and row.current:
+
+            def named(f) -> bool:  # the slot and value the command names, when it names them
+                return e.attribute is None or (f.attribute == e.attribute
+                                               and (e.value or "").casefold() == f.value.casefold())
+
+            if row is not None and row.user_id == e.user_id and row.current and named(row):
                 targets = [row.fact_id]
             else:
-                # Re-formed with another extractor, the fact may have another id: the same slot and value.
+                # Re-formed with another extractor, the fact may have another id, and its id be
+                # another fact's: the same slot and value.
                 targets = sorted(f.fact_id for f in overlay.rows.values() if f.user_id == e.user_id and f.current
-                                 and e.attribute is not None and f.attribute == e.attribute
-                                 and (e.value or "").casefold() == f.value.casefold())
+                                 and e.attribute is not None and named(f))
                 if not targets:
                     raise CommandRefused(f"FactForgotten names {e.fact_id}, not a current fact of user {e.user_id!r}")
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten:{n}"), kind="fact",

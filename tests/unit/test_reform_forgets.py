@@ -1,0 +1,37 @@
+"""A forget re-formed by another extractor finds the fact it named by its slot and value: the
+fact's id may be another fact's there (ids come from a candidate's place in its turn)."""
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+from memstream.llm.offline import OfflineResolver
+from memstream.llm.offline_relations import OfflineTurnExtractor
+from memstream.projections.facts.core import fact_id
+from memstream.schemas import FactForgotten, TurnRecorded
+from memstream.schemas.events import new_event_id
+from memstream.streams.formation.forming import Formation
+from memstream.streams.formation.graph import GraphView
+from memstream.streams.formation.views import MemoryView
+from memstream.streams.records import Record
+
+from .test_turn_resolution import Scattered
+
+AT = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def test_a_forget_whose_id_is_another_facts_in_the_reform_forgets_the_one_it_named():
+    f = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=None, resolver=OfflineResolver(),
+                  dead_letters=None, pool=None, barrier=None, turn_extractor=OfflineTurnExtractor())
+    view, graph = MemoryView("scattered"), GraphView(None)
+    said = TurnRecorded.new(user_id="u", conversation_id="c", user_message="I like tea. I live in Rome.",
+                            assistant_message="Ok.", occurred_at=AT)
+    # The first extractor had "Lives in Rome" first: its fact:0 is this one's "Likes tea".
+    forget = FactForgotten(event_id=new_event_id(), user_id="u", occurred_at=AT + timedelta(days=1), actor="user",
+                           fact_id=fact_id(said.event_id, 0), attribute="home", value="rome")
+
+    async def run():
+        for i, e in enumerate((said, forget)):
+            await f.decide([(Record("e", 0, i, b"u", b"", (), 1_700_000_000_000 + i), e)], view=view, graph=graph)
+
+    asyncio.run(run())
+    status = {r.text: r.status for r in view.rows.values()}
+    assert status == {"Likes tea": "current", "Lives in Rome": "forgotten"}, status
