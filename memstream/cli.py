@@ -575,14 +575,15 @@ def export_cmd(ctx, user: str, path: Path, as_json: bool) -> None:
 
 @main.command("import")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="import it even though the user was forgotten here after it was exported")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def import_cmd(ctx, path: Path, as_json: bool) -> None:
+def import_cmd(ctx, path: Path, force: bool, as_json: bool) -> None:
     """Append an exported user's log to this deployment's topics (formation decides nothing again)."""
     from memstream.portability import import_user
 
     with progress("import") as on_progress:
-        done = _typed(import_user(_log(ctx), path, on_progress))
+        done = _typed(import_user(_log(ctx), path, on_progress, force=force))
     _echo(done, as_json, [f"imported {done['events']} events and {done['decisions']} decisions of {done['user_id']!r}"])
 
 

@@ -20,7 +20,9 @@ partition) marked ``memstream.imported``, which formation passes without decidin
 decisions with their ``source`` positions remapped to where the events landed. The user's
 projections in the target then equal the source's row for row, except the episodes' source
 partition and offset (the remapped positions). Every record is sealed again with the target's
-data keys; a record naming another user, or undecodable, goes to the target's dead-letter topic.
+data keys; a record naming another user, a decision not made from an event of the archive, or
+one undecodable, goes to the target's dead-letter topic. An archive exported before the user's
+last forget in the target is refused (``force`` imports it).
 """
 from __future__ import annotations
 
@@ -29,10 +31,13 @@ import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
+from typing import Annotated, Literal
+
 import msgspec
 from aiokafka import TopicPartition
 
 from memstream.projections import db
+from memstream.read_client.arguments import check_user
 from memstream.schemas import InvalidEvent, LogPosition, NothingDecided, decode_decision, decode_event
 from memstream.schemas.errors import InvalidArgument
 from memstream.sealing import data_keys
@@ -67,6 +72,7 @@ async def _sealer(settings, pool) -> RecordSealer:
 async def export_user(settings, user_id: str, path: Path, on_progress=None) -> dict:
     """Write ``user_id``'s events and decisions to ``path``, opened; returns the header.
     ``on_progress(done, total)``: records of the user's partition read, per topic."""
+    check_user(user_id)
     on_progress = on_progress or (lambda done, total: None)
     key = user_id.encode()
     pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
@@ -98,6 +104,14 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
     return header
 
 
+def _when(text) -> datetime | None:
+    try:
+        made = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return made if made.tzinfo is not None else None
+
+
 def _forgets_user(value: bytes | None) -> bool:
     try:
         head = msgspec.json.decode(value or b"")
@@ -107,26 +121,41 @@ def _forgets_user(value: bytes | None) -> bool:
         head.get("type") == "MemoryForgotten" and head.get("kind") == "user"))
 
 
+class _Line(msgspec.Struct, forbid_unknown_fields=True):
+    log: Literal["events", "decisions"]
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    record: dict
+
+
 def read_archive(path: Path) -> tuple[dict, list[dict], list[dict]]:
     """The header, events and decisions of an archive, checked."""
-    with open(path, encoding="utf-8") as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    if not lines or lines[0].get("format") != FORMAT:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"{path} is not a memstream export: {type(exc).__name__}: {exc}") from None
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
         raise InvalidArgument(f"{path} is not a memstream export")
     header = lines[0]
     if header.get("version") != VERSION:
         raise InvalidArgument(f"{path} is a version {header.get('version')} export; this build reads version {VERSION}")
-    events = [x for x in lines[1:] if x["log"] == "events"]
-    decisions = [x for x in lines[1:] if x["log"] == "decisions"]
-    if (len(events), len(decisions)) != (header["events"], header["decisions"]):
+    check_user(header.get("user_id"))
+    try:
+        body = [msgspec.convert(x, _Line) for x in lines[1:]]
+    except msgspec.ValidationError as exc:
+        raise InvalidArgument(f"{path}: a record line is not {{log, offset, record}}: {exc}") from None
+    events = [{"log": x.log, "offset": x.offset, "record": x.record} for x in body if x.log == "events"]
+    decisions = [{"log": x.log, "offset": x.offset, "record": x.record} for x in body if x.log == "decisions"]
+    if (len(events), len(decisions)) != (header.get("events"), header.get("decisions")):
         raise InvalidArgument(f"{path} is truncated: the header counts {header['events']} events and "
                               f"{header['decisions']} decisions, the file holds {len(events)} and {len(decisions)}")
     return header, events, decisions
 
 
-async def import_user(settings, path: Path, on_progress=None) -> dict:
+async def import_user(settings, path: Path, on_progress=None, *, force: bool = False) -> dict:
     """Append an archive's events and decisions to ``settings``' topics; returns the counts.
-    ``on_progress(done, total)``: records appended."""
+    ``on_progress(done, total)``: records appended. An archive made before the user's last forget
+    here is refused unless ``force``: it would bring back what they asked to forget."""
     header, events, decisions = read_archive(path)
     on_progress = on_progress or (lambda done, total: None)
     total = len(events) + len(decisions)
@@ -139,7 +168,20 @@ async def import_user(settings, path: Path, on_progress=None) -> dict:
     pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
     try:
         sealer = await _sealer(settings, pool)  # sealed again, with the target's keys
-        moved: dict[int, LogPosition] = {}
+        if not force and (forgot := (await sealer.last_forgets({user})).get(user)) is not None:
+            made = _when(header.get("exported_at"))
+            if made is None or made.timestamp() <= forgot:
+                raise InvalidArgument(
+                    f"{user!r} was forgotten here at {datetime.fromtimestamp(forgot, timezone.utc).isoformat()}, "
+                    f"after {path} was exported ({header.get('exported_at')!r}): importing it would bring back what "
+                    "they asked to forget; --force if they ask for it")
+
+        async def letter(raw: bytes, offset: int, why: str) -> None:
+            await (await producer.send(settings.dead_letter_topic, raw, key=user.encode(), headers=[
+                ("memstream.reason", f"import of {path.name}: {why}".encode()[:4096]),
+                ("memstream.stage", b"import"), ("memstream.source", f"{path.name}/{offset}".encode())]))
+
+        moved: dict[int, tuple[LogPosition, object]] = {}  # source offset -> (where it landed, its event id)
         letters = 0
         for x in events:
             raw = json.dumps(x["record"]).encode()
@@ -149,23 +191,36 @@ async def import_user(settings, path: Path, on_progress=None) -> dict:
             except InvalidEvent as exc:
                 why = f"undecodable event: {exc}"
             if why is not None:
-                await (await producer.send(settings.dead_letter_topic, raw, key=user.encode(), headers=[
-                    ("memstream.reason", f"import of {path.name}: {why}".encode()[:4096]),
-                    ("memstream.stage", b"import"), ("memstream.source", f"{path.name}/{x['offset']}".encode())]))
+                await letter(raw, x["offset"], why)
                 letters += 1
                 continue
             meta = await (await producer.send(settings.events_topic, await sealer.seal(event), key=user.encode(),
                                               headers=[(IMPORTED, b"1")]))
-            moved[x["offset"]] = LogPosition(settings.events_topic, meta.partition, meta.offset)
+            moved[x["offset"]] = (LogPosition(settings.events_topic, meta.partition, meta.offset), event.event_id)
             on_progress(len(moved) + letters, total)
         futures = []
         for x in decisions:
-            d = decode_decision(json.dumps(x["record"]).encode())
+            raw = json.dumps(x["record"]).encode()
+            try:
+                d = decode_decision(raw)
+            except InvalidEvent as exc:
+                await letter(raw, x["offset"], f"undecodable decision: {exc}")
+                letters += 1
+                continue
             if d.source.offset not in moved and isinstance(d, NothingDecided):
                 continue  # a marker after a record left out: the target's formation writes its own
-            if d.source.offset not in moved:
-                raise InvalidArgument(f"{path}: a decision names event offset {d.source.offset}, not in the archive")
-            where = moved[d.source.offset]
+            # A decision is about the user of the event it was made from, and only theirs: the
+            # projections trust its user (a forget deletes by it).
+            why = (f"names user {d.user_id!r}, not the archive's" if d.user_id != user
+                   else f"names event offset {d.source.offset}, not an event of the archive"
+                   if d.source.offset not in moved
+                   else f"names event {d.source_event_id}, not the one at offset {d.source.offset}"
+                   if moved[d.source.offset][1] != d.source_event_id else None)
+            if why is not None:
+                await letter(raw, x["offset"], why)
+                letters += 1
+                continue
+            where = moved[d.source.offset][0]
             d = msgspec.structs.replace(d, source=where)
             futures.append(await producer.send(settings.decisions_topic, await sealer.seal(d), key=user.encode(),
                                                partition=where.partition))

@@ -4,6 +4,7 @@ and not undone by a replay or a reform."""
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import timedelta, timezone
 
 import msgspec
@@ -15,6 +16,7 @@ from memstream.embedding import default_embedder
 from memstream.projections.compare import TABLES, diff_counts
 from memstream.projections.db import drop_schema
 from memstream.projections.episodes import query as episodes_q
+from memstream.schemas.errors import InvalidArgument
 from memstream.streams.producer import TurnLog
 from memstream.streams.reform import reform
 from memstream.streams.replay import replay
@@ -270,6 +272,26 @@ async def test_a_users_export_imported_into_a_fresh_deployment_projects_to_the_s
 
         await wait_until(same, timeout=60, what="the imported user's rows to equal the source's")
         assert await conn.fetchval(f"SELECT count(*) FROM {target.postgres_schema}.episodes WHERE user_id = 'other'") == 0
+
+        # A crafted archive: mallory's own turn, and a decision about exp made "from" it. The
+        # projections trust a decision's user, so it must not reach the log.
+        lines = [json.loads(x) for x in archive.read_text().splitlines()]
+        said = next(x for x in lines[1:] if x["log"] == "events" and x["record"]["type"] == "TurnRecorded")
+        said["record"] = {**said["record"], "user_id": "mallory", "event_id": str(new_event_id())}
+        planted = next(x for x in lines[1:] if x["log"] == "decisions" and x["record"]["type"] == "FactAdded")
+        planted["record"] = {**planted["record"], "source_event_id": said["record"]["event_id"],
+                             "source": {**planted["record"]["source"], "offset": said["offset"]}}
+        crafted = tmp_path / "crafted.jsonl"
+        crafted.write_text("\n".join(json.dumps(x) for x in (
+            {**lines[0], "user_id": "mallory", "events": 1, "decisions": 1}, said, planted)) + "\n")
+        assert await import_user(target, crafted) == {"user_id": "mallory", "events": 1, "decisions": 0,
+                                                      "dead_lettered": 1}
+
+        # Once exp is forgotten here, their older archive is not imported again by mistake.
+        async with TurnLog(target) as log:
+            await control.forget_user(log, "exp")
+        with pytest.raises(InvalidArgument, match="forgotten here"):
+            await import_user(target, archive)
     finally:
         w2.stop()
         await drop_schema(dsn, target.postgres_schema)
