@@ -161,7 +161,8 @@ def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool, metri
 
 @main.command()
 @click.argument("projections", nargs=-1, required=True)
-@click.option("--into", "into", required=True, help="target schema (created; must not hold these projections)")
+@click.option("--into", "into", required=True, callback=lambda c, p, v: _schema_name(v),
+              help="target schema (created; must not hold these projections)")
 @click.option("--from-topic", "topic", help="decisions topic to replay (default: the live one)")
 @click.option("--bulk", is_flag=True, help="episodes: load first, index after (streams.rebuild; much faster)")
 @click.option("--json", "as_json", is_flag=True)
@@ -170,12 +171,10 @@ def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: s
            as_json: bool) -> None:
     """Replay PROJECTIONS (episodes, facts, graph, commands, or all) from offset 0 into SCHEMA, up
     to the high-water marks seen at start. Never calls an LLM or the embedder."""
-    from memstream.projections.schema_names import check_schema_name
     from memstream.streams.rebuild import rebuild_episodes
     from memstream.streams.replay import PROJECTIONS, replay
 
     s = _log(ctx)
-    check_schema_name(into)
     names = list(PROJECTIONS) if projections == ("all",) else list(projections)
     reports = []
     if bulk and "episodes" in names:
@@ -190,7 +189,7 @@ def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: s
 
 
 @main.command()
-@click.argument("schema")
+@click.argument("schema", callback=lambda c, p, v: _schema_name(v))
 @click.option("--drop-old", is_flag=True, help="drop the schema that was live (default: kept as <live>_old_<n>)")
 @click.option("--force", is_flag=True, help="switch even if the rebuilt schema's rows differ from the live one's")
 @click.option("--json", "as_json", is_flag=True)
@@ -201,11 +200,9 @@ def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json
     Readers keep serving through it; running workers pause (they restart and wait) and go on on
     SCHEMA. SCHEMA is caught up with the log, compared with the live schema, then swapped in by
     name in one transaction."""
-    from memstream.projections.schema_names import check_schema_name
     from memstream.streams.rebuild import SwitchRefused, switch as run
 
     s = _log(ctx)
-    check_schema_name(schema)
     try:
         done = asyncio.run(run(s, resolve_dsn(s), schema, drop_old=drop_old, force=force))
     except SwitchRefused as exc:
@@ -217,7 +214,7 @@ def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json
 
 
 @main.command()
-@click.option("--into", help="the schema to build (default: <live schema>_rebuild)")
+@click.option("--into", callback=lambda c, p, v: _schema_name(v), help="the schema to build (default: <live schema>_rebuild)")
 @click.option("--drop-old", is_flag=True, help="drop the schema that was live once switched")
 @click.option("--force", is_flag=True, help="switch even if the rebuilt rows differ from the live ones")
 @click.option("--json", "as_json", is_flag=True)
@@ -225,13 +222,12 @@ def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json
 def rebuild(ctx: click.Context, into: str | None, drop_old: bool, force: bool, as_json: bool) -> None:
     """Blue-green: rebuild every projection from the log into a fresh schema while the live one
     serves (`replay all --bulk`), then switch to it (`switch`: running workers pause for it)."""
-    from memstream.projections.schema_names import check_schema_name
     from memstream.streams.rebuild import SwitchRefused, rebuild_episodes, switch as run
     from memstream.streams.replay import PROJECTIONS, replay
 
     s = _log(ctx)
     dsn = resolve_dsn(s)
-    into = check_schema_name(into or f"{s.postgres_schema}_rebuild")
+    into = into or f"{s.postgres_schema}_rebuild"  # the settings checked the live one's name
     with progress("rebuild episodes") as on_progress:
         asyncio.run(rebuild_episodes(s, dsn, into, on_progress=on_progress))
     with progress("replay") as on_progress:
@@ -434,6 +430,16 @@ def _control(ctx: click.Context, act) -> object:
             await reader.close()
 
     return _typed(run())
+
+
+def _schema_name(name: str | None) -> str | None:
+    """A Postgres schema name memstream may own, checked before anything connects."""
+    from memstream.projections.schema_names import check_schema_name
+
+    try:
+        return None if name is None else check_schema_name(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _typed(coro):

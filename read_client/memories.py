@@ -13,6 +13,7 @@ from memstream.projections.facts import query as facts_q
 from memstream.projections.graph import query as graph_q
 from memstream.read_client.arguments import check_user, storable
 from memstream.schemas.errors import InvalidArgument
+from memstream.schemas.events import in_range
 from memstream.schemas.read_models import (AsOf, Edge, Episode, FactVersion, Graph, GraphEdge, GraphNode, KindStats,
                                            MemoryPage, MemoryStats, UserPage)
 
@@ -29,9 +30,13 @@ def _after(kind: str, cursor: str | None) -> tuple[datetime, uuid.UUID]:
     if cursor is None:
         return _START
     try:
+        if len(cursor) > 256:
+            raise ValueError("too long")
         was, at, key = json.loads(base64.urlsafe_b64decode(cursor.encode()))
         after = datetime.fromisoformat(at), uuid.UUID(key)
-    except (ValueError, TypeError, AttributeError) as exc:
+        if not in_range(after[0]):  # as a page writes it (aware, storable), or Postgres refuses it
+            raise ValueError("not a time a page returns")
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
         raise InvalidArgument(f"cursor is not one a page of memories returned ({exc})") from None
     if was != kind:
         raise InvalidArgument(f"cursor belongs to a page of {was}, not of {kind}")

@@ -413,6 +413,7 @@ class MemoryReader:
     async def fact_history(self, user_id: str, fact_id) -> list[FactVersion]:
         """Every version of the fact's lineage, oldest first: what was believed, when and why, the
         decision that recorded each and the turn it was decided from (while that is remembered)."""
+        check_user(user_id)
         rows = await facts_q.history(self._pool, user_id, fact_id)
         return await with_source_turns(self._pool, user_id, [fact_version(r) for r in rows])
 

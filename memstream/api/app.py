@@ -109,8 +109,8 @@ class _PageHeaders:
 
 class Position(BaseModel):
     topic: str
-    partition: int
-    offset: int
+    partition: int = Field(ge=0, lt=2**31)
+    offset: int = Field(ge=0, lt=2**63)
 
 
 class Appended(BaseModel):
@@ -289,8 +289,9 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             return _position(await coro)
         except NotFound as exc:  # never whether another tenant's id exists
             raise Problem(404, "Not found", exc.public) from None
-        except BrokerUnavailable as exc:
-            raise Problem(503, "Log unavailable", str(exc)) from None
+        except BrokerUnavailable as exc:  # where the brokers are, and why not, is the operator's
+            log.warning("append refused: %s", exc)
+            raise Problem(503, "Log unavailable", "the log cannot take appends now: retry later") from None
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz():
@@ -337,11 +338,13 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     async def caught_up(body: CaughtUpIn, who: Principal = Depends(caller)):
         """Wait up to ``timeout`` seconds for every read projection to apply a position an append
         returned: to show a change once it is visible."""
-        p = body.position
-        if p.topic != (await live()).events_topic:  # positions of the log appends return, nothing else
-            raise Problem(400, "Invalid argument", f"position.topic must be the log's events topic, not {p.topic!r}")
-        return CaughtUp(caught_up=await state["reader"].caught_up(LogPosition(p.topic, p.partition, p.offset),
+        return CaughtUp(caught_up=await state["reader"].caught_up(await logged(body.position, "position"),
                                                                   body.timeout))
+
+    async def logged(p: Position, name: str) -> LogPosition:
+        if p.topic != (await live()).events_topic:  # positions of the log appends return, nothing else
+            raise Problem(400, "Invalid argument", f"{name}.topic must be the log's events topic, not {p.topic!r}")
+        return LogPosition(p.topic, p.partition, p.offset)
 
     @app.post("/v1/users/{user_id}/turns", status_code=202, response_model=Appended, tags=["log"])
     async def append_turn(body: TurnIn, user_id: str = Depends(user)):
@@ -355,7 +358,9 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     async def append_event(body: dict[str, Any], user_id: str = Depends(user), who: Principal = Depends(caller)):
         """Append an event of any type of the log's contract (``memstream jsonschema``), e.g. a
         ``ReminderScheduled`` or ``PersonIdentitySet``; ``user_id`` and ``event_id`` are set here."""
-        if body.get("type") in TYPED_ROUTES:
+        if not isinstance(body.get("type"), str):
+            raise Problem(400, "Invalid argument", "type must be the name of an event type (memstream jsonschema)")
+        if body["type"] in TYPED_ROUTES:
             raise Problem(400, "Invalid argument", f"{body['type']}: use {TYPED_ROUTES[body['type']]}, which checks "
                                                    "the memory named is this user's")
         event_id = new_event_id()
@@ -369,7 +374,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     @app.post("/v1/users/{user_id}/context", response_model=MemoryContext, tags=["read"])
     async def context(body: ContextIn, user_id: str = Depends(user)):
         """The memory context for a message (``MemoryReader.read``): no LLM on this path."""
-        after = None if body.after is None else LogPosition(body.after.topic, body.after.partition, body.after.offset)
+        after = None if body.after is None else await logged(body.after, "after")
         return await state["reader"].read(user_id, body.conversation_id, body.message, after=after, k=body.k,
                                           k_facts=body.k_facts, k_edges=body.k_edges, as_of=body.as_of,
                                           wait_timeout=body.wait_timeout)

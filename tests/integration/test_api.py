@@ -102,6 +102,21 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
         "type": "FactForgotten", "fact_id": home["fact_id"], "attribute": "home", "value": "Porto",
         "actor": "host", "reason": "", "occurred_at": "2025-12-01T09:00:00Z"})
     assert control.status_code == 400 and "/forget" in control.json()["detail"]
+    # A stranger's shapes: refused with what is wrong, never a 500.
+    import base64
+
+    forged = base64.urlsafe_b64encode(json.dumps(["facts", "0001-01-01T00:00:00+05:00",
+                                                  "00000000-0000-0000-0000-000000000000"]).encode()).decode()
+    for method, path, body, status in (
+            ("post", "/v1/users/acme:ana/events", {"type": []}, 400),
+            ("post", "/v1/users/acme:ana/context", {"conversation_id": "c", "message": "x",
+                                                    "after": {"topic": "t", "partition": 10**30, "offset": 0}}, 422),
+            ("post", "/v1/users/acme:ana/context", {"conversation_id": "c", "message": "x",
+                                                    "after": {"topic": "elsewhere", "partition": 0, "offset": 0}}, 400),
+            ("get", f"/v1/users/acme:ana/memories?cursor={forged}", None, 400),
+            ("get", "/v1/users/acme:ana/memories?cursor=" + base64.urlsafe_b64encode(b"[" * 5000).decode(), None, 400)):
+        got = await client.request(method, path, headers=acme, **({"json": body} if body is not None else {}))
+        assert got.status_code == status, (path, body, got.text)
     exported = await client.get("/v1/users/acme:ana/export", headers=acme)
     assert exported.status_code == 200 and json.loads(exported.text.splitlines()[0])["user_id"] == "acme:ana"
 
