@@ -103,7 +103,7 @@ class EpisodesProjection:
         await self._dead.send(letters)
         self._dead.observe(len(records) - len(letters))
         positions = {**next_offsets(records), **events_covered(decided)}
-        forgotten = Forgotten([], [])
+        forgotten = Forgotten([], [], set())
         async with self._pool.acquire() as conn:
             if self._epoch is None:
                 self._epoch = await epoch(conn, "episodes")
@@ -126,6 +126,7 @@ class EpisodesProjection:
                         gone = await self._store.apply_batch(conn, [row], {})
                         forgotten.episodes.extend(gone.episodes)
                         forgotten.users.extend(gone.users)
+                        forgotten.kept_out.update(gone.kept_out)
 
                     async def finish() -> None:  # erased before the letters go: a retry sends them again
                         await self._store.apply_batch(conn, [], positions)
@@ -133,7 +134,7 @@ class EpisodesProjection:
 
                     refused = await _one_by_one(conn, self._dead, self.name, rows, exc, apply=one, finish=finish)
                     rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
-        turns = _not_forgotten_after(rows)
+        turns = [t for t in _not_forgotten_after(rows) if (t.user_id, t.episode_id) not in forgotten.kept_out]
         if self._redis is None or not turns:
             return
         try:

@@ -75,6 +75,7 @@ class _Fold:
         self.by_user: dict[str, set] = {}
         self.covered: dict[tuple[str, int], int] = {}
         self.skipped = 0
+        self.forgotten: dict[str, set] = {}  # user -> forgotten_episodes: their turns are not recorded again
 
     def add(self, r) -> None:
         if r.sealing is not None:
@@ -90,16 +91,18 @@ class _Fold:
         if isinstance(d, EpisodeRecorded):
             row = episodes.apply(d)
             key = (row.user_id, row.episode_id)
-            if key not in self.rows:  # ON CONFLICT DO NOTHING: the first one stays
+            if key not in self.rows and key[1] not in self.forgotten.get(key[0], ()):  # the first one stays
                 self.rows[key] = row
                 self.by_user.setdefault(row.user_id, set()).add(key)
         elif isinstance(d, MemoryForgotten) and d.kind == "episode":
             key = (d.user_id, episodes.episode_id(d.target))
             self.rows.pop(key, None)
             self.by_user.get(d.user_id, set()).discard(key)
+            self.forgotten.setdefault(d.user_id, set()).add(key[1])
         elif isinstance(d, MemoryForgotten) and d.kind == "user":
             for key in self.by_user.pop(d.user_id, set()):
                 self.rows.pop(key, None)
+            self.forgotten.pop(d.user_id, None)
 
 
 async def _definitions(conn, index: str) -> tuple[str, list[tuple[str, str]]]:
@@ -194,6 +197,7 @@ async def rebuild_episodes(settings: Settings, dsn: str, into: str, *, topic: st
                     await conn.execute(f"DROP INDEX {name}")
                 await conn.execute("ALTER TABLE episodes DISABLE TRIGGER episodes_terms")
                 await conn.copy_records_to_table("episodes", records=map(_record, fold.rows.values()), columns=_COLUMNS)
+                await conn.copy_records_to_table("forgotten_episodes", records=[(u, e) for u, ids in fold.forgotten.items() for e in ids])
                 seconds["copy"] = time.perf_counter() - t
                 t = time.perf_counter()
                 # What the trigger would have written, row by row (migration 0008), its primary

@@ -20,7 +20,8 @@ INSERT INTO episodes (episode_id, source_event_id, user_id, conversation_id, occ
     embedding, embedding_model)
 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[],
     $6::timestamptz[], $7::int[], $8::bigint[], $9::text[], $10::text[], $11::jsonb[],
-    $12::vector[], $13::text[])
+    $12::vector[], $13::text[]) AS r(episode_id, source_event_id, user_id)
+WHERE NOT EXISTS (SELECT FROM forgotten_episodes f WHERE f.user_id = r.user_id AND f.episode_id = r.episode_id)
 ON CONFLICT (user_id, episode_id) DO NOTHING
 """
 
@@ -31,17 +32,20 @@ class EpisodeStore:
     async def apply_batch(self, conn: asyncpg.Connection, rows: Sequence[EpisodeRow | MemoryForgotten],
                           positions: pos.Positions) -> Forgotten:
         """Episode rows and forgettings, in log order. Returns what was forgotten (for Tier 0)."""
-        forgotten = Forgotten([], [])
+        forgotten = Forgotten([], [], set())
         async with conn.transaction():
             for run, forget in runs(rows, lambda item: isinstance(item, MemoryForgotten)):
-                await _insert(conn, run)
+                forgotten.kept_out |= await _insert(conn, run)
                 if forget is None:
                     continue
                 if forget.kind == "user":
                     await conn.execute("DELETE FROM episodes WHERE user_id = $1", forget.user_id)
+                    await conn.execute("DELETE FROM forgotten_episodes WHERE user_id = $1", forget.user_id)
                     forgotten.users.append(forget.user_id)
                 elif forget.kind == "episode":
                     gone = await conn.fetchrow(_FORGET, forget.user_id, episode_id(forget.target))
+                    await conn.execute("INSERT INTO forgotten_episodes VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                                       forget.user_id, episode_id(forget.target))
                     if gone is not None:
                         forgotten.episodes.append(gone)
             await pos.save(conn, self.name, positions)
@@ -56,15 +60,24 @@ _FORGET = ("DELETE FROM episodes WHERE user_id = $1 AND episode_id = $2 "
 class Forgotten:
     episodes: list  # the deleted rows (episode_id, user_id, conversation_id, occurred_at, messages)
     users: list[str]
+    kept_out: set  # (user_id, episode_id) of rows not recorded: their turn was forgotten before
 
 
-async def _insert(conn, rows: Sequence[EpisodeRow]) -> None:
-    if rows:
-        cols = [list(c) for c in zip(*(
-            (r.episode_id, r.source_event_id, r.user_id, r.conversation_id, r.occurred_at,
-             r.recorded_at, r.source_partition, r.source_offset, r.user_message,
-             r.assistant_message, None if r.metadata is None else json.dumps(r.metadata, sort_keys=True),
-             Vector(np.frombuffer(r.embedding, dtype="<f4")), r.embedding_model)
-            for r in rows
-        ))]
-        await conn.execute(_INSERT, *cols)
+async def _insert(conn, rows: Sequence[EpisodeRow]) -> set:
+    """Inserts ``rows``, but for those of forgotten turns; returns (user_id, episode_id) of those."""
+    if not rows:
+        return set()
+    cols = [list(c) for c in zip(*(
+        (r.episode_id, r.source_event_id, r.user_id, r.conversation_id, r.occurred_at,
+         r.recorded_at, r.source_partition, r.source_offset, r.user_message,
+         r.assistant_message, None if r.metadata is None else json.dumps(r.metadata, sort_keys=True),
+         Vector(np.frombuffer(r.embedding, dtype="<f4")), r.embedding_model)
+        for r in rows
+    ))]
+    kept_out = {(u, e) for u, e in await conn.fetch(_FORGOTTEN, cols[2], cols[0])}
+    await conn.execute(_INSERT, *cols)
+    return kept_out
+
+
+_FORGOTTEN = ("SELECT f.user_id, f.episode_id FROM forgotten_episodes f "
+              "JOIN unnest($1::text[], $2::uuid[]) AS r(user_id, episode_id) USING (user_id, episode_id)")

@@ -3,6 +3,7 @@ facts, graph and commands, each in its own schema, fed realistic items (decision
 commands the events hosts put on the log)."""
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 
 import asyncpg
@@ -21,7 +22,7 @@ from memstream.projections.facts.core import MissingTarget
 from memstream.projections.facts.store import FactStore
 from memstream.projections.graph.core import MissingGraphTarget
 from memstream.projections.graph.store import GraphStore
-from memstream.schemas import EdgeOpened, EntityCreated, FactAdded, FactUpdated, ReminderScheduled
+from memstream.schemas import EdgeOpened, EntityCreated, FactAdded, FactUpdated, MemoryForgotten, ReminderScheduled
 from memstream.schemas.errors import Refused
 from tests.contracts import items
 from tests.contracts.items import EVENTS
@@ -109,7 +110,9 @@ class TestEpisodeStore(ProjectionStoreContract):
 
     def batch(self):
         said = [("ana", "I live in Porto."), ("bo", "My cat is called Miso."), ("ana", "I moved to Lisbon.")]
-        return [episodes.apply(items.episode(user, text)) for user, text in said]
+        regret = items.episode("cy", "Forget I said this.")
+        return [*(episodes.apply(items.episode(user, text)) for user, text in said), episodes.apply(regret),
+                _forget(regret, "episode")]
 
     def poisoned(self, name, batch):
         fresh = episodes.apply(items.episode("ana", "I started a new job."))
@@ -117,6 +120,22 @@ class TestEpisodeStore(ProjectionStoreContract):
             return [fresh, episodes.apply(items.episode("bo", "bad \x00 byte"))], asyncpg.CharacterNotInRepertoireError
         return [fresh, replace(episodes.apply(items.episode("bo", "ok")), embedding=to_bytes(np.ones(383)))], \
             asyncpg.DataError
+
+    async def test_a_turn_on_the_log_again_after_its_forget_stays_forgotten_until_its_user_is(self, conn):
+        said = items.episode("ana", "My test came back positive.")
+        row = episodes.apply(said)
+        done = await self.store.apply_batch(conn, [row, _forget(said, "episode"), row], {})
+        again = await self.store.apply_batch(conn, [row], {})  # a retried dead letter, a batch later
+        assert done.kept_out == again.kept_out == {("ana", row.episode_id)}
+        assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'ana'") == 0
+        await self.store.apply_batch(conn, [_forget(said, "user")], {})
+        assert await conn.fetchval("SELECT count(*) FROM forgotten_episodes WHERE user_id = 'ana'") == 0
+
+
+def _forget(said, kind: str) -> MemoryForgotten:
+    return MemoryForgotten(decision_id=uuid.uuid4(), source_event_id=uuid.uuid4(), source=said.source,
+                           recorded_at=said.recorded_at, user_id=said.user_id, actor="user", kind=kind,
+                           target=said.source_event_id if kind == "episode" else None)
 
 
 class TestFactStore(ProjectionStoreContract):

@@ -67,6 +67,11 @@ async def test_correct_and_forget_a_fact_an_episode_and_an_edge_then_replay_and_
             assert not await episodes_q.keyword(conn, "cam", "Rex", 20)  # out of the keyword postings too
             assert not any("Rex" in f.text for f in (await reader.memories("cam", "facts")).items)
             assert not any("Rex" in e.fact_sentence for e in (await reader.memories("cam", "edges", include_history=True)).items)
+            # The same turn on the log again (a retried dead letter, a host's retry): still forgotten.
+            await append_and_wait(settings, conn, [rex_said])
+            ctx = await reader.read("cam", "c1", "how is my dog Rex?")
+            assert not any("Rex" in e.user_message for e in ctx.episodes + ctx.recent_turns)
+            assert not await episodes_q.keyword(conn, "cam", "Rex", 20)
 
             acme = next(e for e in (await reader.memories("cam", "edges")).items if e.target == "Acme")
             pos = await control.forget_edge(log, reader, "cam", acme.edge_id, actor="operator", reason="wrong person")
