@@ -1,8 +1,8 @@
 """Token budgets per section, counted with the embedder's WordPiece tokenizer (offline)."""
 from __future__ import annotations
 
+import hashlib
 import re
-from functools import lru_cache
 from typing import Callable, Sequence, TypeVar
 
 from tokenizers import Tokenizer
@@ -17,6 +17,7 @@ _CONTROLS = {c: None for c in (*range(32), 127) if chr(c) not in "\t\n\r"}
 # printable character (all ASCII punctuation to BERT) on its own.
 _ASCII_WORD = re.compile(r"[a-z0-9]+|[^\sa-z0-9]")
 _WORD_CACHE = 65536
+_TEXT_CACHE = 8192
 
 
 class TokenCounter:
@@ -35,8 +36,18 @@ class TokenCounter:
         self._tok.no_padding()
         self._model = self._tok.model
         self._words: dict[str, int] = {}
-        # A user's facts and episodes come back read after read: count each text once.
-        self.count = lru_cache(maxsize=8192)(self._count)
+        self._texts: dict[bytes, int] = {}
+
+    def count(self, text: str) -> int:
+        # A user's facts and episodes come back read after read: count each text once. Held by
+        # its digest, not its text: a reader keeps no one's words after their forget.
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        n = self._texts.get(key)
+        if n is None:
+            if len(self._texts) >= _TEXT_CACHE:
+                self._texts.clear()
+            n = self._texts[key] = self._count(text)
+        return n
 
     def _count(self, text: str) -> int:
         if not text.isascii():

@@ -274,6 +274,7 @@ class Formation:
         self._finishing.clear()
         self._views.clear()
         self._unfinished.clear()
+        self._fact_vectors.clear()  # fact texts of users this worker may no longer form (nor see forgotten)
         self._in_flight = 0
         for t in tasks:
             t.cancel()
