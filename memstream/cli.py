@@ -327,7 +327,7 @@ def serve(ctx: click.Context, host: str, port: int, demo: bool) -> None:
     try:
         import uvicorn
 
-        from memstream.api.app import create_app
+        from memstream.api.app import RedactedAccessLog, create_app
         from memstream.api.keys import ApiKeys
     except ImportError as exc:
         raise click.ClickException(f"the HTTP API needs the 'api' extra: pip install 'memstream[api]' ({exc})") from None
@@ -343,6 +343,7 @@ def serve(ctx: click.Context, host: str, port: int, demo: bool) -> None:
         # An operator key of this process only: the link signs in until the server stops.
         link = f"http://{host}:{port}/inspector#key={keys.session_key('demo inspector')}&user=maria"
         click.secho(f"memory inspector for the demo's users: {link}", bold=True)
+    logging.getLogger("uvicorn.access").addFilter(RedactedAccessLog())
     uvicorn.run(create_app(s, keys=keys, dsn=resolve_dsn(s)), host=host, port=port, log_level="info")
 
 

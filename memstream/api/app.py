@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import tempfile
 import uuid
 from datetime import datetime, timezone
@@ -189,6 +190,24 @@ def _position(p: LogPosition) -> Appended:
     return Appended(position=Position(topic=p.topic, partition=p.partition, offset=p.offset))
 
 
+_USER_IN_PATH = re.compile(r"^(/v1/users/)[^/?]+")
+
+
+def route_of(path: str) -> str:
+    """A request's path as logs may keep it: without the user id it names, or its query."""
+    return _USER_IN_PATH.sub(r"\1{user_id}", path.split("?", 1)[0])
+
+
+class RedactedAccessLog(logging.Filter):
+    """uvicorn's access log lines with ``route_of`` their paths: user ids are often e-mail
+    addresses, and a log outlives every forget."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str):
+            record.args = (*record.args[:2], route_of(record.args[2]), *record.args[3:])
+        return True
+
+
 def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, embedder=None) -> FastAPI:
     """The API over ``settings``' deployment; ``keys`` default to ``<home>/api-keys.json``."""
@@ -246,7 +265,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         if isinstance(exc, (Retryable, OSError)):
             log.warning("a store is unavailable: %r", exc)
             return _problem(503, "Unavailable", "a store memstream needs did not answer; retry")
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        log.exception("unexpected error on %s %s", request.method, route_of(request.url.path))
         return _problem(500, "Internal error", "an unexpected error; it is logged")
 
     @app.exception_handler(InvalidArgument)
