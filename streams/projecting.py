@@ -38,6 +38,12 @@ def _refused_by_server(exc: BaseException) -> bool:
             and (state[:2] in ("22", "23") or state == "54000"))
 
 
+def refusal(exc: asyncpg.PostgresError) -> str:
+    """What the server refused, for a log line or a letter's reason: its message and SQLSTATE,
+    not the DETAIL, which quotes the key or the whole row (a person's words)."""
+    return f"{type(exc).__name__} ({exc.sqlstate}): {exc.args[0] if exc.args else ''}"
+
+
 async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseException, *, apply, finish
                       ) -> set[int]:
     """A batch the store or the database refused: each ``(record, item)`` applied on its own
@@ -62,7 +68,7 @@ async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseEx
             except asyncpg.PostgresError as exc:
                 if not _refused_by_server(exc):
                     raise
-                refused.append((r, stage, f"database refused it: {exc}"))
+                refused.append((r, stage, f"database refused it: {refusal(exc)}"))
                 by_database += 1
         if by_database == len(items) and len({r.key for r, _ in items}) > 1:
             raise batch_error
@@ -120,7 +126,7 @@ class EpisodesProjection:
                 except asyncpg.PostgresError as exc:
                     if not _refused_by_server(exc):
                         raise
-                    log.warning("episodes batch refused (%s); applying record by record", exc)
+                    log.warning("episodes batch refused (%s); applying record by record", refusal(exc))
 
                     async def one(r, row) -> None:
                         gone = await self._store.apply_batch(conn, [row], {})

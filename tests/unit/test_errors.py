@@ -47,3 +47,12 @@ async def test_a_step_failing_on_a_passing_condition_raises_retryable_with_the_o
     with pytest.raises(Transient) as info:
         await as_retryable_call(lambda: Step().process([]))
     assert isinstance(info.value.__cause__, asyncpg.CannotConnectNowError)
+
+
+def test_what_the_database_refused_is_told_without_the_row_it_quotes():
+    from memstream.streams.projecting import refusal
+
+    exc = asyncpg.CheckViolationError('new row for relation "episodes" violates check constraint "c"')
+    exc.detail = "Failing row contains (ana, my test came back positive)."
+    told = refusal(exc)
+    assert "23514" in told and 'constraint "c"' in told and "positive" not in told
