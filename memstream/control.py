@@ -68,7 +68,8 @@ async def forget_edge(log, reader, user_id: str, edge_id: uuid.UUID, *, actor: s
     row = await _own(reader, "edges", user_id, edge_id)
     if row["forgotten"]:
         raise NotFound(f"edge {edge_id} is already forgotten")
-    return await log.append(EdgeForgotten(**_envelope(user_id, actor, reason), edge_id=edge_id))
+    return await log.append(EdgeForgotten(**_envelope(user_id, actor, reason), edge_id=edge_id,
+                                          relation=row["relation"], source=row["source"], target=row["target"]))
 
 
 async def forget_user(log, user_id: str, *, actor: str = "user", reason: str = "") -> LogPosition:

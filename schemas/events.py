@@ -259,11 +259,16 @@ class EpisodeForgotten(_Control, tag="EpisodeForgotten", kw_only=True, frozen=Tr
 
 class EdgeForgotten(_Control, tag="EdgeForgotten", kw_only=True, frozen=True):
     """Forget relationship ``edge_id``: it ends, and the graph no longer shows it, now or as of
-    any date."""
+    any date. ``relation``, ``source`` and ``target`` (the names of its ends, or the target's
+    value; filled by ``memstream.control``) find it again when a reform with another extractor
+    gave it another id."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
     edge_id: uuid.UUID
+    relation: Annotated[str, msgspec.Meta(max_length=100)] | None = None
+    source: Annotated[str, msgspec.Meta(max_length=500)] | None = None
+    target: Annotated[str, msgspec.Meta(max_length=500)] | None = None
 
 
 class UserForgotten(_Control, tag="UserForgotten", kw_only=True, frozen=True):

@@ -141,8 +141,9 @@ async def counts(conn, user_id: str) -> asyncpg.Record:
 
 
 async def holder(conn, edge_id: uuid.UUID) -> asyncpg.Record | None:
-    """Whose edge ``edge_id`` is (any user's)."""
-    return await conn.fetchrow("SELECT user_id, valid_to, forgotten FROM memory_edges WHERE edge_id = $1", edge_id)
+    """Whose edge ``edge_id`` is (any user's), and what it says: its relation and the names of its ends."""
+    return await conn.fetchrow(f"SELECT e.user_id, e.valid_to, e.forgotten, e.relation, s.name AS source, "
+                               f"coalesce(t.name, e.target_value) AS target FROM {_JOIN} WHERE e.edge_id = $1", edge_id)
 
 
 # Every end of the user's edges, ever (not forgotten): the nodes of a drawing that keeps its

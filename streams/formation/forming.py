@@ -42,6 +42,7 @@ from memstream.schemas.errors import Refused, Retryable
 from memstream.streams.admission import admit, imported
 from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
+from memstream.projections.graph.core import EdgeRow
 from memstream.streams.formation.decide import Context, decide
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
 from memstream.streams.formation.slots import OldestFirst
@@ -643,10 +644,17 @@ class Formation:
         if isinstance(e, EdgeForgotten):
             await graph.ensure_user(e.user_id)
             edge = graph.rows.get(e.edge_id)
-            if getattr(edge, "user_id", None) != e.user_id:
-                raise CommandRefused(f"EdgeForgotten names {e.edge_id}, not an edge of user {e.user_id!r}")
-            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="edge",
-                                    target=e.edge_id)]
+            if isinstance(edge, EdgeRow) and edge.user_id == e.user_id and _says(graph, edge, e):
+                targets = [e.edge_id]
+            else:  # re-formed with another extractor: the same relation between the same ends
+                targets = sorted(x.edge_id for x in graph.rows.values() if isinstance(x, EdgeRow)
+                                 and x.user_id == e.user_id and not x.forgotten and e.relation is not None
+                                 and _says(graph, x, e))
+                if not targets:
+                    raise CommandRefused(f"EdgeForgotten names {e.edge_id}, not an edge of user {e.user_id!r}")
+            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten" if n == 0 else
+                                                                     f"forgotten:{n}"), kind="edge", target=t)
+                    for n, t in enumerate(targets)]
         if isinstance(e, EpisodeForgotten):
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="episode",
                                     target=e.turn_event_id)]
@@ -820,6 +828,16 @@ def _bears_on(m: int, n: int, candidates, shown, vectors) -> bool:
 def _retrieved(future: asyncio.Future) -> None:
     # A shared ask's outcome is its waiters' to see; with none left it must not warn unretrieved.
     future.cancelled() or future.exception()
+
+
+def _says(graph: GraphView, edge: EdgeRow, forget: EdgeForgotten) -> bool:
+    """Whether ``edge`` is the relationship ``forget`` names, by what it says (when it says)."""
+    if forget.relation is None:
+        return True
+    ends = graph.rows.get(edge.source_entity_id), graph.rows.get(edge.target_entity_id)
+    said = (getattr(ends[0], "name", None), getattr(ends[1], "name", None) or edge.target_value)
+    return edge.relation == forget.relation and tuple((n or "").casefold() for n in said) == (
+        (forget.source or "").casefold(), (forget.target or "").casefold())
 
 
 def _by_user(turns: list[tuple[Record, Event]]) -> dict[str, list[int]]:

@@ -35,3 +35,27 @@ def test_a_forget_whose_id_is_another_facts_in_the_reform_forgets_the_one_it_nam
     asyncio.run(run())
     status = {r.text: r.status for r in view.rows.values()}
     assert status == {"Likes tea": "current", "Lives in Rome": "forgotten"}, status
+
+
+def test_an_edge_forget_whose_id_is_another_edges_in_the_reform_forgets_the_one_it_named():
+    from memstream.projections.graph.core import EdgeRow
+    from memstream.schemas import EdgeForgotten
+
+    f = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=None, resolver=OfflineResolver(),
+                  dead_letters=None, pool=None, barrier=None, turn_extractor=OfflineTurnExtractor())
+    view, graph = MemoryView("scattered"), GraphView(None)
+    said = TurnRecorded.new(user_id="u", conversation_id="c", user_message="I work at Acme. I live in Rome.",
+                            assistant_message="Ok.", occurred_at=AT)
+
+    async def form(i, e):
+        await f.decide([(Record("e", 0, i, b"u", b"", (), 1_700_000_000_000 + i), e)], view=view, graph=graph)
+
+    asyncio.run(form(0, said))
+    edges = {x.relation: x for x in graph.rows.values() if isinstance(x, EdgeRow)}
+    work, home = edges["works_at"], next(x for r, x in edges.items() if r != "works_at")
+    place = graph.rows[home.target_entity_id].name if home.target_entity_id else home.target_value
+    # The first extractor's edge of this id said where the user lives.
+    asyncio.run(form(1, EdgeForgotten(event_id=new_event_id(), user_id="u", occurred_at=AT + timedelta(days=1),
+                                      actor="user", edge_id=work.edge_id, relation=home.relation,
+                                      source="the user", target=place)))
+    assert not graph.rows[work.edge_id].forgotten and graph.rows[home.edge_id].forgotten
