@@ -227,7 +227,7 @@ def rebuild(ctx: click.Context, into: str | None, drop_old: bool, force: bool, a
 
     s = _log(ctx)
     dsn = resolve_dsn(s)
-    into = into or f"{s.postgres_schema}_rebuild"  # the settings checked the live one's name
+    into = into or _schema_name(f"{s.postgres_schema}_rebuild")
     with progress("rebuild episodes") as on_progress:
         asyncio.run(rebuild_episodes(s, dsn, into, on_progress=on_progress))
     with progress("replay") as on_progress:

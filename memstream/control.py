@@ -68,8 +68,10 @@ async def forget_edge(log, reader, user_id: str, edge_id: uuid.UUID, *, actor: s
     row = await _own(reader, "edges", user_id, edge_id)
     if row["forgotten"]:
         raise NotFound(f"edge {edge_id} is already forgotten")
-    return await log.append(EdgeForgotten(**_envelope(user_id, actor, reason), edge_id=edge_id,
-                                          relation=row["relation"], source=row["source"], target=row["target"]))
+    said = {k: row[k] for k in ("relation", "source", "target")}
+    if any(len(v or "") > n for v, n in zip(said.values(), (100, 500, 500))):
+        said = {}  # longer than the command carries: found by its id alone
+    return await log.append(EdgeForgotten(**_envelope(user_id, actor, reason), edge_id=edge_id, **said))
 
 
 async def forget_user(log, user_id: str, *, actor: str = "user", reason: str = "") -> LogPosition:

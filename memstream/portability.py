@@ -147,8 +147,8 @@ def read_archive(path: Path) -> tuple[dict, list[dict], list[dict]]:
     events = [{"log": x.log, "offset": x.offset, "record": x.record} for x in body if x.log == "events"]
     decisions = [{"log": x.log, "offset": x.offset, "record": x.record} for x in body if x.log == "decisions"]
     if (len(events), len(decisions)) != (header.get("events"), header.get("decisions")):
-        raise InvalidArgument(f"{path} is truncated: the header counts {header['events']} events and "
-                              f"{header['decisions']} decisions, the file holds {len(events)} and {len(decisions)}")
+        raise InvalidArgument(f"{path} is truncated: the header counts {header.get('events')} events and "
+                              f"{header.get('decisions')} decisions, the file holds {len(events)} and {len(decisions)}")
     return header, events, decisions
 
 
@@ -181,7 +181,9 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
                 ("memstream.reason", f"import of {path.name}: {why}".encode()[:4096]),
                 ("memstream.stage", b"import"), ("memstream.source", f"{path.name}/{offset}".encode())]))
 
-        moved: dict[int, tuple[LogPosition, object]] = {}  # source offset -> (where it landed, its event id)
+        # Decisions find their event by its id, not its offset: a log moved by ``partitions grow``
+        # kept its old decisions as they were, naming offsets of the old topic.
+        moved: dict[object, LogPosition] = {}  # event id -> where it landed
         letters = 0
         for x in events:
             raw = json.dumps(x["record"]).encode()
@@ -196,7 +198,7 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
                 continue
             meta = await (await producer.send(settings.events_topic, await sealer.seal(event), key=user.encode(),
                                               headers=[(IMPORTED, b"1")]))
-            moved[x["offset"]] = (LogPosition(settings.events_topic, meta.partition, meta.offset), event.event_id)
+            moved[event.event_id] = LogPosition(settings.events_topic, meta.partition, meta.offset)
             on_progress(len(moved) + letters, total)
         futures = []
         for x in decisions:
@@ -207,20 +209,18 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
                 await letter(raw, x["offset"], f"undecodable decision: {exc}")
                 letters += 1
                 continue
-            if d.source.offset not in moved and isinstance(d, NothingDecided):
+            if d.source_event_id not in moved and isinstance(d, NothingDecided):
                 continue  # a marker after a record left out: the target's formation writes its own
             # A decision is about the user of the event it was made from, and only theirs: the
             # projections trust its user (a forget deletes by it).
             why = (f"names user {d.user_id!r}, not the archive's" if d.user_id != user
-                   else f"names event offset {d.source.offset}, not an event of the archive"
-                   if d.source.offset not in moved
-                   else f"names event {d.source_event_id}, not the one at offset {d.source.offset}"
-                   if moved[d.source.offset][1] != d.source_event_id else None)
+                   else f"names event {d.source_event_id}, not an event of the archive"
+                   if d.source_event_id not in moved else None)
             if why is not None:
                 await letter(raw, x["offset"], why)
                 letters += 1
                 continue
-            where = moved[d.source.offset][0]
+            where = moved[d.source_event_id]
             d = msgspec.structs.replace(d, source=where)
             futures.append(await producer.send(settings.decisions_topic, await sealer.seal(d), key=user.encode(),
                                                partition=where.partition))

@@ -7,9 +7,11 @@ them expires: a key left behind would hold what it holds until Redis is emptied.
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 TIERS = {"t0": "episodes", "t1": "profile"}  # tier -> the projection whose epoch its keys carry
+_DIGITS = re.compile(r"[0-9]+")
 EPOCH_FRESH_S = 1.0  # how long a reader trusts the epochs it read (a switch changes them)
 
 
@@ -23,14 +25,13 @@ def parse(schema: str, key_: str) -> tuple[int, str, str] | None:
     head = f"memstream:{schema}:e"
     if not key_.startswith(head):
         return None
-    try:
-        epoch, tier, n, rest = key_[len(head):].split(":", 3)
-        n = int(n)
-    except ValueError:
+    parts = key_[len(head):].split(":", 3)
+    if len(parts) != 4 or not all(_DIGITS.fullmatch(p) for p in (parts[0], parts[2])):
         return None
-    if not epoch.isdigit() or len(rest) < n or rest[n:n + 1] not in ("", ":"):
+    epoch, tier, n, rest = int(parts[0]), parts[1], int(parts[2]), parts[3]
+    if len(rest) < n or rest[n:n + 1] not in ("", ":"):
         return None
-    return int(epoch), tier, rest[:n]
+    return epoch, tier, rest[:n]
 
 
 async def forget(redis, schema: str, tier: str, users: Iterable[str]) -> int:
@@ -43,6 +44,12 @@ async def forget(redis, schema: str, tier: str, users: Iterable[str]) -> int:
         if keys:
             gone += await redis.delete(*keys)
     return gone
+
+
+def older(schema: str, epoch: int, tier: str, users: Iterable[str]) -> list[str]:
+    """The keys ``users`` had in ``tier`` under each epoch before ``epoch`` (of a tier whose keys
+    name nothing but the user)."""
+    return [key(schema, e, tier, u) for u in sorted(set(users)) for e in range(epoch)]
 
 
 async def drop_stale(redis, schema: str, epochs: dict[str, int]) -> int:

@@ -40,7 +40,7 @@ class TokenCounter:
 
     def count(self, text: str) -> int:
         # A user's facts and episodes come back read after read: count each text once. Held by
-        # its digest, not its text: a reader keeps no one's words after their forget.
+        # its digest, not its text: a reader keeps no one's sentences (only single words, above).
         key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         n = self._texts.get(key)
         if n is None:

@@ -270,7 +270,8 @@ class FactsProjection(_DecisionProjection):
         if self._redis is not None and forgetting:
             if self._epoch is None:
                 self._epoch = await epoch(conn, "profile")
-            await _erased("tier 1", cache_keys.forget(self._redis, self._schema, "t1", forgetting))
+            if stale := cache_keys.older(self._schema, self._epoch, "t1", forgetting):
+                await _erased("tier 1", self._redis.delete(*stale))
             await _erased("tier 1", profile_store.cache(self._redis, self._schema, self._epoch, profiles or {}))
 
     async def after_commit(self, conn, profiles) -> None:

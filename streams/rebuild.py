@@ -362,7 +362,7 @@ async def _drop_stale_caches(settings: Settings, live: str, epochs: dict[str, in
 
     from memstream.projections import cache_keys
 
-    await asyncio.sleep(cache_keys.EPOCH_FRESH_S + 1)
+    await asyncio.sleep(cache_keys.EPOCH_FRESH_S + 4)  # and a read begun just before then
     redis = aioredis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
     try:
         return await cache_keys.drop_stale(redis, live, epochs)

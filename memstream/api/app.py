@@ -190,12 +190,14 @@ def _position(p: LogPosition) -> Appended:
     return Appended(position=Position(topic=p.topic, partition=p.partition, offset=p.offset))
 
 
-_USER_IN_PATH = re.compile(r"^(/v1/users/)[^/?]+")
+# A user's routes, whatever the user id holds (a decoded "%2F" is a slash in the path).
+_USER_IN_PATH = re.compile(r"^/v1/users/.+?((?:/(?:graph|turns|events|context|search|memories|forget|export|"
+                           r"facts/[^/]+/(?:history|correct)))?)$", re.DOTALL)
 
 
 def route_of(path: str) -> str:
     """A request's path as logs may keep it: without the user id it names, or its query."""
-    return _USER_IN_PATH.sub(r"\1{user_id}", path.split("?", 1)[0])
+    return _USER_IN_PATH.sub(r"/v1/users/{user_id}\1", path.split("?", 1)[0])
 
 
 class RedactedAccessLog(logging.Filter):

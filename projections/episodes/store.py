@@ -20,8 +20,7 @@ INSERT INTO episodes (episode_id, source_event_id, user_id, conversation_id, occ
     embedding, embedding_model)
 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[],
     $6::timestamptz[], $7::int[], $8::bigint[], $9::text[], $10::text[], $11::jsonb[],
-    $12::vector[], $13::text[]) AS r(episode_id, source_event_id, user_id)
-WHERE NOT EXISTS (SELECT FROM forgotten_episodes f WHERE f.user_id = r.user_id AND f.episode_id = r.episode_id)
+    $12::vector[], $13::text[])
 ON CONFLICT (user_id, episode_id) DO NOTHING
 """
 
@@ -67,15 +66,18 @@ async def _insert(conn, rows: Sequence[EpisodeRow]) -> set:
     """Inserts ``rows``, but for those of forgotten turns; returns (user_id, episode_id) of those."""
     if not rows:
         return set()
-    cols = [list(c) for c in zip(*(
-        (r.episode_id, r.source_event_id, r.user_id, r.conversation_id, r.occurred_at,
-         r.recorded_at, r.source_partition, r.source_offset, r.user_message,
-         r.assistant_message, None if r.metadata is None else json.dumps(r.metadata, sort_keys=True),
-         Vector(np.frombuffer(r.embedding, dtype="<f4")), r.embedding_model)
-        for r in rows
-    ))]
-    kept_out = {(u, e) for u, e in await conn.fetch(_FORGOTTEN, cols[2], cols[0])}
-    await conn.execute(_INSERT, *cols)
+    kept_out = {(u, e) for u, e in await conn.fetch(_FORGOTTEN, [r.user_id for r in rows],
+                                                    [r.episode_id for r in rows])}
+    rows = [r for r in rows if (r.user_id, r.episode_id) not in kept_out]
+    if rows:
+        cols = [list(c) for c in zip(*(
+            (r.episode_id, r.source_event_id, r.user_id, r.conversation_id, r.occurred_at,
+             r.recorded_at, r.source_partition, r.source_offset, r.user_message,
+             r.assistant_message, None if r.metadata is None else json.dumps(r.metadata, sort_keys=True),
+             Vector(np.frombuffer(r.embedding, dtype="<f4")), r.embedding_model)
+            for r in rows
+        ))]
+        await conn.execute(_INSERT, *cols)
     return kept_out
 
 

@@ -42,7 +42,7 @@ from memstream.schemas.errors import Refused, Retryable
 from memstream.streams.admission import admit, imported
 from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
-from memstream.projections.graph.core import EdgeRow
+from memstream.projections.graph.core import EdgeRow, EntityRow
 from memstream.streams.formation.decide import Context, decide
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
 from memstream.streams.formation.slots import OldestFirst
@@ -210,6 +210,8 @@ class Formation:
         self._gate_observations, self._record_position = gate_observations, record_position
         # Fact texts repeat ("Lives in Berlin"); vectors are a pure function of (model, text).
         self._fact_vectors: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+        # Turns whose episodes this process forgot (Postgres holds the ones before: the barrier).
+        self._forgotten_turns: dict[str, set[uuid.UUID]] = {}
         # The pipeline (``admit``): records in flight, each user's last chain, each partition's
         # last finish, and the views of users whose decisions the projections may not hold yet.
         self._in_flight, self._max_in_flight = 0, in_flight
@@ -276,6 +278,7 @@ class Formation:
         self._views.clear()
         self._unfinished.clear()
         self._fact_vectors.clear()  # fact texts of users this worker may no longer form (nor see forgotten)
+        self._forgotten_turns.clear()
         self._in_flight = 0
         for t in tasks:
             t.cancel()
@@ -544,7 +547,10 @@ class Formation:
     async def _turn(self, r: Record, turn: TurnRecorded, embedded: asyncio.Future, n: int, overlay: FactView,
                     graph: GraphView, extracted: asyncio.Future | None = None) -> tuple[list[Decision], str | None]:
         """A turn's fact and edge decisions (the two pipelines side by side), then its episode;
-        or, if the model refuses its one extraction call, its episode alone and why."""
+        or, if the model refuses its one extraction call, its episode alone and why; or nothing,
+        if the user forgot this turn (it is on the log again: a retried letter, a host's retry)."""
+        if await self._was_forgotten(turn):
+            return [], None
         if self._turn_extractor is not None:
             try:
                 found = await (extracted or self._llm(self._turn_extractor.extract_turn, turn))
@@ -556,6 +562,15 @@ class Formation:
             facts, edges = await _together(self._facts(r, turn, overlay), self._edges(r, turn, graph))
         # Last: a projection that has applied a turn's episode has seen all of its decisions.
         return [*facts, *edges, self._episode(r, turn, (await embedded)[n])], None
+
+    async def _was_forgotten(self, turn: TurnRecorded) -> bool:
+        if turn.event_id in self._forgotten_turns.get(turn.user_id, ()):
+            return True
+        if self._pool is None:  # a reform: every forget before this turn was formed here
+            return False
+        return await self._pool.fetchval(
+            "SELECT EXISTS (SELECT FROM forgotten_episodes WHERE user_id = $1 AND episode_id = $2)",
+            turn.user_id, episodes.episode_id(turn.event_id))
 
     def _given_up(self, r: Record, turn: TurnRecorded, vector: np.ndarray, exc: ModelRefused
                   ) -> tuple[list[Decision], str]:
@@ -656,10 +671,12 @@ class Formation:
                                                                      f"forgotten:{n}"), kind="edge", target=t)
                     for n, t in enumerate(targets)]
         if isinstance(e, EpisodeForgotten):
+            self._forgotten_turns.setdefault(e.user_id, set()).add(e.turn_event_id)
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="episode",
                                     target=e.turn_event_id)]
         if isinstance(e, UserForgotten):
             self._fact_vectors.clear()  # fact texts, some of them theirs
+            self._forgotten_turns.pop(e.user_id, None)
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user",
                                     generation=await self._sealer.stamp(e))]
         return []
@@ -834,10 +851,14 @@ def _says(graph: GraphView, edge: EdgeRow, forget: EdgeForgotten) -> bool:
     """Whether ``edge`` is the relationship ``forget`` names, by what it says (when it says)."""
     if forget.relation is None:
         return True
-    ends = graph.rows.get(edge.source_entity_id), graph.rows.get(edge.target_entity_id)
-    said = (getattr(ends[0], "name", None), getattr(ends[1], "name", None) or edge.target_value)
-    return edge.relation == forget.relation and tuple((n or "").casefold() for n in said) == (
-        (forget.source or "").casefold(), (forget.target or "").casefold())
+
+    def named(entity_id, value, name) -> bool:  # an entity by its name or an alias, else the value
+        entity = graph.rows.get(entity_id) if entity_id is not None else None
+        said = (name or "").casefold()
+        return said in entity.names() if isinstance(entity, EntityRow) else said == (value or "").casefold()
+
+    return (edge.relation == forget.relation and named(edge.source_entity_id, None, forget.source)
+            and named(edge.target_entity_id, edge.target_value, forget.target))
 
 
 def _by_user(turns: list[tuple[Record, Event]]) -> dict[str, list[int]]:

@@ -20,3 +20,8 @@ def test_uvicorns_access_line_names_no_user():
     line = logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
                              ("127.0.0.1:5000", "DELETE", "/v1/users/maria?reason=asked", "1.1", 202), None)
     assert RedactedAccessLog().filter(line) and line.getMessage() == '127.0.0.1:5000 - "DELETE /v1/users/{user_id} HTTP/1.1" 202'
+
+
+def test_a_user_id_with_a_slash_in_it_is_left_out_whole():
+    assert route_of("/v1/users/team/alice@x.com/facts/1234/history") == "/v1/users/{user_id}/facts/1234/history"
+    assert route_of("/v1/users/team/alice@x.com") == "/v1/users/{user_id}"

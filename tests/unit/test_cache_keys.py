@@ -28,3 +28,14 @@ def test_keys_of_another_shape_or_schema_are_not_read_as_ours(other):
 
 def test_a_user_id_holding_anothers_key_shape_is_its_own_user():
     assert parse("s", key("s", 1, "t0", "x:t0:3:ana", "c"))[2] == "x:t0:3:ana"
+
+
+@pytest.mark.parametrize("odd", ["memstream:s:e²:t1:3:ana", "memstream:s:e1:t1:-1:ana", "memstream:s:e1:t1: 3:ana"])
+def test_digits_are_ascii_digits(odd):
+    assert parse("s", odd) is None
+
+
+def test_a_profiles_older_keys_are_named_without_a_scan():
+    from memstream.projections.cache_keys import older
+
+    assert older("s", 2, "t1", ["ana"]) == [profile_key("s", 0, "ana"), profile_key("s", 1, "ana")]

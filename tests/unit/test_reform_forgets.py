@@ -59,3 +59,21 @@ def test_an_edge_forget_whose_id_is_another_edges_in_the_reform_forgets_the_one_
                                       actor="user", edge_id=work.edge_id, relation=home.relation,
                                       source="the user", target=place)))
     assert not graph.rows[work.edge_id].forgotten and graph.rows[home.edge_id].forgotten
+
+
+def test_a_forgotten_turn_on_the_log_again_is_not_formed_again():
+    from memstream.schemas import EpisodeForgotten
+
+    f = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=None, resolver=OfflineResolver(),
+                  dead_letters=None, pool=None, barrier=None, turn_extractor=OfflineTurnExtractor())
+    view, graph = MemoryView("scattered"), GraphView(None)
+    said = TurnRecorded.new(user_id="u", conversation_id="c", user_message="I work at Acme.", assistant_message="Ok.",
+                            occurred_at=AT)
+    forget = EpisodeForgotten(event_id=new_event_id(), user_id="u", occurred_at=AT + timedelta(days=1), actor="user",
+                              turn_event_id=said.event_id)
+
+    async def form(i, e):
+        return await f.decide([(Record("e", 0, i, b"u", b"", (), 1_700_000_000_000 + i), e)], view=view, graph=graph)
+
+    made = [asyncio.run(form(i, e)) for i, e in enumerate((said, forget, said))]
+    assert made[0] and made[1] and made[2] == []
