@@ -18,10 +18,15 @@ from .test_turn_resolution import Scattered
 AT = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def test_a_forget_whose_id_is_another_facts_in_the_reform_forgets_the_one_it_named():
+def formation() -> tuple[Formation, MemoryView, GraphView]:
+    """Formation as a reform runs it: every fact and edge in memory, no stack."""
     f = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=None, resolver=OfflineResolver(),
                   dead_letters=None, pool=None, barrier=None, turn_extractor=OfflineTurnExtractor())
-    view, graph = MemoryView("scattered"), GraphView(None)
+    return f, MemoryView("scattered"), GraphView(None)
+
+
+def test_a_forget_whose_id_is_another_facts_in_the_reform_forgets_the_one_it_named():
+    f, view, graph = formation()
     said = TurnRecorded.new(user_id="u", conversation_id="c", user_message="I like tea. I live in Rome.",
                             assistant_message="Ok.", occurred_at=AT)
     # The first extractor had "Lives in Rome" first: its fact:0 is this one's "Likes tea".
@@ -41,9 +46,7 @@ def test_an_edge_forget_whose_id_is_another_edges_in_the_reform_forgets_the_one_
     from memstream.projections.graph.core import EdgeRow
     from memstream.schemas import EdgeForgotten
 
-    f = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=None, resolver=OfflineResolver(),
-                  dead_letters=None, pool=None, barrier=None, turn_extractor=OfflineTurnExtractor())
-    view, graph = MemoryView("scattered"), GraphView(None)
+    f, view, graph = formation()
     said = TurnRecorded.new(user_id="u", conversation_id="c", user_message="I work at Acme. I live in Rome.",
                             assistant_message="Ok.", occurred_at=AT)
 
@@ -64,9 +67,7 @@ def test_an_edge_forget_whose_id_is_another_edges_in_the_reform_forgets_the_one_
 def test_a_forgotten_turn_on_the_log_again_is_not_formed_again():
     from memstream.schemas import EpisodeForgotten
 
-    f = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=None, resolver=OfflineResolver(),
-                  dead_letters=None, pool=None, barrier=None, turn_extractor=OfflineTurnExtractor())
-    view, graph = MemoryView("scattered"), GraphView(None)
+    f, view, graph = formation()
     said = TurnRecorded.new(user_id="u", conversation_id="c", user_message="I work at Acme.", assistant_message="Ok.",
                             occurred_at=AT)
     forget = EpisodeForgotten(event_id=new_event_id(), user_id="u", occurred_at=AT + timedelta(days=1), actor="user",
