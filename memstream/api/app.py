@@ -223,6 +223,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
         state["dsn"] = dsn or settings.dsn()
         state["exports"] = asyncio.Semaphore(2)  # each reads a user's partitions from offset 0
+        state["exporting"] = set()  # the principals with one running: one at a time each
         async with contextlib.AsyncExitStack() as stack:
             state["reader"] = await MemoryReader.connect(settings, state["dsn"], embedder=embedder)
             stack.push_async_callback(state["reader"].close)
@@ -459,19 +460,26 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         return await live_log_at(settings, state["dsn"])
 
     @app.get("/v1/users/{user_id}/export", tags=["memories"], response_class=FileResponse)
-    async def export(user_id: str = Depends(user)):
-        """The user's log (events and decisions, opened) as a versioned JSONL archive."""
+    async def export(user_id: str = Depends(user), who: Principal = Depends(caller)):
+        """The user's log (events and decisions, opened) as a versioned JSONL archive; one at a
+        time per tenant (429 while one runs), so no tenant holds every export's turn."""
         import shutil
 
-        from memstream.portability import export_user
+        from memstream import portability
 
+        whose = who.tenant or who.name
+        if whose in state["exporting"]:
+            raise Problem(429, "Too many requests", "an export of yours is running: retry once it is done")
+        state["exporting"].add(whose)
         folder = Path(tempfile.mkdtemp(prefix="memstream-export-"))  # 0700: the archive is opened plaintext
         try:
             async with state["exports"]:
-                await export_user(await live(), user_id, folder / "export.jsonl")
+                await portability.export_user(await live(), user_id, folder / "export.jsonl")
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
+        finally:
+            state["exporting"].discard(whose)
         return FileResponse(folder / "export.jsonl", media_type="application/x-ndjson", filename="export.jsonl",
                             background=BackgroundTask(shutil.rmtree, folder, ignore_errors=True))
 

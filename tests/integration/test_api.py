@@ -208,3 +208,27 @@ async def test_bad_requests_get_typed_problems_and_big_bodies_are_refused(api):
     page = await client.get("/docs")
     assert page.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in page.text and "cdn" not in page.text
     assert (await client.get("/docs/assets/swagger-ui-bundle.js")).status_code == 200  # vendored, nothing fetched
+
+
+async def test_a_tenant_runs_one_export_at_a_time_and_another_tenant_is_not_held_up(api, monkeypatch):
+    from memstream import portability
+
+    client, keys = api
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def held(settings, user_id, path, on_progress=None):  # an export that runs until released
+        started.set()
+        await release.wait()
+        path.write_text("{}\n")
+        return {}
+
+    monkeypatch.setattr(portability, "export_user", held)
+    first = asyncio.ensure_future(client.get("/v1/users/acme:ana/export", headers=auth(keys["acme"])))
+    await asyncio.wait_for(started.wait(), 10)
+    again = await client.get("/v1/users/acme:bo/export", headers=auth(keys["acme"]))
+    assert again.status_code == 429 and again.json()["status"] == 429
+    other = asyncio.ensure_future(client.get("/v1/users/globex:cy/export", headers=auth(keys["globex"])))
+    await asyncio.sleep(0.2)
+    release.set()
+    assert (await first).status_code == 200 and (await other).status_code == 200
+    assert (await client.get("/v1/users/acme:bo/export", headers=auth(keys["acme"]))).status_code == 200
