@@ -17,10 +17,13 @@ from pathlib import Path
 
 from aiokafka import TopicPartition
 
+from memstream.projections import db
+from memstream.schemas import InvalidEvent, decode_decision
 from memstream.schemas.errors import InvalidArgument
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record
+from memstream.streams.sealing import is_sealed, sealer_for
 
 
 @dataclass
@@ -88,26 +91,47 @@ async def _log_names(settings) -> tuple[set[str], set[str]]:
 
 
 async def retry(settings, name: str, fixed: Path | None = None) -> dict:
-    """Append letter ``name`` again (its value, or the bytes of ``fixed``); returns where it went."""
+    """Append letter ``name`` again (its value, or the bytes of ``fixed``); returns where it went.
+    Refused when its user was forgotten since it first arrived: it would bring back what they
+    asked to forget."""
     r = await letter(settings, name)
     value = fixed.read_bytes() if fixed is not None else r.value or b""
     source = Letter.of(r).source.split("/")
     topic = source[0] if len(source) == 3 else ""
     events, decisions = await _log_names(settings)
-    if topic in decisions:
-        # Its partition on the live topic: the one it came from, or its key's after a move.
-        target, partition = settings.decisions_topic, int(source[1]) if topic == settings.decisions_topic else None
-    elif topic in events or topic == settings.ingress_topic:
-        target = settings.events_topic if b'"sealed"' in value[:200] else settings.ingress_topic
-        partition = None  # by key: the user's partition
-    else:
-        raise InvalidArgument(f"letter {name} came from {Letter.of(r).source!r}, not a topic of these settings")
+    # When it first came (kept on the letter; else the letter's own time): what a forget since
+    # covers, it still covers (``streams.ingress``).
+    first = dict(r.headers).get("memstream.appended-at") or b""
+    first = first if first.isdigit() else str(r.timestamp_ms).encode()
+    pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
+    try:
+        sealer = await sealer_for(settings, pool)
+        user = (r.key or b"").decode("utf-8", "replace")
+        forgot = (await sealer.last_forgets({user})).get(user)
+        if forgot is not None and forgot * 1000 >= int(first):
+            raise InvalidArgument(f"letter {name}: its user was forgotten after it first arrived; retrying it "
+                                  "would bring back what they asked to forget")
+        if topic in decisions:
+            # Its partition on the live topic: the one it came from, or its key's after a move.
+            target, partition = settings.decisions_topic, int(source[1]) if topic == settings.decisions_topic else None
+            if not is_sealed(value):  # a fixed one is plain JSON: sealed here, or no forget could reach it
+                try:
+                    decision = decode_decision(value)
+                except InvalidEvent as exc:
+                    raise InvalidArgument(f"letter {name}: the decision does not decode: {exc}") from None
+                if decision.user_id != user:
+                    raise InvalidArgument(f"letter {name} is keyed by {user!r}; the decision names {decision.user_id!r}")
+                value = await sealer.seal(decision)
+        elif topic in events or topic == settings.ingress_topic:
+            target = settings.events_topic if is_sealed(value) else settings.ingress_topic
+            partition = None  # by key: the user's partition
+        else:
+            raise InvalidArgument(f"letter {name} came from {Letter.of(r).source!r}, not a topic of these settings")
+    finally:
+        await pool.close()
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
     try:
-        # When it first came (kept on the letter; else the letter's own time): what a forget since
-        # covers, it still covers (``streams.ingress``).
-        first = dict(r.headers).get("memstream.appended-at") or str(r.timestamp_ms).encode()
         meta = await producer.send_and_wait(target, value, key=r.key, partition=partition,
                                             headers=[("memstream.retried-from", name.encode()),
                                                      ("memstream.appended-at", first)])

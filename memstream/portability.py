@@ -40,11 +40,10 @@ from memstream.projections import db
 from memstream.read_client.arguments import check_user
 from memstream.schemas import InvalidEvent, LogPosition, NothingDecided, decode_decision, decode_event
 from memstream.schemas.errors import InvalidArgument
-from memstream.sealing import data_keys
 from memstream.streams.admission import IMPORTED, expected_partition
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
-from memstream.streams.sealing import RecordSealer
+from memstream.streams.sealing import sealer_for
 
 log = logging.getLogger("memstream.portability")
 
@@ -65,10 +64,6 @@ async def _read(consumer, topic: str, partition: int, key: bytes, on_progress) -
     return out
 
 
-async def _sealer(settings, pool) -> RecordSealer:
-    return RecordSealer(await data_keys(settings, pool), seal=settings.seal_records)
-
-
 async def export_user(settings, user_id: str, path: Path, on_progress=None) -> dict:
     """Write ``user_id``'s events and decisions to ``path``, opened; returns the header.
     ``on_progress(done, total)``: records of the user's partition read, per topic."""
@@ -77,7 +72,7 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
     key = user_id.encode()
     pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
     try:
-        sealer = await _sealer(settings, pool)
+        sealer = await sealer_for(settings, pool)
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as consumer:
             n = len(await partitions_of(consumer, settings.events_topic))
             if not n:
@@ -167,7 +162,7 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
     await producer.start()
     pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
     try:
-        sealer = await _sealer(settings, pool)  # sealed again, with the target's keys
+        sealer = await sealer_for(settings, pool)  # sealed again, with the target's keys
         if not force and (forgot := (await sealer.last_forgets({user})).get(user)) is not None:
             made = _when(header.get("exported_at"))
             if made is None or made.timestamp() <= forgot:

@@ -40,6 +40,21 @@ _envelope = msgspec.json.Decoder(_Envelope)
 _encoder = msgspec.json.Encoder()
 
 
+def is_sealed(value: bytes | None) -> bool:
+    """Whether ``value`` is a sealed record (read as the log reads it, not by looking for a word)."""
+    try:
+        return _envelope.decode(value or b"").sealed is not None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+
+
+async def sealer_for(settings, pool) -> "RecordSealer":
+    """The sealer of ``settings``' deployment: its data keys in ``pool``'s database."""
+    from memstream.sealing import data_keys
+
+    return RecordSealer(await data_keys(settings, pool), seal=settings.seal_records)
+
+
 def kept_plain(record) -> bool:
     return (record.user_id == SYSTEM_USER or isinstance(record, (UserForgotten, NothingDecided))
             or (isinstance(record, MemoryForgotten) and record.kind == "user"))

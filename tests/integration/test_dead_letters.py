@@ -55,3 +55,12 @@ async def test_a_broken_plain_turn_is_listed_shown_and_once_fixed_appended_again
     assert done["topic"] == settings.ingress_topic
     await wait_until(lambda: conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'dl-user'"),
                      what="the fixed turn to be projected")
+
+    # Once its user is forgotten, the letter is not put back: it would bring back what they said.
+    from memstream import control
+    from memstream.streams.producer import TurnLog
+
+    async with TurnLog(settings) as log:
+        await control.forget_user(log, "dl-user")
+    again = cli(settings, "dead-letters", "retry", letter["name"], "--fixed", str(fixed))
+    assert again.returncode == 1 and "forgotten" in again.stderr, again.stderr

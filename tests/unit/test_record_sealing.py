@@ -127,3 +127,15 @@ async def test_what_derives_from_a_forgotten_record_is_never_sealed_under_a_newe
     await sealer.seal(turn("ana", "back again"))  # generation 2 is live now
     with pytest.raises(Shredded):  # a retried formation batch: its decision is dropped, not re-sealed
         await sealer.seal(decode_event(source.value), source.generation)
+
+
+def test_a_sealed_record_is_told_by_its_envelope_whatever_its_user_id_or_text_holds():
+    import json
+
+    from memstream.streams.sealing import is_sealed
+
+    long_id = "u" * 256
+    assert is_sealed(json.dumps({"type": "TurnRecorded", "schema_version": 1, "user_id": long_id,
+                                 "sealed": "AAAA"}).encode())
+    plain = {"type": "TurnRecorded", "user_id": "u", "conversation_id": "sealed", "metadata": {"sealed": "x"}}
+    assert not is_sealed(json.dumps(plain).encode()) and not is_sealed(b"not json")
