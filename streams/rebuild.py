@@ -286,6 +286,22 @@ async def _built_from_the_live_topics(settings: Settings, dsn: str, schema: str)
                             f"{settings.decisions_topic}: drop it and rebuild it from the log")
 
 
+async def _indexed_as_live(dsn: str, live: str, schema: str) -> None:
+    """Refuse a schema whose indexes are not all there and valid, as a bulk rebuild killed before
+    it built them leaves it (rows without their vector and text indexes: reads would time out)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        lacking = await conn.fetch(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = $1 EXCEPT "
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relnamespace = $2::regnamespace AND i.indisvalid ORDER BY 1", live, schema)
+    finally:
+        await conn.close()
+    if lacking:
+        raise SwitchRefused(f"{schema} lacks indexes the live schema has, or holds them unbuilt "
+                            f"({', '.join(r[0] for r in lacking)}): its rebuild did not finish; drop it and rebuild it")
+
+
 async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = False, force: bool = False,
                  workers_timeout_s: float = 60.0) -> dict:
     """Make ``schema`` (a rebuild) the live one: catch it up with the log, pause the workers
@@ -297,12 +313,19 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
     prepared statements included) — and give the new schema's projections epochs past the old
     ones, so no Redis cache of the old build is read. The workers go on on it by themselves."""
     from memstream.projections.compare import TABLES, diff_counts
+    from memstream.streams.log_topics import live_log_at
     from memstream.streams.status import worker_groups
 
     live = settings.postgres_schema
     if schema == live:
         raise SwitchRefused("that is the live schema already")
+    if schema == settings.keys_schema or schema.startswith(f"{live}_old_"):
+        raise SwitchRefused(f"{schema} is not a rebuild of {live}: the key store, or a schema a switch set aside")
+    # The log's topics and groups now, not when the caller read its settings (a rebuild takes
+    # long enough for ``partitions grow`` to move the log meanwhile).
+    settings = await live_log_at(settings, dsn)
     await _built_from_the_live_topics(settings, dsn, schema)
+    await _indexed_as_live(dsn, live, schema)
     caught = await catch_up(settings, dsn, schema)  # the bulk, with the workers going on
     conn = await asyncpg.connect(dsn)
     try:
@@ -321,8 +344,14 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
                   if (d := await diff_counts(conn, live, schema, t)) != (0, 0)}
         if differ and not force:
             raise SwitchRefused(f"{schema} differs from {live} (rows only in each): {differ}; --force to switch anyway")
-        n = 1 + await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, $1)", f"{live}_old_")
+        # Past the highest kept: an operator may have dropped some of them, in any order.
+        n = 1 + max([int(x[len(f"{live}_old_"):]) for x, in await conn.fetch(
+            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", f"{live}_old_")
+            if x[len(f"{live}_old_"):].isdigit()] or [0])
         old = f"{live}_old_{n}"
+        if (await live_log_at(settings, dsn)).decisions_topic != settings.decisions_topic:
+            raise SwitchRefused(f"the log moved off {settings.decisions_topic} during the switch: {schema} holds "
+                                "positions of the old topics; drop it and rebuild it from the log")
         async with conn.transaction():
             # Formation's and the ingress sealing's positions are not rebuilt (they are where the
             # stopped workers left the log): without them the workers would start those again at 0.

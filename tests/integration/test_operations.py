@@ -155,3 +155,27 @@ async def test_memstream_rebuild_builds_beside_the_live_schema_and_switches_with
         assert w.proc.poll() is None
     finally:
         await drop_schema(dsn, built)
+
+
+async def test_a_switch_refuses_an_unfinished_rebuild_and_the_key_store_and_names_the_old_schema_past_the_kept_ones(
+        settings, conn, dsn):
+    from memstream.projections.db import drop_schema
+    from memstream.streams.rebuild import SwitchRefused, switch
+    from memstream.streams.replay import replay
+
+    side, live = settings.postgres_schema + "_next", settings.postgres_schema
+    await replay(settings, dsn, side, ["episodes", "facts", "graph", "commands"])
+    try:
+        await conn.execute(f'DROP INDEX "{side}".episodes_tsv_gin')  # a bulk rebuild killed before its indexes
+        with pytest.raises(SwitchRefused, match="lacks indexes"):
+            await switch(settings, dsn, side)
+        with pytest.raises(SwitchRefused, match="key store"):
+            await switch(settings, dsn, settings.keys_schema)
+        await drop_schema(dsn, side)
+        await replay(settings, dsn, side, ["episodes", "facts", "graph", "commands"])
+        await conn.execute(f'CREATE SCHEMA "{live}_old_2"')  # _old_1 dropped, _old_2 kept
+        done = await switch(settings, dsn, side)
+        assert done["old"] == f"{live}_old_3"
+    finally:
+        for name in (side, f"{live}_old_2", f"{live}_old_3"):
+            await drop_schema(dsn, name)
