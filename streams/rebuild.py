@@ -158,8 +158,8 @@ async def rebuild_episodes(settings: Settings, dsn: str, into: str, *, topic: st
     """Rebuild the episodes projection of ``topic`` (default: the live decisions topic) into the
     fresh schema ``into``; ``on_progress(done, total)`` is told the records read."""
     topic = topic or settings.decisions_topic
-    if into == settings.postgres_schema:
-        raise ReplayError("refusing to rebuild into the live schema; pick a fresh one")
+    if into in (settings.postgres_schema, settings.keys_schema):
+        raise ReplayError("refusing to rebuild into the live schema or the key store's; pick a fresh one")
     on_progress = on_progress or (lambda done, total: None)
     seconds: dict[str, float] = {}
     t = time.perf_counter()

@@ -96,6 +96,8 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
         raise ReplayError(f"unknown projections {sorted(unknown)}; known: {PROJECTIONS}")
     if into == settings.postgres_schema:
         raise ReplayError("refusing to replay into the live schema; pick a fresh one")
+    if into == settings.keys_schema:
+        raise ReplayError("refusing to replay into the key store's schema; pick a fresh one")
     await db.migrate(dsn, into)
     pool = await db.create_pool(dsn, into, max_size=2)
     try:

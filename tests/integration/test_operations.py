@@ -161,7 +161,7 @@ async def test_a_switch_refuses_an_unfinished_rebuild_and_the_key_store_and_name
         settings, conn, dsn):
     from memstream.projections.db import drop_schema
     from memstream.streams.rebuild import SwitchRefused, switch
-    from memstream.streams.replay import replay
+    from memstream.streams.replay import ReplayError, replay
 
     side, live = settings.postgres_schema + "_next", settings.postgres_schema
     await replay(settings, dsn, side, ["episodes", "facts", "graph", "commands"])
@@ -171,6 +171,8 @@ async def test_a_switch_refuses_an_unfinished_rebuild_and_the_key_store_and_name
             await switch(settings, dsn, side)
         with pytest.raises(SwitchRefused, match="key store"):
             await switch(settings, dsn, settings.keys_schema)
+        with pytest.raises(ReplayError, match="key store"):
+            await replay(settings, dsn, settings.keys_schema, ["episodes"])
         await drop_schema(dsn, side)
         await replay(settings, dsn, side, ["episodes", "facts", "graph", "commands"])
         await conn.execute(f'CREATE SCHEMA "{live}_old_2"')  # _old_1 dropped, _old_2 kept
