@@ -129,7 +129,7 @@ async def test_what_derives_from_a_forgotten_record_is_never_sealed_under_a_newe
         await sealer.seal(decode_event(source.value), source.generation)
 
 
-def test_a_sealed_record_is_told_by_its_envelope_whatever_its_user_id_or_text_holds():
+async def test_a_sealed_record_is_told_by_its_envelope_whatever_its_user_id_or_text_holds():
     import json
 
     from memstream.streams.sealing import is_sealed
