@@ -42,6 +42,7 @@ from memstream.streams.admission import expected_partition
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.log_topics import create_tables, live_log, move_from, moved, progress
 from memstream.streams.producer import idempotent_producer
+from memstream.streams.switch_lock import switching
 from memstream.streams.topics import FOREVER, _wait_for_leaders
 
 log = logging.getLogger("memstream.partitions")
@@ -233,6 +234,8 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
         # One run at a time: two would copy every record twice.
         if not await lock.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", f"memstream-grow:{settings.keys_schema}"):
             raise GrowthError("another `memstream partitions grow` is running for this deployment")
+        if await switching(pool, settings.postgres_schema):  # it would switch in a schema of the old topics
+            raise GrowthError("a `memstream switch` is under way: let it finish, then run this again")
         live = await live_log(settings, pool)
         # Two consumers: offset lookups would wait behind the reader's long-polling fetches.
         async with groupless_consumer(settings.kafka_bootstrap) as consumer, \

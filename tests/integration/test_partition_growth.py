@@ -184,3 +184,18 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
                     assert await diff_counts(conn, settings.postgres_schema, side, table) == (0, 0), table
     finally:
         await drop_schema(dsn, side)
+
+
+async def test_the_log_does_not_grow_while_a_switch_is_under_way(settings, dsn):
+    import asyncpg
+
+    from memstream.streams import switch_lock
+    from memstream.streams.partition_growth import GrowthError, grow_partitions
+
+    held = await asyncpg.connect(dsn)
+    try:
+        await switch_lock.hold(held, settings.postgres_schema)  # as `memstream switch` holds it
+        with pytest.raises(GrowthError, match="switch"):
+            await grow_partitions(settings, dsn, 8)
+    finally:
+        await held.close()
