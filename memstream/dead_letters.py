@@ -7,8 +7,8 @@ refused (``memstream.reason``), by which step (``memstream.stage``) and where it
 it was: a plain JSON event to the ingress topic (the worker seals it), a sealed one to the
 events topic, a decision to the decisions topic on its partition (a fixed one, plain, sealed
 here with its user's key) — each marked ``memstream.retried-from`` with the letter's name. A
-letter whose user was forgotten after it first arrived is not put back. Letters live only as long as the topic's
-plaintext window (``plaintext_retention_s``): fix them within it.
+letter whose user was forgotten after it first arrived is not put back. Letters live only as
+long as the topic's plaintext window (``plaintext_retention_s``): fix them within it.
 """
 from __future__ import annotations
 
