@@ -76,17 +76,11 @@ async def letter(settings, name: str) -> Record:
     return found[0]
 
 
-async def _log_names(settings) -> tuple[set[str], set[str]]:
+async def _log_names(settings, pool) -> tuple[set[str], set[str]]:
     """The events and decisions topics the log lives in now and those it moved out of."""
-    import asyncpg
-
     from memstream.streams.log_topics import moves
 
-    conn = await asyncpg.connect(settings.dsn())
-    try:
-        moved = [m for m in await moves(conn, settings) if m["state"] == "moved"]
-    finally:
-        await conn.close()
+    moved = [m for m in await moves(pool, settings) if m["state"] == "moved"]
     return ({settings.events_topic, *(m["from_events"] for m in moved)},
             {settings.decisions_topic, *(m["from_decisions"] for m in moved)})
 
@@ -99,13 +93,13 @@ async def retry(settings, name: str, fixed: Path | None = None) -> dict:
     value = fixed.read_bytes() if fixed is not None else r.value or b""
     source = Letter.of(r).source.split("/")
     topic = source[0] if len(source) == 3 else ""
-    events, decisions = await _log_names(settings)
     # When it first came (kept on the letter; else the letter's own time): what a forget since
     # covers, it still covers (``streams.ingress``).
     first = dict(r.headers).get("memstream.appended-at") or b""
     first = first if first.isdigit() else str(r.timestamp_ms).encode()
     pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
     try:
+        events, decisions = await _log_names(settings, pool)
         sealer = await sealer_for(settings, pool)
         user = (r.key or b"").decode("utf-8", "replace")
         forgot = (await sealer.last_forgets({user})).get(user)

@@ -30,7 +30,6 @@ import json
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
-
 from typing import Annotated, Literal
 
 import msgspec
@@ -136,11 +135,12 @@ def read_archive(path: Path) -> tuple[dict, list[dict], list[dict]]:
         raise InvalidArgument(f"{path} is a version {header.get('version')} export; this build reads version {VERSION}")
     check_user(header.get("user_id"))
     try:
-        body = [msgspec.convert(x, _Line) for x in lines[1:]]
+        for x in lines[1:]:
+            msgspec.convert(x, _Line)
     except msgspec.ValidationError as exc:
         raise InvalidArgument(f"{path}: a record line is not {{log, offset, record}}: {exc}") from None
-    events = [{"log": x.log, "offset": x.offset, "record": x.record} for x in body if x.log == "events"]
-    decisions = [{"log": x.log, "offset": x.offset, "record": x.record} for x in body if x.log == "decisions"]
+    events = [x for x in lines[1:] if x["log"] == "events"]
+    decisions = [x for x in lines[1:] if x["log"] == "decisions"]
     if (len(events), len(decisions)) != (header.get("events"), header.get("decisions")):
         raise InvalidArgument(f"{path} is truncated: the header counts {header.get('events')} events and "
                               f"{header.get('decisions')} decisions, the file holds {len(events)} and {len(decisions)}")
@@ -171,7 +171,11 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
                     f"after {path} was exported ({header.get('exported_at')!r}): importing it would bring back what "
                     "they asked to forget; --force if they ask for it")
 
+        letters = 0
+
         async def letter(raw: bytes, offset: int, why: str) -> None:
+            nonlocal letters
+            letters += 1
             await (await producer.send(settings.dead_letter_topic, raw, key=user.encode(), headers=[
                 ("memstream.reason", f"import of {path.name}: {why}".encode()[:4096]),
                 ("memstream.stage", b"import"), ("memstream.source", f"{path.name}/{offset}".encode())]))
@@ -179,7 +183,6 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
         # Decisions find their event by its id, not its offset: a log moved by ``partitions grow``
         # kept its old decisions as they were, naming offsets of the old topic.
         moved: dict[object, LogPosition] = {}  # event id -> where it landed
-        letters = 0
         for x in events:
             raw = json.dumps(x["record"]).encode()
             try:
@@ -189,7 +192,6 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
                 why = f"undecodable event: {exc}"
             if why is not None:
                 await letter(raw, x["offset"], why)
-                letters += 1
                 continue
             meta = await (await producer.send(settings.events_topic, await sealer.seal(event), key=user.encode(),
                                               headers=[(IMPORTED, b"1")]))
@@ -202,7 +204,6 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
                 d = decode_decision(raw)
             except InvalidEvent as exc:
                 await letter(raw, x["offset"], f"undecodable decision: {exc}")
-                letters += 1
                 continue
             if d.source_event_id not in moved and isinstance(d, NothingDecided):
                 continue  # a marker after a record left out: the target's formation writes its own
@@ -213,7 +214,6 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
                    if d.source_event_id not in moved else None)
             if why is not None:
                 await letter(raw, x["offset"], why)
-                letters += 1
                 continue
             where = moved[d.source_event_id]
             d = msgspec.structs.replace(d, source=where)
