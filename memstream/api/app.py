@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memstream.api.keys import ApiKeys, Principal
 from memstream.config import Settings
+from memstream.projections.redaction import redact_logs
 from memstream.schemas import LogPosition, TurnRecorded, decode_event
 from memstream.schemas.errors import InvalidArgument, InvalidEvent
 from memstream.schemas.events import new_event_id
@@ -214,6 +215,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                max_body_bytes: int = MAX_BODY_BYTES, embedder=None) -> FastAPI:
     """The API over ``settings``' deployment; ``keys`` default to ``<home>/api-keys.json``."""
     keys = keys or ApiKeys(Path(settings.home) / "api-keys.json")
+    redact_logs()
     state: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager

@@ -2,7 +2,6 @@
 (no DSN set) and against an explicit DSN."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys

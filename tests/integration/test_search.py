@@ -2,8 +2,7 @@
 them, up to k of each, as of a date for the graph."""
 from __future__ import annotations
 
-import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 

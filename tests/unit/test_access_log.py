@@ -25,3 +25,42 @@ def test_uvicorns_access_line_names_no_user():
 def test_a_user_id_with_a_slash_in_it_is_left_out_whole():
     assert route_of("/v1/users/team/alice@x.com/facts/1234/history") == "/v1/users/{user_id}/facts/1234/history"
     assert route_of("/v1/users/team/alice@x.com") == "/v1/users/{user_id}"
+
+
+def _refused_row(detail="Failing row contains (ana, my test came back positive)."):
+    import asyncpg
+
+    exc = asyncpg.CheckViolationError('new row for relation "episodes" violates check constraint "c"')
+    exc.detail = detail
+    return exc
+
+
+@pytest.fixture
+def redacting():
+    from memstream.projections.redaction import redact_logs
+
+    made = logging.getLogRecordFactory()
+    redact_logs()
+    redact_logs()  # once is enough, twice the same
+    yield
+    logging.setLogRecordFactory(made)
+
+
+def test_a_traceback_logged_anywhere_leaves_out_the_row_the_database_quotes(redacting, caplog):
+    refused = _refused_row()
+    try:
+        try:
+            raise refused
+        except Exception as exc:
+            raise RuntimeError("the batch failed") from exc
+    except RuntimeError:
+        logging.getLogger("faust.agents").exception("agent crashed")  # a library's logger, too
+    written = caplog.text
+    assert 'violates check constraint "c"' in written and "the batch failed" in written
+    assert "positive" not in written and "DETAIL" not in written
+    assert refused.detail.endswith("positive).")  # the error itself is left as it was
+
+
+def test_an_error_logged_as_an_argument_is_told_without_its_detail(redacting, caplog):
+    logging.getLogger("memstream.test").warning("append refused: %s", _refused_row())
+    assert "23514" in caplog.text and "positive" not in caplog.text

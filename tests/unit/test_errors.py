@@ -50,7 +50,7 @@ async def test_a_step_failing_on_a_passing_condition_raises_retryable_with_the_o
 
 
 def test_what_the_database_refused_is_told_without_the_row_it_quotes():
-    from memstream.streams.projecting import refusal
+    from memstream.projections.redaction import refusal
 
     exc = asyncpg.CheckViolationError('new row for relation "episodes" violates check constraint "c"')
     exc.detail = "Failing row contains (ana, my test came back positive)."
