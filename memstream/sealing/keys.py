@@ -4,10 +4,12 @@ and destroy it to forget them.
 A sealed blob is ``b"ms1" | generation (4 bytes) | nonce (12) | ciphertext``; the user id and a
 context (which record field it is) are authenticated with it, so a blob cannot be moved to
 another user or field. Data keys are created on first use, kept wrapped by the ``Kek`` in a
-``WrappedKeys`` store, and unwrapped into memory only while in use. ``destroy`` ends the user's
-current generation: blobs sealed under it open as ``Shredded`` from then on, anywhere — and a
-user who comes back gets a new generation, never the old key. The store holds no user id, only
-its SHA-256.
+``WrappedKeys`` store, and unwrapped into memory only while in use. A user's key goes through
+three states: *live* (new content is sealed under it), *retired* by a forget (it seals nothing
+new, so what the user says after the forget gets the next generation, while the decisions about
+what came before are still sealed under it), and *destroyed* (blobs sealed under it open as
+``Shredded`` from then on, anywhere). A generation is never reused. The store holds no user id,
+only its SHA-256.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import hashlib
 import os
 import struct
 import time
+import weakref
 from collections import OrderedDict
 from typing import Protocol, Sequence
 
@@ -51,21 +54,26 @@ class WrappedKeys(Protocol):
     """Where wrapped data keys live: the one state the log cannot rebuild (back it up).
 
     ``current(user)``: ``(generation, kek_id, wrapped)`` of the user's live key, or None.
+    ``key(user, generation)``: ``(kek_id, wrapped)`` of that generation while it is not
+    destroyed (live or retired), else None.
     ``create(user, kek_id, wrapped)``: makes ``wrapped`` the user's live key under the next
-    generation unless another caller made one first; returns the live one either way.
-    ``destroy(user, generation)``: the user has no live key from now on (when ``generation`` is
-    given: only if it is the live one); a generation is never reused.
+    generation unless another caller made one first; returns the live one either way (None only
+    when a forget retired it meanwhile: ask again).
+    ``destroy(user, generation)``: destroys that generation (None: every key the user has).
     ``stamp(user, forget, at)``: the generation the forget ``forget`` (its 16-byte event id) ends —
-    the live one (0: none) the first time it is asked, the same ever after, so a forget sealed
-    again (a retried append, a restarted ingress) never ends a key the user got after it; ``at``
-    (Unix seconds, default the store's clock) is when it was said, kept from the first time too.
+    the live one (0: none) the first time it is asked, which it retires, the same ever after, so a
+    forget sealed again (a retried append, a restarted ingress) never ends a key the user got
+    after it; ``at`` (Unix seconds, default the store's clock) is when it was said, kept from the
+    first time too.
     ``last_forgets(users)``: when each of ``users`` that has one said their last forget.
     ``holds_keys()``: whether any key was ever stored.
     ``user`` is ``user_key(user_id)``."""
 
     async def current(self, user: bytes) -> tuple[int, str, bytes] | None: ...
 
-    async def create(self, user: bytes, kek_id: str, wrapped: bytes) -> tuple[int, str, bytes]: ...
+    async def key(self, user: bytes, generation: int) -> tuple[str, bytes] | None: ...
+
+    async def create(self, user: bytes, kek_id: str, wrapped: bytes) -> tuple[int, str, bytes] | None: ...
 
     async def destroy(self, user: bytes, generation: int | None = None) -> None: ...
 
@@ -80,28 +88,35 @@ class MemoryWrappedKeys:
     """A process's own store (tests, one-off tools): lost with the process."""
 
     def __init__(self) -> None:
-        self._live: dict[bytes, tuple[int, str, bytes]] = {}
+        self._keys: dict[tuple[bytes, int], tuple[str, bytes]] = {}  # not destroyed
+        self._live: dict[bytes, int] = {}
         self._last: dict[bytes, int] = {}
         self._stamps: dict[bytes, int] = {}
         self._stamped_at: dict[bytes, float] = {}
 
     async def current(self, user: bytes):
-        return self._live.get(user)
+        return None if (g := self._live.get(user)) is None else (g, *self._keys[user, g])
+
+    async def key(self, user: bytes, generation: int):
+        return self._keys.get((user, generation))
 
     async def create(self, user: bytes, kek_id: str, wrapped: bytes):
         if user not in self._live:
-            self._last[user] = self._last.get(user, 0) + 1
-            self._live[user] = (self._last[user], kek_id, wrapped)
-        return self._live[user]
+            self._last[user] = g = self._last.get(user, 0) + 1
+            self._live[user], self._keys[user, g] = g, (kek_id, wrapped)
+        return await self.current(user)
 
     async def destroy(self, user: bytes, generation: int | None = None) -> None:
-        if user in self._live and generation in (None, self._live[user][0]):
-            del self._live[user]
+        for u, g in [k for k in self._keys if k[0] == user and generation in (None, k[1])]:
+            del self._keys[u, g]
+            if self._live.get(user) == g:
+                del self._live[user]
 
     async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int:
         if forget not in self._stamps:
             self._stamped_at[user] = max(self._stamped_at.get(user, 0.0), time.time() if at is None else at)
-        return self._stamps.setdefault(forget, self._live[user][0] if user in self._live else 0)
+            self._stamps[forget] = self._live.pop(user, 0)
+        return self._stamps[forget]
 
     async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]:
         return {u: self._stamped_at[u] for u in users if u in self._stamped_at}
@@ -112,50 +127,71 @@ class MemoryWrappedKeys:
 
 class PostgresWrappedKeys:
     """Wrapped keys in a table of their own schema (never a projection's: those are rebuilt
-    from the log, this cannot be). ``migrate`` creates it."""
+    from the log, this cannot be). ``migrate`` creates it, or brings an older one up to date
+    in place (one row per user and generation, and a key's retirement)."""
 
     def __init__(self, pool, schema: str = "memstream_keys"):
         from memstream.projections.schema_names import check_schema_name
 
         self._pool, self._schema = pool, check_schema_name(schema)
+        self._k = f'"{self._schema}"'
 
     async def migrate(self) -> None:
+        k = self._k
         async with self._pool.acquire() as conn, conn.transaction():
             # Every process migrates on start: IF NOT EXISTS alone races on the catalog.
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"memstream-keys:{self._schema}")
             await conn.execute(
-                f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"; '
-                f'CREATE TABLE IF NOT EXISTS "{self._schema}".data_keys (user_key bytea PRIMARY KEY, '
-                "generation int NOT NULL, kek_id text NOT NULL, wrapped bytea, "
-                "created_at timestamptz NOT NULL DEFAULT now(), destroyed_at timestamptz); "
-                f'CREATE TABLE IF NOT EXISTS "{self._schema}".forgets (forget bytea PRIMARY KEY, '
+                f"CREATE SCHEMA IF NOT EXISTS {k}; "
+                f"CREATE TABLE IF NOT EXISTS {k}.data_keys (user_key bytea NOT NULL, generation int NOT NULL, "
+                "kek_id text NOT NULL, wrapped bytea, created_at timestamptz NOT NULL DEFAULT now(), "
+                "retired_at timestamptz, destroyed_at timestamptz, PRIMARY KEY (user_key, generation)); "
+                f"ALTER TABLE {k}.data_keys ADD COLUMN IF NOT EXISTS retired_at timestamptz; "
+                f"CREATE TABLE IF NOT EXISTS {k}.forgets (forget bytea PRIMARY KEY, "
                 "user_key bytea NOT NULL, generation int NOT NULL, stamped_at timestamptz NOT NULL DEFAULT now())")
+            # Before retirement a user had one row, keyed by the user alone.
+            pkey = await conn.fetchrow(
+                "SELECT conname, array_length(conkey, 1) AS n FROM pg_constraint "
+                "WHERE conrelid = $1::regclass AND contype = 'p'", f"{k}.data_keys")
+            if pkey["n"] == 1:
+                await conn.execute(f'ALTER TABLE {k}.data_keys DROP CONSTRAINT "{pkey["conname"]}", '
+                                   "ADD PRIMARY KEY (user_key, generation)")
+            await conn.execute(f"CREATE UNIQUE INDEX IF NOT EXISTS data_keys_live ON {k}.data_keys (user_key) "
+                               "WHERE wrapped IS NOT NULL AND retired_at IS NULL")
 
     async def current(self, user: bytes):
-        r = await self._pool.fetchrow(f'SELECT generation, kek_id, wrapped FROM "{self._schema}".data_keys '
-                                      "WHERE user_key = $1 AND wrapped IS NOT NULL", user)
+        r = await self._pool.fetchrow(f"SELECT generation, kek_id, wrapped FROM {self._k}.data_keys "
+                                      "WHERE user_key = $1 AND wrapped IS NOT NULL AND retired_at IS NULL", user)
         return None if r is None else (r["generation"], r["kek_id"], bytes(r["wrapped"]))
 
+    async def key(self, user: bytes, generation: int):
+        r = await self._pool.fetchrow(f"SELECT kek_id, wrapped FROM {self._k}.data_keys "
+                                      "WHERE user_key = $1 AND generation = $2 AND wrapped IS NOT NULL", user, generation)
+        return None if r is None else (r["kek_id"], bytes(r["wrapped"]))
+
     async def create(self, user: bytes, kek_id: str, wrapped: bytes):
-        await self._pool.execute(
-            f'INSERT INTO "{self._schema}".data_keys AS k (user_key, generation, kek_id, wrapped) '
-            "VALUES ($1, 1, $2, $3) ON CONFLICT (user_key) DO UPDATE SET generation = k.generation + 1, "
-            "kek_id = EXCLUDED.kek_id, wrapped = EXCLUDED.wrapped, created_at = now(), destroyed_at = NULL "
-            "WHERE k.wrapped IS NULL", user, kek_id, wrapped)
-        return await self.current(user)
+        # A second creator conflicts on the live key (the partial index) or on the generation.
+        r = await self._pool.fetchrow(
+            f"INSERT INTO {self._k}.data_keys (user_key, generation, kek_id, wrapped) "
+            f"SELECT $1, coalesce(max(generation), 0) + 1, $2, $3 FROM {self._k}.data_keys WHERE user_key = $1 "
+            "ON CONFLICT DO NOTHING RETURNING generation, kek_id, wrapped", user, kek_id, wrapped)
+        return await self.current(user) if r is None else (r["generation"], r["kek_id"], bytes(r["wrapped"]))
 
     async def destroy(self, user: bytes, generation: int | None = None) -> None:
-        await self._pool.execute(f'UPDATE "{self._schema}".data_keys SET wrapped = NULL, destroyed_at = now() '
+        await self._pool.execute(f"UPDATE {self._k}.data_keys SET wrapped = NULL, destroyed_at = now() "
                                  "WHERE user_key = $1 AND wrapped IS NOT NULL AND ($2::int IS NULL OR generation = $2)",
                                  user, generation)
 
     async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int:
-        k = f'"{self._schema}"'
+        k = self._k
         found = await self._pool.fetchval(
             f"WITH live AS (SELECT coalesce((SELECT generation FROM {k}.data_keys WHERE user_key = $1 "
-            f"AND wrapped IS NOT NULL), 0) AS g), made AS (INSERT INTO {k}.forgets (forget, user_key, generation, "
-            "stamped_at) SELECT $2, $1, g, coalesce(to_timestamp($3::float8), now()) FROM live "
-            "ON CONFLICT (forget) DO NOTHING RETURNING generation) "
+            "AND wrapped IS NOT NULL AND retired_at IS NULL), 0) AS g), "
+            f"made AS (INSERT INTO {k}.forgets (forget, user_key, generation, stamped_at) "
+            "SELECT $2, $1, g, coalesce(to_timestamp($3::float8), now()) FROM live "
+            "ON CONFLICT (forget) DO NOTHING RETURNING generation), "
+            f"retired AS (UPDATE {k}.data_keys SET retired_at = now() WHERE user_key = $1 "
+            "AND generation = (SELECT generation FROM made) AND retired_at IS NULL) "
             f"SELECT generation FROM made UNION ALL SELECT generation FROM {k}.forgets WHERE forget = $2 LIMIT 1",
             user, forget, at)
         if found is None:  # stamped by another process since this statement began
@@ -163,13 +199,13 @@ class PostgresWrappedKeys:
         return found
 
     async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]:
-        rows = await self._pool.fetch(f'SELECT user_key, extract(epoch FROM max(stamped_at))::float8 AS at '
-                                      f'FROM "{self._schema}".forgets WHERE user_key = ANY($1::bytea[]) GROUP BY user_key',
+        rows = await self._pool.fetch(f"SELECT user_key, extract(epoch FROM max(stamped_at))::float8 AS at "
+                                      f"FROM {self._k}.forgets WHERE user_key = ANY($1::bytea[]) GROUP BY user_key",
                                       list(users))
         return {bytes(r["user_key"]): r["at"] for r in rows}
 
     async def holds_keys(self) -> bool:
-        return await self._pool.fetchval(f'SELECT EXISTS (SELECT FROM "{self._schema}".data_keys)')
+        return await self._pool.fetchval(f"SELECT EXISTS (SELECT FROM {self._k}.data_keys)")
 
 
 def generation_of(sealed: bytes) -> int:
@@ -180,49 +216,70 @@ def generation_of(sealed: bytes) -> int:
 
 
 class DataKeys:
-    """Seals and opens users' content. Unwrapped keys are kept for the ``keep`` most recent
-    users; ``destroy`` drops the user's from memory too. Another process may destroy a key this
-    one holds: sealing asks the store again after ``fresh_s`` seconds, so what is sealed under
-    a key destroyed elsewhere is at most that old (opening needs no such check: a record is
-    opened once, in log order, and the forget that ends its key comes after it)."""
+    """Seals and opens users' content. Unwrapped keys are kept for the ``keep`` most recently
+    used (user, generation) pairs; ``destroy`` drops them from memory too. Another process may
+    retire or destroy a key this one seals under: sealing asks the store for the live key again
+    after ``fresh_s`` seconds, so what is sealed under a key retired elsewhere is at most that
+    old (opening needs no such check: a record is opened once, in log order, and the forget that
+    ends its key comes after it)."""
 
     def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000, fresh_s: float = 5.0):
         self._kek, self._store, self._keep, self._fresh_s = kek, store, keep, fresh_s
-        self._keys: OrderedDict[bytes, tuple[int, AESGCM, float]] = OrderedDict()
-        self._locks: dict[bytes, asyncio.Lock] = {}  # per user: one user's key lookups never wait on another's
+        self._keys: OrderedDict[tuple[bytes, int], AESGCM] = OrderedDict()
+        self._sealing: dict[bytes, tuple[int, float]] = {}  # user -> (live generation, when the store said so)
+        # Per user, while in use: one user's key lookups never wait on another's.
+        self._locks: weakref.WeakValueDictionary[bytes, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def _lock(self, user: bytes) -> asyncio.Lock:
-        return self._locks.setdefault(user, asyncio.Lock())
+        if (lock := self._locks.get(user)) is None:
+            self._locks[user] = lock = asyncio.Lock()
+        return lock
 
-    async def _live(self, user_id: str, create: bool, newer_than: int = 0) -> tuple[int, AESGCM] | None:
-        """The user's live key: the one held, unless it is stale for sealing (``create``) or
-        older than generation ``newer_than`` + 1 (a record sealed after the user came back)."""
+    async def _live(self, user_id: str) -> tuple[int, AESGCM]:
+        """The user's live key for sealing (made on first use), asked again once stale."""
         user = user_key(user_id)
-        if (held := self._keys.get(user)) is not None and held[0] > newer_than and (
-                not create or time.monotonic() - held[2] < self._fresh_s):
-            self._keys.move_to_end(user)
-            return held[:2]
+        held = self._sealing.get(user)
+        if held is not None and time.monotonic() - held[1] < self._fresh_s and (aead := self._held(user, held[0])):
+            return held[0], aead
         async with self._lock(user):
-            found = await self._store.current(user)
-            if found is None and create:
-                # A KMS key-encryption key is a network call: never on the event loop.
-                wrapped = await asyncio.to_thread(self._kek.wrap, AESGCM.generate_key(256), user_id)
-                found = await self._store.create(user, self._kek.kek_id, wrapped)
-            if found is None:
-                self._keys.pop(user, None)
-                return None
-            generation, kek_id, wrapped = found
-            if kek_id != self._kek.kek_id:
-                raise WrongKek(f"a data key of this user is wrapped by {kek_id}, this process has {self._kek.kek_id}: "
-                               "every process of a deployment needs the same key-encryption key")
-            if held is not None and held[0] == generation:
-                live = held[0], held[1], time.monotonic()
+            for _ in range(3):  # None: a forget retired the key just made; the next one is live
+                found = await self._store.current(user)
+                if found is None:
+                    # A KMS key-encryption key is a network call: never on the event loop.
+                    wrapped = await asyncio.to_thread(self._kek.wrap, AESGCM.generate_key(256), user_id)
+                    found = await self._store.create(user, self._kek.kek_id, wrapped)
+                if found is not None:
+                    break
             else:
-                live = generation, AESGCM(await asyncio.to_thread(self._kek.unwrap, wrapped, user_id)), time.monotonic()
-            self._keys[user] = live
-            while len(self._keys) > self._keep:
-                self._keys.popitem(last=False)
-            return live[:2]
+                raise RuntimeError("the user's key was retired as often as it was made")
+            generation, kek_id, wrapped = found
+            aead = self._held(user, generation) or await self._unwrap(user_id, user, generation, kek_id, wrapped)
+            self._sealing[user] = generation, time.monotonic()
+            return generation, aead
+
+    async def _key(self, user_id: str, generation: int) -> AESGCM | None:
+        """The user's key ``generation`` while it is not destroyed (live or retired)."""
+        user = user_key(user_id)
+        if aead := self._held(user, generation):
+            return aead
+        async with self._lock(user):
+            if (found := await self._store.key(user, generation)) is None:
+                return None
+            return self._held(user, generation) or await self._unwrap(user_id, user, generation, *found)
+
+    def _held(self, user: bytes, generation: int) -> AESGCM | None:
+        if (aead := self._keys.get((user, generation))) is not None:
+            self._keys.move_to_end((user, generation))
+        return aead
+
+    async def _unwrap(self, user_id: str, user: bytes, generation: int, kek_id: str, wrapped: bytes) -> AESGCM:
+        if kek_id != self._kek.kek_id:
+            raise WrongKek(f"a data key of this user is wrapped by {kek_id}, this process has {self._kek.kek_id}: "
+                           "every process of a deployment needs the same key-encryption key")
+        self._keys[user, generation] = aead = AESGCM(await asyncio.to_thread(self._kek.unwrap, wrapped, user_id))
+        while len(self._keys) > self._keep:
+            self._keys.popitem(last=False)
+        return aead
 
     async def generation(self, user_id: str) -> int:
         """The user's live key generation, 0 when they have none (a forget then ends nothing)."""
@@ -230,8 +287,12 @@ class DataKeys:
         return 0 if found is None else found[0]
 
     async def stamp(self, user_id: str, forget: bytes, at: float | None = None) -> int:
-        """The key generation the forget with event id ``forget`` ends (``WrappedKeys.stamp``)."""
-        return await self._store.stamp(user_key(user_id), forget, at)
+        """The key generation the forget with event id ``forget`` ends (``WrappedKeys.stamp``),
+        retired from then on: what this process seals next for the user is under a new one."""
+        generation = await self._store.stamp(user_key(user_id), forget, at)
+        if (held := self._sealing.get(user_key(user_id))) is not None and held[0] <= generation:
+            del self._sealing[user_key(user_id)]
+        return generation
 
     async def last_forgets(self, user_ids) -> dict[str, float]:
         """When each of ``user_ids`` that has one was last forgotten (``WrappedKeys.last_forgets``)."""
@@ -240,40 +301,43 @@ class DataKeys:
 
     async def seal(self, user_id: str, plaintext: bytes, context: str, generation: int | None = None) -> bytes:
         """Seal under the user's live key (made on first use); under ``generation`` only, when
-        given — ``Shredded`` if that is no longer the live one (content derived from a record
+        given — live or retired, ``Shredded`` once destroyed (content derived from a record
         sealed under it is never sealed again under a newer key)."""
-        found = await self._live(user_id, create=generation is None, newer_than=(generation or 1) - 1)
-        if found is None or generation not in (None, found[0]):
-            raise Shredded(f"generation {generation} is no longer the user's live key")
-        generation, aead = found
+        if generation is None:
+            generation, aead = await self._live(user_id)
+        elif (aead := await self._key(user_id, generation)) is None:
+            raise Shredded(f"generation {generation} of the user's key is destroyed")
         nonce = os.urandom(12)
         return _HEAD.pack(MAGIC, generation, nonce) + aead.encrypt(nonce, plaintext, _aad(user_id, context))
 
     async def open(self, user_id: str, sealed: bytes, context: str) -> bytes:
         generation = generation_of(sealed)
-        nonce = sealed[7:_HEAD.size]
-        live = await self._live(user_id, create=False, newer_than=generation - 1)
-        if live is None or live[0] != generation:
+        if (aead := await self._key(user_id, generation)) is None:
             raise Shredded(f"sealed under a destroyed data key (generation {generation})")
         try:
-            return live[1].decrypt(nonce, sealed[_HEAD.size:], _aad(user_id, context))
+            return aead.decrypt(sealed[7:_HEAD.size], sealed[_HEAD.size:], _aad(user_id, context))
         except InvalidTag:
             raise NotSealed("the blob does not open for this user and field (damaged, or moved)") from None
 
     def drop(self, user_id: str, generation: int) -> None:
-        """Let go of the user's key ``generation`` held in memory (the store keeps it)."""
-        user = user_key(user_id)
-        if (held := self._keys.get(user)) is not None and held[0] <= generation:
-            del self._keys[user]
+        """Let go of the user's keys up to ``generation`` held in memory (the store keeps them)."""
+        self._forget_held(user_key(user_id), generation)
 
     async def destroy(self, user_id: str, generation: int | None = None) -> None:
-        """End the user's live key (only ``generation``, when given: a forget applied twice, or
-        after the user came back, must not end the key of what they said since)."""
+        """Destroy the user's key ``generation`` (None: every key they have). Only the one given:
+        a forget applied twice, or after the user came back, must not end the key of what they
+        said since."""
         user = user_key(user_id)
         async with self._lock(user):
             await self._store.destroy(user, generation)
-            if (held := self._keys.get(user)) is not None and generation in (None, held[0]):
-                del self._keys[user]
+            self._forget_held(user, generation)
+
+    def _forget_held(self, user: bytes, generation: int | None) -> None:
+        """Drop ``user``'s keys held up to ``generation`` (None: all), and the live one if among them."""
+        for held in [k for k in self._keys if k[0] == user and (generation is None or k[1] <= generation)]:
+            del self._keys[held]
+        if (live := self._sealing.get(user)) is not None and (generation is None or live[0] <= generation):
+            del self._sealing[user]
 
 
 def _aad(user_id: str, context: str) -> bytes:

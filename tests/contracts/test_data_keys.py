@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from memstream.sealing.kek import LocalKek
-from memstream.sealing.keys import DataKeys, MemoryWrappedKeys, NotSealed, PostgresWrappedKeys, Shredded, user_key
+from memstream.sealing.keys import (DataKeys, MemoryWrappedKeys, NotSealed, PostgresWrappedKeys, Shredded, generation_of,
+                                    user_key)
 
 pytestmark = pytest.mark.asyncio
 
@@ -74,6 +75,27 @@ class DataKeysContract:
         await keys.stamp("ana", b"2" * 16)  # a second forget, said now
         assert (await keys.last_forgets(["ana"]))["ana"] > 1_700_000_000.0
 
+    async def test_a_forget_retires_the_live_key_and_what_comes_after_it_gets_the_next(self, tmp_path):
+        keys = await self.keys(tmp_path)
+        before = await keys.seal("ana", b"before", "f")
+        assert await keys.stamp("ana", b"1" * 16) == 1
+        after = await keys.seal("ana", b"after", "f")  # said after the forget, before the key is destroyed
+        assert generation_of(after) == 2 and await keys.generation("ana") == 2
+        other = DataKeys(LocalKek(tmp_path / "kek"), keys._store)  # a process that never held a key of hers
+        assert generation_of(await other.seal("ana", b"elsewhere", "f")) == 2
+        # The retired key still serves what came before the forget: decisions about it are sealed under it.
+        derived = await keys.seal("ana", b"about before", "f", generation=1)
+        assert await other.open("ana", before, "f") == b"before" and await other.open("ana", derived, "f") == b"about before"
+        assert await keys.stamp("ana", b"1" * 16) == 1  # the same forget again retires nothing more
+        await keys.destroy("ana", 1)
+        for process in (keys, DataKeys(LocalKek(tmp_path / "kek"), keys._store)):
+            with pytest.raises(Shredded):
+                await process.open("ana", before, "f")
+            with pytest.raises(Shredded):
+                await process.seal("ana", b"late", "f", generation=1)
+            assert await process.open("ana", after, "f") == b"after"
+        assert await keys.stamp("ana", b"2" * 16) == 2 and await keys.generation("ana") == 0
+
     async def test_the_store_holds_no_user_id(self, tmp_path):
         keys = await self.keys(tmp_path)
         await keys.seal("ana@example.com", b"x", "f")
@@ -100,3 +122,28 @@ class TestPostgresWrappedKeys(DataKeysContract):
         await keys.seal("ana@example.com", b"x", "f")
         rows = await self._p.fetch(f"SELECT * FROM {self._schema}.data_keys")
         assert len(rows) == 1 and b"ana" not in bytes(rows[0]["user_key"]) and b"ana" not in bytes(rows[0]["wrapped"])
+
+    async def test_a_key_store_of_one_row_per_user_is_brought_up_to_date_with_its_keys(self, tmp_path):
+        """The shape before a forget retired keys: keyed by the user alone. Its keys still open,
+        and the next generation follows the one it held."""
+        made = DataKeys(LocalKek(tmp_path / "kek"), MemoryWrappedKeys())
+        sealed = await made.seal("ana", b"kept", "f")
+        g, kek_id, wrapped = await made._store.current(user_key("ana"))
+        old = f"{self._schema}_old"
+        await self._p.execute(f"DROP SCHEMA IF EXISTS {old} CASCADE; CREATE SCHEMA {old}; "
+                              f"CREATE TABLE {old}.data_keys (user_key bytea PRIMARY KEY, generation int NOT NULL, "
+                              "kek_id text NOT NULL, wrapped bytea, created_at timestamptz NOT NULL DEFAULT now(), "
+                              "destroyed_at timestamptz)")
+        await self._p.execute(f"INSERT INTO {old}.data_keys (user_key, generation, kek_id, wrapped) VALUES ($1, $2, $3, $4)",
+                              user_key("ana"), g, kek_id, wrapped)
+        try:
+            store = PostgresWrappedKeys(self._p, old)
+            await store.migrate()
+            await store.migrate()  # every process migrates on start
+            keys = DataKeys(LocalKek(tmp_path / "kek"), store)
+            assert await keys.open("ana", sealed, "f") == b"kept"
+            assert await keys.stamp("ana", b"1" * 16) == 1
+            assert generation_of(await keys.seal("ana", b"back", "f")) == 2
+            assert await keys.open("ana", sealed, "f") == b"kept"
+        finally:
+            await self._p.execute(f"DROP SCHEMA {old} CASCADE")

@@ -139,3 +139,20 @@ async def test_a_sealed_record_is_told_by_its_envelope_whatever_its_user_id_or_t
                                  "sealed": "AAAA"}).encode())
     plain = {"type": "TurnRecorded", "user_id": "u", "conversation_id": "sealed", "metadata": {"sealed": "x"}}
     assert not is_sealed(json.dumps(plain).encode()) and not is_sealed(b"not json")
+
+
+async def test_a_user_back_right_after_a_forget_keeps_what_they_say_before_its_key_is_destroyed(keys):
+    """The forget retires the key it ends when it is stamped: what the user says next is sealed
+    under a new one, while formation still seals its decisions about what came before."""
+    sealer = RecordSealer(keys)
+    before = await sealer.seal(turn("ana", "I live in Oslo."))
+    forget = await sealer.seal(forgotten("ana"))
+    back = await sealer.seal(turn("ana", "I am back."))  # formation has not destroyed generation 1 yet
+    live = RecordSealer(keys)
+    opened = await live.open(on_log([before, forget, back]))
+    assert [r.sealing for r in opened] == [None, None, None] and [r.generation for r in (opened[0], opened[2])] == [1, 2]
+    await live.seal(decode_event(opened[0].value), opened[0].generation)  # a decision about "Oslo"
+    await live.end("ana", msgspec.json.decode(forget)["generation"])
+    replayed = await RecordSealer(keys).open(on_log([before, forget, back]))
+    assert [r.sealing for r in replayed] == ["shredded", None, None]
+    assert decode_event(replayed[2].value).user_message == "I am back."
