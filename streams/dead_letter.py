@@ -22,6 +22,13 @@ class TooManyDeadLetters(MemstreamError, RuntimeError):
 Letter = tuple[Record, str, str]  # (record, stage that refused it, reason)
 
 
+class InputRefused(str):
+    """A letter's reason that is its record's own input refused by our rules (a ``Refused``: a
+    command naming what the user does not have, a turn the model will not answer). Sent and
+    counted like any letter, but never toward the rate that stops the worker: one user's input
+    must not stop it for everyone."""
+
+
 class DeadLetterSink(Protocol):
     """Where a step puts the records it cannot apply, as ``(record, stage, reason)`` letters.
 
@@ -35,7 +42,7 @@ class DeadLetterSink(Protocol):
     no-op: nothing sent, nothing counted.
 
     A sink with a rate limit raises ``TooManyDeadLetters`` from ``send`` once the letters in
-    its window of recent records pass the limit — after the call's letters are accounted for —
+    its window of recent records (``InputRefused`` ones aside) pass the limit — after the call's letters are accounted for —
     and the worker stops rather than drain the log into the dead-letter topic. Any other error
     propagates, its batch unacknowledged (a broker out of reach: the step retries the batch), so
     a letter may be accounted for more than once across retries — at least once, never zero.
@@ -76,7 +83,7 @@ class DeadLetters(DeadLetterSink):
             if "memstream.appended-at" not in dict(rec.headers):  # when it first came (``streams.ingress``)
                 headers.append(("memstream.appended-at", str(rec.timestamp_ms).encode()))
             futures.append(await self._producer.send(self.topic, rec.wire_value, key=rec.key, headers=headers))
-            self._window.append(True)
+            self._window.append(not isinstance(reason, InputRefused))
         await asyncio.gather(*futures)
         for _, stage, _ in letters:
             self._counted(stage)

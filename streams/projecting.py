@@ -25,6 +25,7 @@ from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, Inva
 from memstream.schemas.errors import Refused, Retryable
 from memstream.schemas.events import COMMAND_TYPES
 from memstream.streams.admission import admit
+from memstream.streams.dead_letter import InputRefused
 from memstream.streams.records import Record, next_offsets
 
 log = logging.getLogger("memstream.projections")
@@ -59,7 +60,7 @@ async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseEx
             try:
                 await apply(r, item)
             except Refused as exc:
-                refused.append((r, stage, str(exc)))
+                refused.append((r, stage, InputRefused(exc)))
             except asyncpg.PostgresError as exc:
                 if not _refused_by_server(exc):
                     raise

@@ -86,7 +86,7 @@ def apply(reminders: Mapping[uuid.UUID, ReminderRow], logged: Logged) -> list[Ro
     if isinstance(e, ReminderResolved):
         r = reminders.get(e.reminder_id)
         if r is None or r.user_id != e.user_id:
-            raise UnknownReminder(f"reminder {e.reminder_id} was never scheduled for user {e.user_id!r}")
+            raise UnknownReminder(f"reminder {e.reminder_id} was never scheduled for this user")
         if r.status != "pending":
             return []
         return [replace(r, status=e.status, resolved_at=e.occurred_at)]

@@ -40,6 +40,7 @@ from memstream.schemas import (SYSTEM_USER, Decision, EdgeForgotten, EpisodeForg
 from memstream.schemas.events import CONTROL_TYPES
 from memstream.schemas.errors import Refused, Retryable
 from memstream.streams.admission import admit, imported
+from memstream.streams.dead_letter import InputRefused
 from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
 from memstream.projections.graph.core import EdgeRow, EntityRow
@@ -537,8 +538,8 @@ class Formation:
         try:
             made = await self._command(r, event, overlay, graph)
         except CommandRefused as exc:
-            log.warning("%s for user %s refused: %s", type(event).__name__, event.user_id, exc)
-            return [], str(exc)
+            log.warning("%s at %s refused: %s", type(event).__name__, r.where, exc)
+            return [], InputRefused(exc)
         for d in made:
             overlay.apply(d)
             graph.apply(d)
@@ -576,8 +577,8 @@ class Formation:
                   ) -> tuple[list[Decision], str]:
         # One user's turn the model will not answer must not hold up the partition: its episode
         # is kept (it needs no model), the turn dead-lettered to be formed again.
-        log.warning("the model refused turn %s of user %s: %s", turn.event_id, turn.user_id, exc)
-        return [self._episode(r, turn, vector)], f"its episode recorded without facts or relations: {exc}"
+        log.warning("the model refused turn %s at %s: %s", turn.event_id, r.where, exc)
+        return [self._episode(r, turn, vector)], InputRefused(f"its episode recorded without facts or relations: {exc}")
 
     def _episode(self, r: Record, turn: TurnRecorded, vector: np.ndarray) -> EpisodeRecorded:
         return EpisodeRecorded(
@@ -653,7 +654,7 @@ class Formation:
                 targets = sorted(f.fact_id for f in overlay.rows.values() if f.user_id == e.user_id and f.current
                                  and e.attribute is not None and named(f))
                 if not targets:
-                    raise CommandRefused(f"FactForgotten names {e.fact_id}, not a current fact of user {e.user_id!r}")
+                    raise CommandRefused(f"FactForgotten names {e.fact_id}, not a current fact of this user")
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten:{n}"), kind="fact",
                                     target=t) for n, t in enumerate(targets)]
         if isinstance(e, EdgeForgotten):
@@ -666,7 +667,7 @@ class Formation:
                                  and x.user_id == e.user_id and not x.forgotten and e.relation is not None
                                  and _says(graph, x, e))
                 if not targets:
-                    raise CommandRefused(f"EdgeForgotten names {e.edge_id}, not an edge of user {e.user_id!r}")
+                    raise CommandRefused(f"EdgeForgotten names {e.edge_id}, not an edge of this user")
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten" if n == 0 else
                                                                      f"forgotten:{n}"), kind="edge", target=t)
                     for n, t in enumerate(targets)]
@@ -686,7 +687,7 @@ class Formation:
         await overlay.ensure(user_id, [fact_id])
         row = overlay.rows.get(fact_id)
         if row is None or row.user_id != user_id or not row.current:
-            raise CommandRefused(f"{type(e).__name__} names {fact_id}, not a current fact of user {user_id!r}")
+            raise CommandRefused(f"{type(e).__name__} names {fact_id}, not a current fact of this user")
         return row
 
     async def _load_graph(self, user_id: str):
@@ -741,7 +742,7 @@ class Formation:
         if not candidates:
             return []
         if len(candidates) > facts_core.MAX_CANDIDATES:  # the rest would have ids a forget cannot name
-            log.info("turn %s of user %s: %d candidate facts, the first %d decided", turn.event_id, turn.user_id,
+            log.info("turn %s: %d candidate facts, the first %d decided", turn.event_id,
                      len(candidates), facts_core.MAX_CANDIDATES)
             candidates = candidates[:facts_core.MAX_CANDIDATES]
         vectors = await self._embed_facts([c.text for c in candidates])
@@ -887,8 +888,7 @@ async def _together(*coroutines) -> list:
 def _log(turn: TurnRecorded, cand, resolution, decision) -> None:
     # What was said, and the facts it touched, only at DEBUG (personal content).
     if isinstance(decision, FactChangeDeferred):
-        log.info("GATE REFUSED %s of a %s fact for user %s [event %s]", decision.operation, cand.category,
-                 turn.user_id, turn.event_id)
+        log.info("GATE REFUSED %s of a %s fact [event %s]", decision.operation, cand.category, turn.event_id)
         log.debug("GATE REFUSED %s for user %s: %s [event %s]", decision.operation, turn.user_id, decision.reason,
                   turn.event_id)
     elif isinstance(decision, FactDecision):

@@ -126,8 +126,8 @@ class EdgeDecider:
 
     def add(self, c: RelationCandidate) -> None:
         if not (c.explicit or c.confidence >= MIN_COMMIT_CONFIDENCE):
-            log.info("GATE REFUSED an edge for user %s: inferred with confidence %.2f < %.2f [event %s]",
-                     self.ctx.turn.user_id, c.confidence, MIN_COMMIT_CONFIDENCE, self.ctx.turn.event_id)
+            log.info("GATE REFUSED an edge: inferred with confidence %.2f < %.2f [event %s]",
+                     c.confidence, MIN_COMMIT_CONFIDENCE, self.ctx.turn.event_id)
             log.debug("GATE REFUSED edge %s %s %s [event %s]", c.source, c.relation, c.target, self.ctx.turn.event_id)
             return
         relation = canonical(c.relation)

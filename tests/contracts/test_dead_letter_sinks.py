@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from memstream.streams.dead_letter import DeadLetters, DeadLetterSink, TooManyDeadLetters
+from memstream.streams.dead_letter import DeadLetters, DeadLetterSink, InputRefused, TooManyDeadLetters
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record
 from memstream.streams.replay import SkippedLetters
@@ -76,6 +76,13 @@ class DeadLetterSinkContract:
         else:
             await sink.send(sent)
         assert await self.accounted() == accounts(sent)
+
+    async def test_letters_of_input_our_rules_refuse_never_stop_it(self):
+        """However many: a user's commands naming what they do not have are theirs, not a bad deploy."""
+        theirs = [letter(n, reason=InputRefused(f"reminder {n} was never scheduled for this user")) for n in range(5)]
+        sink = await self.sink(max_per_1000=2)
+        await sink.send(theirs)
+        assert await self.accounted() == accounts(theirs)
 
 
 class TestDeadLetters(DeadLetterSinkContract):
