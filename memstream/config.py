@@ -100,6 +100,7 @@ class Settings(BaseModel):
     read_episode_weights: Weights = EPISODE_WEIGHTS
     read_budgets: Budgets = Budgets()
     read_keyword_mode: Literal["words", "names"] = "words"
+    read_deadline_s: float = Field(2.0, gt=0)  # a read's channels end by then, degraded if a store hangs
 
     _check_schema = field_validator("postgres_schema", "keys_schema")(lambda cls, v: check_schema_name(v))
 

@@ -30,14 +30,17 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 8,
                       statement_timeout_ms: int | None = None, generic_plans: bool = False,
-                      prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None) -> asyncpg.Pool:
+                      prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+                      command_timeout_s: float | None = None, connect_timeout_s: float = 60.0) -> asyncpg.Pool:
     """A pool bound to ``schema``; pgvector types registered; iterative HNSW scans on, so a
     per-user filter after the index scan still returns the k rows asked for (pgvector >= 0.8);
     custom plans per execution, so each user gets the plan that fits its row count — or, with
     ``generic_plans``, one plan per statement and connection, planned once, for statements whose
     best plan is the same for every user (the reader's text lane). ``prepare`` runs on every new
     connection, after the types are registered: e.g. to plan statements before any read needs them.
-    With ``generic_plans`` idle connections are kept (their plans with them)."""
+    With ``generic_plans`` idle connections are kept (their plans with them). ``command_timeout_s``
+    bounds each call on the client (the statement timeout is the server's: a server that stops
+    answering never sends it), ``connect_timeout_s`` each new connection."""
     settings = {
         "search_path": f"{_quote(schema)}, public",
         "hnsw.iterative_scan": "relaxed_order",
@@ -59,6 +62,7 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
             await prepare(conn)
 
     return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init, reset=_keep_session,
+                                     command_timeout=command_timeout_s, timeout=connect_timeout_s,
                                      max_inactive_connection_lifetime=0 if generic_plans else 300,
                                      server_settings=settings)
 

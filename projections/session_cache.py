@@ -45,9 +45,11 @@ async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow],
 
 
 async def recent_turns(redis, schema: str, epoch: int, user_id: str, conversation_id: str, n: int) -> Sequence[dict]:
-    """The last ``n`` turns of the conversation, oldest first."""
-    members = await redis.zrange(tier0_key(schema, epoch, user_id, conversation_id), -n, -1)
-    return [json.loads(m) for m in members]
+    """The last ``n`` turns of the conversation, oldest first; turns of one instant in the order
+    Postgres gives them (by episode id: Redis would order them by their JSON, i.e. by text)."""
+    members = await redis.zrange(tier0_key(schema, epoch, user_id, conversation_id), -n, -1, withscores=True)
+    turns = [(score, json.loads(m)) for m, score in members]
+    return [t for _, t in sorted(turns, key=lambda st: (st[0], st[1]["episode_id"]))]
 
 
 

@@ -25,7 +25,7 @@ from memstream.read_client.memories import (check_page, fact_version, graph_at, 
                                             with_source_turns)
 from memstream.read_client.arguments import SEARCH_KINDS, check_as_of, check_read, check_search, check_user
 from memstream.read_client.budget import Budgets, TokenCounter, pack
-from memstream.read_client.lanes import Channels
+from memstream.read_client.lanes import Bounded, Channels
 from memstream.read_client.metrics import ReadMetrics, tracer
 from memstream.read_client.pools import connect_pools, prepare_text_lane
 from memstream.read_client.retrieval_gate import needs_retrieval
@@ -47,6 +47,8 @@ EDGE_CANDIDATES = 10  # directly matched edges
 HOP_LIMIT = 20  # edges pulled in by one-hop expansion, at most
 # What a turn or command changes, each with its position on the events topic: ``after=`` waits for all.
 READ_YOUR_WRITES = ("episodes", "facts", "graph", "commands")
+READ_DEADLINE_S = 2.0  # a read's channels, after any read-your-writes wait: twice the statement timeout
+FIRST_LOOK_S = 0.05  # a read-your-writes wait's first look at the positions, at least
 
 
 class MemoryReader:
@@ -57,6 +59,8 @@ class MemoryReader:
       traceback on ``memstream.read``, that section comes back empty and its name is listed in
       ``MemoryContext.degraded``. Invalid arguments raise ``InvalidArgument`` (a ``ValueError``)
       at once, before any I/O; a read on a closed reader raises ``ReaderClosed`` (a ``RuntimeError``).
+      A store that stops answering holds a read up ``deadline_s`` at most (after any wait below):
+      the sections still waiting on it then come back degraded.
     * ``after=LogPosition`` (as returned by ``TurnLog.append``) makes the read wait, up to
       ``wait_timeout`` seconds, until every projection a turn or command changes (episodes,
       facts, graph, commands) has applied what formation made of that position, so a host
@@ -76,17 +80,19 @@ class MemoryReader:
                  schema: str, tier0_turns: int = 20, episode_weights: Weights = EPISODE_WEIGHTS,
                  fact_weights: Weights = FACT_WEIGHTS, edge_candidates: int = EDGE_CANDIDATES,
                  budgets: Budgets = Budgets(), keyword_mode: str = "words", text_pool: asyncpg.Pool | None = None,
-                 metrics: ReadMetrics | None = None):
+                 metrics: ReadMetrics | None = None, deadline_s: float = READ_DEADLINE_S):
         if keyword_mode not in ("words", "names"):
             raise InvalidArgument("keyword_mode is 'words' or 'names'")
         self._edge_candidates, self._budgets, self._keyword_mode = edge_candidates, budgets, keyword_mode
         self._tokens = TokenCounter()
         self._pool, self._redis, self._embedder = pool, redis, embedder
         self._text_pool = text_pool or pool
+        # What a read asks of Postgres outside its lanes, under a deadline.
+        self._bounded, self._text_bounded = Bounded(pool), Bounded(self._text_pool)
         self._schema, self._tier0 = schema, tier0_turns
         self._episode_weights, self._fact_weights = episode_weights, fact_weights
         self._closed = False
-        self._metrics = metrics
+        self._metrics, self._deadline_s = metrics, deadline_s
         self._epochs: dict[str, tuple[int, float]] = {}  # projection -> (epoch, when asked)
         # One embedding at a time: onnxruntime already uses every core it is given, and
         # concurrent runs would oversubscribe them and starve the event loop.
@@ -104,7 +110,8 @@ class MemoryReader:
         return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool,
                    fact_weights=settings.read_fact_weights, episode_weights=settings.read_episode_weights,
-                   budgets=settings.read_budgets, keyword_mode=settings.read_keyword_mode, metrics=metrics)
+                   budgets=settings.read_budgets, keyword_mode=settings.read_keyword_mode, metrics=metrics,
+                   deadline_s=settings.read_deadline_s)
 
     prepare_text_lane = staticmethod(prepare_text_lane)
 
@@ -147,11 +154,12 @@ class MemoryReader:
         check_read(user_id, conversation_id, message, after=after, k=k, k_facts=k_facts, k_edges=k_edges,
                     wait_timeout=wait_timeout, now=now, as_of=as_of, identity_id=identity_id, budgets=budgets)
         t0 = time.perf_counter()
-        ch = Channels(self._pool)
-        got, degraded, timings = ch.got, ch.degraded, ch.timings
         ctx = MemoryContext(user_id=user_id, conversation_id=conversation_id, message=message)
         if after is not None:
             ctx.caught_up = await self._wait_for(after, wait_timeout)
+        ch = Channels(self._pool, self._deadline_s)  # the deadline counts from here, after the wait
+        got, degraded, timings = ch.got, ch.degraded, ch.timings
+        if after is not None:
             timings["wait"] = (time.perf_counter() - t0) * 1000
         now = now or datetime.now(timezone.utc)
         ctx.as_of = as_of = _as_of(as_of, now)
@@ -176,15 +184,16 @@ class MemoryReader:
             ev = ("episodes_vector", self._nearest, episodes_q, user_id, embedding)
             ed = ("edges", self._edges, user_id, embedding, as_of, k_edges)
         keyword_ready = {"episodes_keyword": asyncio.Event()}
-        await asyncio.gather(
-            ch.lane(text_lane, pool=self._text_pool, ready=keyword_ready),
-            *([ch.lane([ed], after=embedding),
-               ch.into("episodes", self._episodes_lane(ch, user_id, [fv, ev], embedding, keyword_ready))]
-              if not ctx.gated else []),
-            ch.into("recent_turns", ch.channel("recent_turns", self._recent_turns, user_id, conversation_id)),
-            ch.into("profile", ch.channel("profile", self._profile, user_id)))
-        if embedding is not None:
-            embedding.exception()  # retrieved: a failed embedding is logged by the channels that needed it
+        try:
+            await asyncio.gather(
+                ch.lane(text_lane, pool=self._text_pool, ready=keyword_ready),
+                *([ch.lane([ed], after=embedding),
+                   ch.into("episodes", self._episodes_lane(ch, user_id, [fv, ev], embedding, keyword_ready))]
+                  if not ctx.gated else []),
+                ch.into("recent_turns", ch.channel("recent_turns", self._recent_turns, user_id, conversation_id)),
+                ch.into("profile", ch.channel("profile", self._profile, user_id)))
+        finally:
+            _settle(embedding)
         ctx.profile, ctx.person_identity = got.get("profile") or {}, got.get("person_identity")
         ctx.expert_identity = got.get("expert_identity")
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
@@ -220,7 +229,7 @@ class MemoryReader:
         check_search(user_id, query, kinds=kinds, k=k, as_of=as_of, now=now)
         with tracer.start_as_current_span("memstream.search") as span:
             t0 = time.perf_counter()
-            ch = Channels(self._pool)
+            ch = Channels(self._pool, self._deadline_s)
             now = now or datetime.now(timezone.utc)
             as_of = _as_of(as_of, now)
             embedding = asyncio.ensure_future(self._embedded(query, ch.timings))
@@ -237,9 +246,10 @@ class MemoryReader:
                 lanes.append(ch.into("episodes", self._episodes_lane(ch, user_id, vector, embedding, keyword_ready)))
             else:
                 lanes.append(ch.lane(vector, after=embedding))
-            await asyncio.gather(*lanes)
-            if not embedding.cancelled():
-                embedding.exception()  # retrieved: a failed embedding is logged by the channels that needed it
+            try:
+                await asyncio.gather(*lanes)
+            finally:
+                _settle(embedding)
             got = ch.got
             result = SearchResult(user_id=user_id, query=query, as_of=as_of, degraded=ch.degraded,
                                   facts=self._ranked_facts(got, now, k) if "facts" in kinds else [],
@@ -302,44 +312,50 @@ class MemoryReader:
         ]
 
     async def _wait_for(self, after: LogPosition, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        deadline = t0 + timeout
         delay, failed = 0.002, 0
         while True:
             try:
-                if await positions.applied_through(self._pool, READ_YOUR_WRITES, after.topic, after.partition) > after.offset:
-                    return True
+                # Each look bounded by the deadline (a server that stops answering, a pool with
+                # no connection to give); the first has at least a moment, however short the wait.
+                async with asyncio.timeout_at(max(deadline, t0 + FIRST_LOOK_S)):
+                    if await positions.applied_through(self._bounded, READ_YOUR_WRITES, after.topic,
+                                                       after.partition) > after.offset:
+                        return True
             except Exception:
                 # Once with its traceback: a server down or restarting would otherwise log every 50 ms.
-                if not failed:
+                if not failed and loop.time() < deadline:
                     log.exception("could not read projection positions while waiting for %s", after)
                 failed += 1
-            if time.monotonic() >= deadline:
-                log.warning("read-your-writes wait for %s timed out after %.1fs (%d failed position reads)",
-                            after, timeout, failed)
+            if loop.time() >= deadline:
+                log.warning("read-your-writes wait for %s timed out after %.2fs (%d failed position reads)",
+                            after, loop.time() - t0, failed)
                 return False
-            await asyncio.sleep(delay)
+            await asyncio.sleep(min(delay, deadline - loop.time()))
             delay = min(delay * 2, 0.05)
 
     async def _recent_turns(self, user_id: str, conversation_id: str) -> list[Turn]:
         if self._redis is not None:
             try:
-                epoch = await self._epoch_of("episodes", self._pool)
+                epoch = await self._epoch_of("episodes", self._bounded)
                 cached = await session_cache.recent_turns(self._redis, self._schema, epoch,
                                                           user_id, conversation_id, self._tier0)
                 if cached:
                     return [Turn(**t) for t in cached]
             except Exception:
                 log.exception("tier 0 cache unavailable; reading recent turns from Postgres")
-        rows = await episodes_q.recent(self._text_pool, user_id, conversation_id, self._tier0)
+        rows = await episodes_q.recent(self._text_bounded, user_id, conversation_id, self._tier0)
         return [Turn(**{k: r[k] for k in Turn.model_fields}) for r in rows]
 
     async def _profile(self, user_id: str) -> dict:
-        epoch = await self._epoch_of("profile", self._text_pool)
+        epoch = await self._epoch_of("profile", self._text_bounded)
         try:
-            return await profile_q.read(self._redis, self._text_pool, self._schema, epoch, user_id)
+            return await profile_q.read(self._redis, self._text_bounded, self._schema, epoch, user_id)
         except Exception:
             log.exception("tier 1 cache unavailable; reading the profile from Postgres")
-            return await profile_q.read(None, self._text_pool, self._schema, epoch, user_id)
+            return await profile_q.read(None, self._text_bounded, self._schema, epoch, user_id)
 
     async def _epoch_of(self, projection: str, pool) -> int:
         """The projection's epoch (part of its Redis keys), asked again after ``EPOCH_FRESH_S``:
@@ -368,7 +384,8 @@ class MemoryReader:
         matched entities, reranked together; or, with ``as_of``, the graph as it was."""
         vec = await embedding
         if as_of is not None:
-            rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time, vec, k)
+            rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time, vec, k,
+                                       self._embedder.model_id)
             return [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in rows]
         rows = await graph_q.nearest_with_hops(conn, user_id, vec, self._edge_candidates, HOP_LIMIT,
                                                self._embedder.model_id)
@@ -467,3 +484,16 @@ def _edge(r, *, hop: int, score: float, similarity: float | None = None) -> Rank
         target=r["target_name"], valid_from=r["valid_from"], valid_to=r["valid_to"], recorded_at=r["recorded_at"],
         closed_at=r["closed_at"], hop=hop, score=round(score, 6),
         similarity=round(similarity if similarity is not None else 1.0 - float(r["distance"]), 6))
+
+
+def _settle(embedding: asyncio.Future | None) -> None:
+    """A read's query embedding once the read is over: cancelled if still running (a read the
+    host cancelled, or one past its deadline; the embedder runs one at a time, and an abandoned
+    embedding would hold up the next read), its error retrieved if it failed (the channels that
+    needed it logged it)."""
+    if embedding is None:
+        return
+    if not embedding.done():
+        embedding.cancel()
+    elif not embedding.cancelled():
+        embedding.exception()

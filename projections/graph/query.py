@@ -36,7 +36,8 @@ ends AS (SELECT array_agg(DISTINCT v.e) AS e FROM c, LATERAL (VALUES (c.source_e
          WHERE NOT (SELECT en.is_user FROM entities en WHERE en.entity_id = v.e AND en.user_id = $1)),
 h AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges
-    WHERE user_id = $1 AND valid_to IS NULL AND NOT (edge_id = ANY((SELECT array_agg(edge_id) FROM c)::uuid[]))
+    WHERE user_id = $1 AND valid_to IS NULL AND embedding_model = $4
+      AND NOT (edge_id = ANY((SELECT array_agg(edge_id) FROM c)::uuid[]))
       AND (source_entity_id = ANY((SELECT e FROM ends)::uuid[]) OR target_entity_id = ANY((SELECT e FROM ends)::uuid[]))
     ORDER BY embedding <=> $2, edge_id LIMIT $5),
 found AS (SELECT 0 AS hop, * FROM c UNION ALL SELECT 1, * FROM h)
@@ -51,7 +52,7 @@ FROM found b ORDER BY b.hop, b.distance, b.edge_id
 _AS_OF = f"""
 SELECT {_EDGE}, (e.embedding <=> $4) AS distance FROM {_JOIN}
 WHERE e.user_id = $1 AND NOT e.forgotten AND e.recorded_at <= $3 AND e.valid_from <= $2
-  AND (e.valid_to IS NULL OR e.closed_at > $3 OR e.valid_to > $2)
+  AND (e.valid_to IS NULL OR e.closed_at > $3 OR e.valid_to > $2) AND e.embedding_model = $6
 ORDER BY e.embedding <=> $4, e.edge_id LIMIT $5
 """
 
@@ -95,10 +96,13 @@ async def nearest_with_hops(conn, user_id: str, embedding: np.ndarray, k: int, h
 
 
 async def as_of(conn, user_id: str, valid_time: datetime, recorded_time: datetime,
-                embedding: np.ndarray | None = None, k: int = 100) -> Sequence[asyncpg.Record]:
+                embedding: np.ndarray | None = None, k: int = 100, model: str | None = None) -> Sequence[asyncpg.Record]:
+    """The graph as believed at ``recorded_time`` about ``valid_time``: all of it, or the ``k``
+    edges nearest ``embedding`` among those embedded by ``model`` (distances of two models do
+    not compare)."""
     if embedding is None:
         return await conn.fetch(_AS_OF_ALL, user_id, valid_time, recorded_time)
-    return await conn.fetch(_AS_OF, user_id, valid_time, recorded_time, embedding, k)
+    return await conn.fetch(_AS_OF, user_id, valid_time, recorded_time, embedding, k, model)
 
 
 async def timeline(conn, user_id: str, source_entity_id: uuid.UUID, relation: str) -> Sequence[asyncpg.Record]:

@@ -1,9 +1,13 @@
 """Tier 1, the query side: one user's profile, from Redis or Postgres."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 from memstream.projections.profile.core import profile_key
+
+# A profile the reader cached on a miss; the projection's own writes do not expire.
+WRITE_BACK_TTL_S = 600
 
 
 async def read(redis, pool, schema: str, epoch: int, user_id: str) -> dict:
@@ -18,8 +22,15 @@ async def read(redis, pool, schema: str, epoch: int, user_id: str) -> dict:
         # Only into a free key (a profile the projection cached meanwhile is newer), and taken
         # back if the profile was deleted meanwhile (a forget: its erasure may have come between
         # this read and this write).
+        # If that check fails, the key goes at once (or, Redis failing too, within the TTL).
         key = profile_key(schema, epoch, user_id)
-        if await redis.set(key, json.dumps(profile, sort_keys=True), nx=True) and not await pool.fetchval(
-                "SELECT EXISTS (SELECT FROM profiles WHERE user_id = $1)", user_id):
-            await redis.delete(key)
+        if await redis.set(key, json.dumps(profile, sort_keys=True), nx=True, ex=WRITE_BACK_TTL_S):
+            try:
+                kept = await pool.fetchval("SELECT EXISTS (SELECT FROM profiles WHERE user_id = $1)", user_id)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await redis.delete(key)
+                raise
+            if not kept:
+                await redis.delete(key)
     return profile

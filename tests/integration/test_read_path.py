@@ -20,7 +20,7 @@ from memstream.projections.profile.core import profile_key
 from memstream.projections.session_cache import tier0_key
 from memstream.read_client import Budgets, MemoryReader, render_prompt
 from memstream.read_settings import FACT_WEIGHTS
-from memstream.schemas import (SYSTEM_USER, ExpertIdentityDeleted, ExpertIdentityUpserted, PersonIdentitySet,
+from memstream.schemas import (SYSTEM_USER, LogPosition, ExpertIdentityDeleted, ExpertIdentityUpserted, PersonIdentitySet,
                                ReminderResolved, ReminderScheduled)
 from memstream.schemas.events import new_event_id
 from memstream.stack.launcher import Redis as RedisServer
@@ -290,6 +290,66 @@ async def test_no_connection_for_the_text_lane_empties_its_channels_and_the_rest
     assert any(f.text == "Lives in Oslo" and f.channels == ["vector"] for f in ctx.facts)
     assert [e.user_message for e in ctx.episodes] == ["I live in Oslo and I play chess."]
     assert [t.user_message for t in ctx.recent_turns] == ["I live in Oslo and I play chess."]
+
+
+class FreezingProxy:
+    """A TCP front for the local Postgres socket that can stop passing bytes either way, as a
+    server that stops answering does (SIGSTOP, a network partition): no error, no statement
+    timeout, nothing."""
+
+    def __init__(self, socket_path: str):
+        self._socket, self.frozen, self._tasks = socket_path, asyncio.Event(), set()
+
+    async def __aenter__(self):
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc):
+        self._server.close()
+        for t in self._tasks:
+            t.cancel()
+
+    async def _serve(self, reader, writer):
+        up_r, up_w = await asyncio.open_unix_connection(self._socket)
+
+        async def pipe(src, dst):
+            while data := await src.read(65536):
+                if self.frozen.is_set():
+                    await asyncio.Event().wait()  # held, never passed on
+                dst.write(data)
+                await dst.drain()
+
+        for t in (asyncio.ensure_future(pipe(reader, up_w)), asyncio.ensure_future(pipe(up_r, writer))):
+            self._tasks.add(t)
+
+
+async def test_a_postgres_that_stops_answering_degrades_a_read_by_its_deadline_and_never_hangs_it(settings, dsn,
+                                                                                                   embedder):
+    from urllib.parse import parse_qs, urlparse
+
+    from memstream.read_client.pools import connect_pools
+
+    socket_dir = parse_qs(urlparse(dsn).query)["host"][0]
+    proxy = FreezingProxy(f"{socket_dir}/.s.PGSQL.{urlparse(dsn).port or 5432}")
+    async with proxy:
+        pool, text_pool = await connect_pools(f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres",
+                                              settings.postgres_schema)
+        reader = MemoryReader(pool=pool, text_pool=text_pool, redis=None, embedder=embedder,
+                              schema=settings.postgres_schema, deadline_s=1.0)
+        assert (await reader.read("ona", "c1", "where do I live?")).degraded == []
+        proxy.frozen.set()
+        t = time.perf_counter()
+        ctx = await asyncio.wait_for(reader.read("ona", "c1", "where do I live now?"), 10)
+        took = time.perf_counter() - t
+        t = time.perf_counter()  # read-your-writes: the wait ends when it says, then the read's deadline
+        waited = await asyncio.wait_for(reader.read("ona", "c1", "and now?", wait_timeout=0.3,
+                                                    after=LogPosition(settings.events_topic, 0, 0)), 10)
+        took_waiting = time.perf_counter() - t
+    for p in (pool, text_pool):  # their connections went with the proxy
+        p.terminate()
+    assert 1.0 <= took < 1.8 and {"facts_vector", "episodes_keyword", "profile", "recent_turns"} <= set(ctx.degraded)
+    assert not waited.caught_up and 1.3 <= took_waiting < 2.1 and waited.degraded
 
 
 async def test_connect_takes_weights_budgets_and_keyword_mode_from_settings(settings, conn, dsn, workers, embedder):
