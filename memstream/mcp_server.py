@@ -66,15 +66,17 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
                 return await fn(*args, **kwargs)
             except NotFound as exc:  # never whether another user's id exists
                 raise ToolError(exc.public) from None
-            except (InvalidArgument, InvalidEvent, BrokerUnavailable) as exc:
+            except (InvalidArgument, InvalidEvent) as exc:
                 raise ToolError(str(exc)) from None
+            except BrokerUnavailable:  # its text names the broker: the operator's, not the agent's
+                raise ToolError("the memory log is unavailable; retry") from None
 
         return mcp.tool()(refusing)
 
     def whose(user_id: str | None) -> str:
         if user is not None:
             if user_id not in (None, user):
-                raise InvalidArgument(f"this server holds the memory of {user!r} only")
+                raise InvalidArgument("this server holds the memory of one user only: leave user_id out")
             return user
         if not user_id or not user_id.startswith(f"{tenant}:"):
             raise InvalidArgument(f"this server reaches the users of tenant {tenant!r} only (user ids '{tenant}:...')")
@@ -97,7 +99,7 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
     async def recall(query: str, kinds: list[Literal["facts", "episodes", "edges"]] | None = None, k: int = 5,
                      user_id: str | None = None) -> dict[str, Any]:
         """The memories that best match ``query``: facts, past turns (episodes) and relationships (edges)."""
-        found = await state["reader"].search(whose(user_id), query, kinds=tuple(kinds or ("facts", "episodes", "edges")),
+        found = await state["reader"].search(whose(user_id), query, kinds=("facts", "episodes", "edges") if kinds is None else tuple(kinds),
                                              k=k)
         return {"facts": [{"fact_id": str(f.fact_id), "text": f.text, "score": f.score} for f in found.facts],
                 "episodes": [{"episode_id": str(e.episode_id), "when": e.occurred_at.isoformat(),
@@ -149,4 +151,4 @@ def _id(value: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise InvalidArgument(f"{value!r} is not a memory id (a UUID)") from None
+        raise InvalidArgument("that is not a memory id (a UUID)") from None

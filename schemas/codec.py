@@ -7,7 +7,7 @@ from typing import TypeVar
 import msgspec
 
 from memstream.schemas.errors import InvalidEvent, UnknownEventType, not_utf8
-from memstream.schemas.events import DECISION_TYPES, EVENT_TYPES, Decision, Event
+from memstream.schemas.events import DECISION_TYPES, EVENT_TYPES, MAX_EVENT_BYTES, Decision, Event
 from memstream.schemas.upcasting import upcast
 
 T = TypeVar("T", Event, Decision)
@@ -82,4 +82,7 @@ def validated(record: T) -> T:
         field = next((f"$.{f.name}" for f in msgspec.structs.fields(record)
                       if isinstance(v := getattr(record, f.name), str) and not_utf8(v)), None)
         raise InvalidEvent(f"not valid Unicode: {exc.reason}", field) from None
+    if isinstance(record, Event) and len(data) > MAX_EVENT_BYTES:
+        raise InvalidEvent(f"the event is {len(data):,} bytes as JSON; at most {MAX_EVENT_BYTES:,} "
+                           "(Kafka's record limit, once sealed)", "$")
     return _decode(data, registry)

@@ -9,6 +9,7 @@ deterministic to compute, such as an embedding.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -20,8 +21,10 @@ import msgspec
 from memstream.schemas.errors import InvalidEvent
 
 MAX_ID_CHARS = 256
-# Keeps one turn well under Kafka's default 1 MiB record limit even as UTF-8.
 MAX_MESSAGE_CHARS = 100_000
+# One event as JSON, at most: sealed (base64, a third more) it stays under Kafka's default 1 MiB
+# record limit. Two messages of MAX_MESSAGE_CHARS four-byte characters would not.
+MAX_EVENT_BYTES = 512 * 1024
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 Message = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_CHARS)]
@@ -65,6 +68,9 @@ def _check_values(value, path: str) -> None:
     if isinstance(value, str):
         if "\x00" in value:
             raise InvalidEvent(f"{path[2:]} must not contain NUL characters", path)
+    elif isinstance(value, float):
+        if not math.isfinite(value):  # JSON has no NaN or infinity: it would be stored as null
+            raise InvalidEvent(f"{path[2:]} must be a finite number", path)
     elif isinstance(value, datetime):
         if value.tzinfo is None:
             raise InvalidEvent(f"{path[2:]} must carry a timezone offset", path)

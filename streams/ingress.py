@@ -26,6 +26,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from memstream.projections import positions as pos
 from memstream.schemas import InvalidEvent, UserForgotten, decode_event
+from memstream.schemas.events import MAX_EVENT_BYTES
 from memstream.streams.records import Record, next_offsets
 from memstream.streams.sealing import RecordSealer
 
@@ -55,6 +56,10 @@ class IngressSealing:
                 continue
             if r.key != event.user_id.encode():
                 letters.append((r, self.name, "record key does not match user_id: per-user order is not guaranteed"))
+                continue
+            if len(r.value) > MAX_EVENT_BYTES:  # sealed, it would pass Kafka's record limit and stop this step
+                letters.append((r, self.name, f"{len(r.value):,} bytes: sealed, over Kafka's record limit "
+                                              f"(at most {MAX_EVENT_BYTES:,} as JSON)"))
                 continue
             events.append((r, event))
         forgotten = await self._sealer.last_forgets({e.user_id for _, e in events})

@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import tempfile
+import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -209,6 +210,9 @@ class RedactedAccessLog(logging.Filter):
         if isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str):
             record.args = (*record.args[:2], route_of(record.args[2]), *record.args[3:])
         return True
+
+
+LIVE_LOG_FRESH_S = 1.0  # a move of the log to more partitions is seen by then
 
 
 def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | None = None,
@@ -456,10 +460,15 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         return await appended(forget(state["log"], user_id, actor="operator" if who.operator else "host", reason=reason))
 
     async def live() -> Settings:
-        """The settings with the topics the log lives in now (it may have moved since start)."""
+        """The settings with the topics the log lives in now (it may have moved since start) and
+        this app's database, looked up at most once a second (not a connection per request)."""
         from memstream.streams.log_topics import live_log_at
 
-        return await live_log_at(settings, state["dsn"])
+        held = state.get("live")
+        if held is None or time.monotonic() - held[1] > LIVE_LOG_FRESH_S:
+            found = await live_log_at(settings.model_copy(update={"postgres_dsn": state["dsn"]}), state["dsn"])
+            state["live"] = held = (found, time.monotonic())
+        return held[0]
 
     @app.get("/v1/users/{user_id}/export", tags=["memories"], response_class=FileResponse)
     async def export(user_id: str = Depends(user), who: Principal = Depends(caller)):

@@ -226,7 +226,7 @@ class DataKeys:
     def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000, fresh_s: float = 5.0):
         self._kek, self._store, self._keep, self._fresh_s = kek, store, keep, fresh_s
         self._keys: OrderedDict[tuple[bytes, int], AESGCM] = OrderedDict()
-        self._sealing: dict[bytes, tuple[int, float]] = {}  # user -> (live generation, when the store said so)
+        self._sealing: OrderedDict[bytes, tuple[int, float]] = OrderedDict()  # user -> (live generation, when the store said so)
         # Per user, while in use: one user's key lookups never wait on another's.
         self._locks: weakref.WeakValueDictionary[bytes, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -255,6 +255,9 @@ class DataKeys:
             generation, kek_id, wrapped = found
             aead = self._held(user, generation) or await self._unwrap(user_id, user, generation, kek_id, wrapped)
             self._sealing[user] = generation, time.monotonic()
+            self._sealing.move_to_end(user)
+            while len(self._sealing) > self._keep:
+                self._sealing.popitem(last=False)
             return generation, aead
 
     async def _key(self, user_id: str, generation: int) -> AESGCM | None:

@@ -45,7 +45,9 @@ async def test_an_agent_remembers_then_recalls_corrects_and_forgets_through_the_
         gone = await client.call_tool("forget_memory", {"fact_id": current})
         assert not gone.is_error, gone
         other = await client.call_tool("recall", {"query": "home", "user_id": "someone-else"})
-        assert other.is_error and "mcp-ana" in other.content[0].text
+        assert other.is_error and "one user only" in other.content[0].text and "mcp-ana" not in other.content[0].text
+        none = await client.call_tool("recall", {"query": "home", "kinds": []})  # as the API: no kinds is no search
+        assert none.is_error and "kinds" in none.content[0].text
     await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM memory_facts WHERE user_id = 'mcp-ana' "
                                            "AND status = 'current'"), what="the fact forgotten")
 

@@ -109,6 +109,21 @@ def test_constraints_msgspec_checks_only_on_decode_are_enforced_by_validated():
     assert info.value.field == "$.user_id"
 
 
+def test_a_turn_too_big_for_a_kafka_record_once_sealed_is_refused_at_the_edge():
+    # Each message within its length, four bytes a character: 800 kB as JSON, over 1 MiB sealed.
+    turn = TurnRecorded.new(user_id="u", conversation_id="c", user_message="😀" * 100_000, assistant_message="😀" * 100_000)
+    with pytest.raises(InvalidEvent, match="at most 524,288"):
+        validated(turn)
+    validated(TurnRecorded.new(user_id="u", conversation_id="c", user_message="a" * 100_000, assistant_message="b" * 100_000))
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_a_number_json_cannot_hold_is_refused_not_stored_as_null(number):
+    with pytest.raises(InvalidEvent, match="finite") as info:
+        TurnRecorded.new(user_id="u", conversation_id="c", user_message="hi", assistant_message="", metadata={"score": number})
+    assert info.value.field == "$.metadata['score']"
+
+
 def test_undecodable_bytes_raise_invalid_event():
     with pytest.raises(InvalidEvent):
         decode_event(b"{not json")
