@@ -29,7 +29,7 @@ import numpy as np
 
 from memstream.embedding import Embedder, to_bytes
 from memstream.llm.protocols import (ExtractionClient, ModelRefused, Operation, Resolution, ResolutionClient,
-                                     TurnExtractionClient, Unanswered)
+                                     ModelUnavailable, TurnExtractionClient, Unanswered)
 from memstream.projections import positions as pos
 from memstream.projections.episodes import core as episodes
 from memstream.projections.facts import core as facts_core
@@ -198,6 +198,7 @@ class Formation:
                  timed: Callable[[float], None] | None = None, model_attempts: int = 5):
         self._relations, self._partitions = relations, partitions
         self._model_attempts = model_attempts  # a turn's extraction, or resolution, asked at most this often
+        self._answered_at = 0.0  # when a model call last succeeded (monotonic): the service is up
         # One call for a turn's facts and relations when the model offers it (fewer calls per turn).
         self._turn_extractor = turn_extractor
         self._slots = OldestFirst(concurrency)  # LLM calls in flight for this worker
@@ -590,7 +591,9 @@ class Formation:
 
     async def _llm(self, call, *args):
         async with self._slots.slot(_RANK.get()):
-            return await call(*args)
+            answer = await call(*args)
+        self._answered_at = time.monotonic()
+        return answer
 
     async def _extract(self, turn: TurnRecorded, rank: int, epoch: int):
         _RANK.set(rank)  # this task's own context
@@ -601,11 +604,14 @@ class Formation:
         """``retried``, for work of ``epoch``: given up at the next attempt once abandoned. The
         cancel can be lost: cancelled as a model call fails, a task group (or a client) raises
         the call's error instead, and it would be retried. The ``model_attempts``-th call left
-        ``Unanswered`` is raised as ``ModelRefused``."""
-        unanswered = 0
+        ``Unanswered`` is raised as ``ModelRefused``; so is the ``model_attempts``-th failure of the
+        model's service (``ModelUnavailable``) if the model answered other calls since this work's
+        first one: it fails this turn, not everyone's (an outage waits, however long, and the
+        partition with it; one turn must not hold up the others for good)."""
+        unanswered, unavailable, failing_since = 0, 0, None
 
         async def once():
-            nonlocal unanswered
+            nonlocal unanswered, unavailable, failing_since
             if epoch != self._epoch:
                 raise asyncio.CancelledError
             try:
@@ -616,6 +622,15 @@ class Formation:
                     raise asyncio.CancelledError from exc
                 if unanswered >= self._model_attempts:
                     raise ModelRefused(f"no usable answer of the model in {unanswered} attempts: {exc}") from exc
+                raise
+            except ModelUnavailable as exc:
+                unavailable += 1
+                failing_since = failing_since or time.monotonic()
+                if epoch != self._epoch:
+                    raise asyncio.CancelledError from exc
+                if unavailable >= self._model_attempts and self._answered_at > failing_since:
+                    raise ModelRefused(f"the model's service failed this turn {unavailable} times while it "
+                                       f"answered others: {exc}") from exc
                 raise
 
         return await retried(what, once)

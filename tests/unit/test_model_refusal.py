@@ -4,6 +4,7 @@ not even as partitions are revoked (fakes for Kafka and the model, no stack; the
 ``tests/integration/test_pipelined_formation.py``)."""
 import asyncio
 import collections
+import contextlib
 from datetime import datetime, timezone
 from types import SimpleNamespace
 
@@ -11,9 +12,10 @@ import pytest
 
 from memstream.llm.offline import OfflineExtractor, OfflineResolver
 from memstream.llm.offline_relations import OfflineTurnExtractor
-from memstream.llm.protocols import MalformedOutput, ModelFailed, ModelRefused
+from memstream.llm.protocols import MalformedOutput, ModelFailed, ModelRefused, ModelUnavailable
 from memstream.schemas import TurnRecorded
 from memstream.schemas.codec import decode_decision, encode
+from memstream.streams.dead_letter import InputRefused
 from memstream.streams.formation.forming import Formation, decode_turns
 from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.views import MemoryView
@@ -135,3 +137,38 @@ async def test_a_turn_given_up_as_its_partitions_are_revoked_stops_nothing(turn_
     await asyncio.wait_for(model.abandoning, 5)
     await asyncio.sleep(0.3)
     assert (fatal, produced.decisions, letters.letters, model.asked) == ([], [], [], {"garbled": 1})
+
+
+class NoRowsYet:
+    """A store nobody has written to yet (the facts and graph formation looks up)."""
+
+    @contextlib.asynccontextmanager
+    async def acquire(self):
+        yield self
+
+    async def fetch(self, *args):
+        return []
+
+    async def fetchval(self, *args):
+        return False
+
+
+async def test_a_turn_the_models_service_keeps_failing_is_given_up_once_it_answers_others():
+    """A deterministic 500 or timeout for one turn: given up like a refusal, so it holds up
+    neither its partition nor the worker; the other user's turn is formed meanwhile."""
+    model = Unreadable(ModelUnavailable)
+    f, produced, letters = formation(model, turn_model=True, attempts=3)
+    f._pool = NoRowsYet()
+    await asyncio.wait_for(f.process([turn(0, "garbled, said in Oslo.", "ana"), turn(1, "I live in Porto.", "bo")]), 20)
+    assert model.asked["garbled, said in Oslo."] >= 3
+    assert {(d.user_id, type(d).__name__) for d in produced.decisions} >= {("ana", "EpisodeRecorded"), ("bo", "FactAdded")}
+    [(record, stage, reason)] = letters.letters
+    assert record.offset == 0 and "answered others" in reason and isinstance(reason, InputRefused)
+
+
+async def test_an_outage_of_the_models_service_waits_and_gives_up_no_turn():
+    model = Unreadable(ModelUnavailable)
+    f, produced, letters = formation(model, turn_model=True, attempts=2)
+    with pytest.raises(asyncio.TimeoutError):  # every call fails: nobody's turn is the one at fault
+        await asyncio.wait_for(f.process([turn(0, "garbled in Oslo.", "ana"), turn(1, "garbled in Porto.", "bo")]), 2)
+    assert letters.letters == [] and produced.decisions == []
