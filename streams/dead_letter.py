@@ -24,9 +24,8 @@ Letter = tuple[Record, str, str]  # (record, stage that refused it, reason)
 
 class InputRefused(str):
     """A letter's reason that is its record's own input refused by our rules (a ``Refused``: a
-    command naming what the user does not have, a turn the model will not answer). Sent and
-    counted like any letter, but never toward the rate that stops the worker: one user's input
-    must not stop it for everyone."""
+    command naming what the user does not have). Sent and counted like any letter, but never
+    toward the rate that stops the worker: one user's input must not stop it for everyone."""
 
 
 class DeadLetterSink(Protocol):
@@ -42,7 +41,8 @@ class DeadLetterSink(Protocol):
     no-op: nothing sent, nothing counted.
 
     A sink with a rate limit raises ``TooManyDeadLetters`` from ``send`` once the letters in
-    its window of recent records (``InputRefused`` ones aside) pass the limit — after the call's letters are accounted for —
+    its window of recent records (``InputRefused`` ones aside, and each record key's counted a
+    tenth of the limit at most) pass the limit — after the call's letters are accounted for —
     and the worker stops rather than drain the log into the dead-letter topic. Any other error
     propagates, its batch unacknowledged (a broker out of reach: the step retries the batch), so
     a letter may be accounted for more than once across retries — at least once, never zero.
@@ -63,10 +63,17 @@ class DeadLetters(DeadLetterSink):
     def __init__(self, producer: AIOKafkaProducer, topic: str, max_per_1000: int, counted=None):
         self._producer, self.topic, self._max = producer, topic, max_per_1000
         self._counted = counted or (lambda stage: None)  # told the stage of each letter sent
-        self._window: collections.deque[bool] = collections.deque(maxlen=1000)
+        # Per record seen: the key of a letter that counts toward the limit, else None.
+        self._window: collections.deque[bytes | None] = collections.deque(maxlen=1000)
+        # One key's letters count this often at most: a bad deploy refuses many users' records,
+        # one user's input refused is that user's (else a stranger could stop the worker).
+        self._per_key = max(1, max_per_1000 // 10)
 
     def observe(self, n_ok: int) -> None:
-        self._window.extend([False] * min(n_ok, 1000))
+        self._window.extend([None] * min(n_ok, 1000))
+
+    def _counting(self) -> int:
+        return sum(min(n, self._per_key) for n in collections.Counter(k for k in self._window if k is not None).values())
 
     async def send(self, letters: Sequence[Letter]) -> None:
         """Sends each letter to ``topic``; returns once Kafka acknowledged all."""
@@ -83,12 +90,12 @@ class DeadLetters(DeadLetterSink):
             if "memstream.appended-at" not in dict(rec.headers):  # when it first came (``streams.ingress``)
                 headers.append(("memstream.appended-at", str(rec.timestamp_ms).encode()))
             futures.append(await self._producer.send(self.topic, rec.wire_value, key=rec.key, headers=headers))
-            self._window.append(not isinstance(reason, InputRefused))
+            self._window.append(None if isinstance(reason, InputRefused) else rec.key or b"")
         await asyncio.gather(*futures)
         for _, stage, _ in letters:
             self._counted(stage)
-        if sum(self._window) > self._max:
+        if (counting := self._counting()) > self._max:
             raise TooManyDeadLetters(
-                f"{sum(self._window)} dead letters in the last {len(self._window)} records "
-                f"(limit {self._max}); stopping so a bad deploy cannot drain the log"
+                f"{counting} dead letters in the last {len(self._window)} records, at most {self._per_key} "
+                f"of a key counted (limit {self._max}); stopping so a bad deploy cannot drain the log"
             )

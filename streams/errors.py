@@ -6,7 +6,7 @@ import logging
 
 import asyncpg
 from aiokafka.errors import KafkaError
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
 from memstream.schemas.errors import MemstreamError, Retryable
 
@@ -40,10 +40,11 @@ def as_retryable(exc: BaseException) -> BaseException:
 
 
 async def retried(what: str, attempt_once):
-    """``attempt_once()``, again after each ``Retryable`` error (with backoff), until it succeeds;
-    any other error is raised as it is (``as_retryable`` decides which is which)."""
+    """``attempt_once()``, again after each ``Retryable`` error (with backoff and full jitter: what
+    failed together does not come back together), until it succeeds; any other error is raised
+    as it is (``as_retryable`` decides which is which)."""
     async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type(Retryable), wait=wait_exponential(multiplier=0.2, max=10),
+        retry=retry_if_exception_type(Retryable), wait=wait_random_exponential(multiplier=0.2, max=10),
         before_sleep=lambda rs: log.warning("%s: retrying: %r", what, rs.outcome.exception()),
         reraise=True,
     ):

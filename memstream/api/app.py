@@ -395,6 +395,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         if body.get("type") == "ReminderScheduled":  # reminder ids are the log's to give: no two users share one
             body = {**body, "reminder_id": str(uuid.uuid5(event_id, "reminder"))}
         event = decode_event(json.dumps({**body, "user_id": user_id, "event_id": str(event_id)}).encode())
+        if unknown := sorted(set(body) - {"type", *type(event).__struct_fields__}):  # a typo would be lost silently
+            raise Problem(400, "Invalid argument", f"{body['type']} has no field {', '.join(map(repr, unknown))}")
         done = await appended(state["log"].append(event))
         given = body.get("reminder_id") if body.get("type") == "ReminderScheduled" else None
         return done.model_copy(update={"reminder_id": uuid.UUID(given) if given else None})

@@ -579,7 +579,7 @@ class Formation:
         # One user's turn the model will not answer must not hold up the partition: its episode
         # is kept (it needs no model), the turn dead-lettered to be formed again.
         log.warning("the model refused turn %s at %s: %s", turn.event_id, r.where, exc)
-        return [self._episode(r, turn, vector)], InputRefused(f"its episode recorded without facts or relations: {exc}")
+        return [self._episode(r, turn, vector)], f"its episode recorded without facts or relations: {exc}"
 
     def _episode(self, r: Record, turn: TurnRecorded, vector: np.ndarray) -> EpisodeRecorded:
         return EpisodeRecorded(

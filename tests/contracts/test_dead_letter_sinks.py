@@ -19,8 +19,8 @@ from memstream.streams.replay import SkippedLetters
 
 
 def letter(n: int, stage: str = "facts", reason: str = "database refused it: invalid byte sequence",
-           value: bytes | None = b'{"type": "FactAdded"}') -> tuple[Record, str, str]:
-    rec = Record("contract.decisions", n % 2, n, b"ana", value, (("traceparent", b"00-%d" % n),), 1_767_000_000_000 + n)
+           value: bytes | None = b'{"type": "FactAdded"}', key: bytes = b"ana") -> tuple[Record, str, str]:
+    rec = Record("contract.decisions", n % 2, n, key, value, (("traceparent", b"00-%d" % n),), 1_767_000_000_000 + n)
     return rec, stage, reason
 
 
@@ -67,7 +67,7 @@ class DeadLetterSinkContract:
         assert await self.accounted() == accounts([letter(0)])
 
     async def test_a_send_past_the_rate_limit_accounts_for_its_letters_before_it_stops(self):
-        sent = [letter(n) for n in range(3)]
+        sent = [letter(n, key=b"user-%d" % n) for n in range(3)]  # a bad deploy: everyone's records refused
         sink = await self.sink(max_per_1000=2)
         sink.observe(10)
         if self.stops_past_limit:
@@ -77,9 +77,17 @@ class DeadLetterSinkContract:
             await sink.send(sent)
         assert await self.accounted() == accounts(sent)
 
+    async def test_one_users_letters_alone_never_stop_it(self):
+        """However many of one key: their input, not a bad deploy (a stranger must not stop it)."""
+        sent = [letter(n) for n in range(30)]
+        sink = await self.sink(max_per_1000=20)
+        await sink.send(sent)
+        assert await self.accounted() == accounts(sent)
+
     async def test_letters_of_input_our_rules_refuse_never_stop_it(self):
         """However many: a user's commands naming what they do not have are theirs, not a bad deploy."""
-        theirs = [letter(n, reason=InputRefused(f"reminder {n} was never scheduled for this user")) for n in range(5)]
+        theirs = [letter(n, key=b"user-%d" % n, reason=InputRefused(f"reminder {n} was never scheduled for this user"))
+                  for n in range(5)]
         sink = await self.sink(max_per_1000=2)
         await sink.send(theirs)
         assert await self.accounted() == accounts(theirs)

@@ -198,6 +198,14 @@ async def test_bad_requests_get_typed_problems_and_big_bodies_are_refused(api):
     untyped = await client.post("/v1/users/acme:bo/events", headers=acme, json={
         "type": "UserForgotten", "actor": "host", "reason": "", "occurred_at": "2025-12-01T09:00:00Z"})
     assert untyped.status_code == 400 and "DELETE /v1/users" in untyped.json()["detail"]
+    typo = await client.post("/v1/users/acme:bo/events", headers=acme, json={
+        "type": "ReminderScheduled", "text": "call Ana", "due_at": "2026-12-01T09:00:00Z", "occurred_at": "2025-12-01T09:00:00Z",
+        "metdata": {"x": 1}})
+    assert typo.status_code == 400 and "'metdata'" in typo.json()["detail"]  # not appended without it
+    not_a_number = await client.post("/v1/users/acme:bo/turns", headers={**acme, "content-type": "application/json"},
+                                     content=b'{"conversation_id": "c", "user_message": "x", "assistant_message": "y", '
+                                             b'"metadata": {"score": NaN}}')
+    assert not_a_number.status_code in (400, 422)
     as_operator = await client.post("/v1/users/acme:bo/forget", headers=acme, json={
         "fact_id": "0190f2a4-0000-7000-8000-00000000dead", "actor": "operator"})
     assert as_operator.status_code == 403

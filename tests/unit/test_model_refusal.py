@@ -15,7 +15,6 @@ from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.llm.protocols import MalformedOutput, ModelFailed, ModelRefused, ModelUnavailable
 from memstream.schemas import TurnRecorded
 from memstream.schemas.codec import decode_decision, encode
-from memstream.streams.dead_letter import InputRefused
 from memstream.streams.formation.forming import Formation, decode_turns
 from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.views import MemoryView
@@ -163,7 +162,7 @@ async def test_a_turn_the_models_service_keeps_failing_is_given_up_once_it_answe
     assert model.asked["garbled, said in Oslo."] >= 3
     assert {(d.user_id, type(d).__name__) for d in produced.decisions} >= {("ana", "EpisodeRecorded"), ("bo", "FactAdded")}
     [(record, stage, reason)] = letters.letters
-    assert record.offset == 0 and "answered others" in reason and isinstance(reason, InputRefused)
+    assert record.offset == 0 and "answered others" in reason
 
 
 async def test_an_outage_of_the_models_service_waits_and_gives_up_no_turn():
