@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from memstream.projections.schema_names import check_schema_name
-from memstream.read_settings import EPISODE_WEIGHTS, FACT_WEIGHTS, Budgets, Weights
+from memstream.read_settings import EPISODE_WEIGHTS, FACT_WEIGHTS, READ_DEADLINE_S, Budgets, Weights
 
 def local_dsn(pgdata: Path) -> str | None:
     """The DSN of the local stack's Postgres with data in ``pgdata``: its Unix socket, as its
@@ -100,7 +100,7 @@ class Settings(BaseModel):
     read_episode_weights: Weights = EPISODE_WEIGHTS
     read_budgets: Budgets = Budgets()
     read_keyword_mode: Literal["words", "names"] = "words"
-    read_deadline_s: float = Field(2.0, gt=0)  # a read's channels end by then, degraded if a store hangs
+    read_deadline_s: float = Field(READ_DEADLINE_S, gt=0)  # a read's channels end by then, degraded if a store hangs
 
     _check_schema = field_validator("postgres_schema", "keys_schema")(lambda cls, v: check_schema_name(v))
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A read's channels end by then, after any read-your-writes wait: twice the statement timeout.
+READ_DEADLINE_S = 2.0
+
 # Share of the keyword channel in the fused relevance. Measured on LoCoMo (all 10 conversations,
 # Hit@5 / MRR): 0.7 -> 0.650 / 0.495; reciprocal rank fusion (k=60) -> 0.606 / 0.401 (BENCHMARKS.md).
 KEYWORD_SHARE = 0.7

@@ -29,6 +29,8 @@ def redact_logs() -> None:
         rec = made(*args, **kwargs)
         if isinstance(rec.args, tuple) and any(isinstance(a, PostgresMessage) for a in rec.args):
             rec.args = tuple(refusal(a) if isinstance(a, PostgresMessage) else a for a in rec.args)
+        elif isinstance(rec.args, dict) and any(isinstance(a, PostgresMessage) for a in rec.args.values()):
+            rec.args = {k: refusal(a) if isinstance(a, PostgresMessage) else a for k, a in rec.args.items()}
         if isinstance(rec.exc_info, tuple) and _quoting(rec.exc_info[1]):
             rec.exc_text = _traceback(rec.exc_info)  # formatters use it as it is
         return rec

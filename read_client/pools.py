@@ -11,21 +11,24 @@ from memstream.projections import db
 from memstream.projections.commands import query as commands_q
 from memstream.projections.episodes import query as episodes_q
 from memstream.projections.facts import query as facts_q
+from memstream.read_settings import READ_DEADLINE_S
 
 log = logging.getLogger("memstream.read")
-# On the client as well: a server that stops answering never sends its statement timeout.
-_BOUNDED = {"command_timeout_s": 2.0, "connect_timeout_s": 5.0}
 
 
-async def connect_pools(dsn: str, schema: str) -> tuple[asyncpg.Pool, asyncpg.Pool]:
-    """``(pool, text_pool)`` as ``MemoryReader`` takes them."""
+async def connect_pools(dsn: str, schema: str, deadline_s: float = READ_DEADLINE_S) -> tuple[asyncpg.Pool, asyncpg.Pool]:
+    """``(pool, text_pool)`` as ``MemoryReader`` takes them, for reads of deadline ``deadline_s``."""
+    # Bounded on the client as well (a server that stops answering never sends its statement
+    # timeout), past the read's deadline: that one cuts a read's statements short first, and
+    # drops their connections rather than wait for the cancel (``lanes``).
+    bounded = {"command_timeout_s": deadline_s + 1.0, "connect_timeout_s": 5.0}
     # A read has a latency budget: a statement stuck behind a lock fails its channel, not the read.
-    pool = await db.create_pool(dsn, schema, min_size=2, max_size=8, statement_timeout_ms=1000, **_BOUNDED)
+    pool = await db.create_pool(dsn, schema, min_size=2, max_size=8, statement_timeout_ms=1000, **bounded)
     # Fixed size and planned at connect: a new connection's first keyword statements cost
     # ~50 ms of planning, which no read should wait for.
     try:
         text_pool = await db.create_pool(dsn, schema, min_size=8, max_size=8, statement_timeout_ms=1000,
-                                         generic_plans=True, prepare=prepare_text_lane, **_BOUNDED)
+                                         generic_plans=True, prepare=prepare_text_lane, **bounded)
     except BaseException:
         await pool.close()
         raise

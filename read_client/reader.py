@@ -25,6 +25,7 @@ from memstream.read_client.memories import (check_page, fact_version, graph_at, 
                                             with_source_turns)
 from memstream.read_client.arguments import SEARCH_KINDS, check_as_of, check_read, check_search, check_user
 from memstream.read_client.budget import Budgets, TokenCounter, pack
+from memstream.read_settings import READ_DEADLINE_S
 from memstream.read_client.lanes import Bounded, Channels
 from memstream.read_client.metrics import ReadMetrics, tracer
 from memstream.read_client.pools import connect_pools, prepare_text_lane
@@ -47,7 +48,6 @@ EDGE_CANDIDATES = 10  # directly matched edges
 HOP_LIMIT = 20  # edges pulled in by one-hop expansion, at most
 # What a turn or command changes, each with its position on the events topic: ``after=`` waits for all.
 READ_YOUR_WRITES = ("episodes", "facts", "graph", "commands")
-READ_DEADLINE_S = 2.0  # a read's channels, after any read-your-writes wait: twice the statement timeout
 FIRST_LOOK_S = 0.05  # a read-your-writes wait's first look at the positions, at least
 
 
@@ -105,7 +105,7 @@ class MemoryReader:
         of ``settings.read_*``. ``dsn`` defaults to ``settings.dsn()``: ``postgres_dsn``, or the
         local stack's socket."""
         dsn = dsn or settings.dsn()
-        pool, text_pool = await connect_pools(dsn, settings.postgres_schema)
+        pool, text_pool = await connect_pools(dsn, settings.postgres_schema, settings.read_deadline_s)
         redis = aioredis.from_url(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
         return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool,

@@ -23,8 +23,8 @@ Letter = tuple[Record, str, str]  # (record, stage that refused it, reason)
 
 
 class InputRefused(str):
-    """A letter's reason that is its record's own input refused by our rules (a ``Refused``: a
-    command naming what the user does not have). Sent and counted like any letter, but never
+    """A letter's reason that is its record's own input refused by our rules (a ``Refused`` whose
+    ``users_input`` is set: a command naming what the user does not have). Sent and counted like any letter, but never
     toward the rate that stops the worker: one user's input must not stop it for everyone."""
 
 
@@ -90,7 +90,8 @@ class DeadLetters(DeadLetterSink):
             if "memstream.appended-at" not in dict(rec.headers):  # when it first came (``streams.ingress``)
                 headers.append(("memstream.appended-at", str(rec.timestamp_ms).encode()))
             futures.append(await self._producer.send(self.topic, rec.wire_value, key=rec.key, headers=headers))
-            self._window.append(None if isinstance(reason, InputRefused) else rec.key or b"")
+            # A record without a key is nobody's in particular: counted on its own.
+            self._window.append(None if isinstance(reason, InputRefused) else rec.key or rec.where.encode())
         await asyncio.gather(*futures)
         for _, stage, _ in letters:
             self._counted(stage)

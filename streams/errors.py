@@ -8,6 +8,7 @@ import asyncpg
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
+from memstream.projections.redaction import refusal
 from memstream.schemas.errors import MemstreamError, Retryable
 
 log = logging.getLogger("memstream.streams")
@@ -35,7 +36,8 @@ def as_retryable(exc: BaseException) -> BaseException:
         return exc
     if (isinstance(exc, _PASSING_POSTGRES) or (isinstance(exc, KafkaError) and exc.retriable)
             or isinstance(exc, (ConnectionError, OSError, asyncio.TimeoutError))):
-        return Transient(f"{type(exc).__name__}: {exc}")
+        # Not str(exc): a database error's DETAIL quotes rows, and this text is logged.
+        return Transient(refusal(exc) if isinstance(exc, asyncpg.PostgresError) else f"{type(exc).__name__}: {exc}")
     return exc
 
 

@@ -25,7 +25,7 @@ import time
 from aiokafka.errors import MessageSizeTooLargeError
 
 from memstream.projections import positions as pos
-from memstream.schemas import InvalidEvent, UserForgotten, decode_event
+from memstream.schemas import InvalidEvent, UserForgotten, decode_event, encode
 from memstream.schemas.events import MAX_EVENT_BYTES
 from memstream.streams.records import Record, next_offsets
 from memstream.streams.sealing import RecordSealer
@@ -57,8 +57,8 @@ class IngressSealing:
             if r.key != event.user_id.encode():
                 letters.append((r, self.name, "record key does not match user_id: per-user order is not guaranteed"))
                 continue
-            if len(r.value) > MAX_EVENT_BYTES:  # sealed, it would pass Kafka's record limit and stop this step
-                letters.append((r, self.name, f"{len(r.value):,} bytes: sealed, over Kafka's record limit "
+            if (size := len(encode(event))) > MAX_EVENT_BYTES:  # sealed, over Kafka's record limit: it would stop this step
+                letters.append((r, self.name, f"{size:,} bytes: sealed, over Kafka's record limit "
                                               f"(at most {MAX_EVENT_BYTES:,} as JSON)"))
                 continue
             events.append((r, event))

@@ -60,7 +60,7 @@ async def _one_by_one(conn, dead_letters, stage: str, items, batch_error: BaseEx
             try:
                 await apply(r, item)
             except Refused as exc:
-                refused.append((r, stage, InputRefused(exc)))
+                refused.append((r, stage, InputRefused(exc) if exc.users_input else str(exc)))
             except asyncpg.PostgresError as exc:
                 if not _refused_by_server(exc):
                     raise

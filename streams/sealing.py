@@ -140,9 +140,9 @@ class RecordSealer:
             if self.keys is not None:
                 self.keys.drop(record.user_id, record.generation)
 
-    async def end(self, user_id: str, generation: int | None) -> None:
-        """Destroy ``user_id``'s key ``generation`` (None: the live one): once a forget of them has
-        been applied and every decision about what they said before it sealed."""
+    async def destroy(self, user_id: str, generation: int | None) -> None:
+        """Destroy ``user_id``'s key ``generation`` and older ones (None: all): once a forget of
+        them has been applied and every decision about what they said before it sealed."""
         if self.keys is not None and generation != 0:
             await self.keys.destroy(user_id, generation)
             log.info("destroyed a data key (generation %s)", generation)

@@ -370,7 +370,9 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                                                                   body.timeout))
 
     async def logged(p: Position, name: str) -> LogPosition:
-        if p.topic != (await live()).events_topic:  # positions of the log appends return, nothing else
+        # Positions of the log appends return, nothing else; looked up afresh before refusing
+        # one (the log may have moved within the second ``live`` keeps what it found).
+        if p.topic != (await live()).events_topic and p.topic != (await live(fresh=True)).events_topic:
             raise Problem(400, "Invalid argument", f"{name}.topic must be the log's events topic, not {p.topic!r}")
         return LogPosition(p.topic, p.partition, p.offset)
 
@@ -454,20 +456,21 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         return await appended(act(state["log"], state["reader"], user_id, named[0][1], actor=actor(body.actor, who),
                                   reason=body.reason))
 
-    @app.delete("/v1/users/{user_id}", status_code=202, response_model=Appended, tags=["memories"])
+    # The whole rest of the path: a user id may hold a "/" (the log takes it), and erasure must reach every user.
+    @app.delete("/v1/users/{user_id:path}", status_code=202, response_model=Appended, tags=["memories"])
     async def forget_user(user_id: str = Depends(user), who: Principal = Depends(caller), reason: str = ""):
         """Forget everything memstream holds about the user: rows, caches and, by crypto-shredding, the log."""
         from memstream.control import forget_user as forget
 
         return await appended(forget(state["log"], user_id, actor="operator" if who.operator else "host", reason=reason))
 
-    async def live() -> Settings:
+    async def live(fresh: bool = False) -> Settings:
         """The settings with the topics the log lives in now (it may have moved since start) and
         this app's database, looked up at most once a second (not a connection per request)."""
         from memstream.streams.log_topics import live_log_at
 
         held = state.get("live")
-        if held is None or time.monotonic() - held[1] > LIVE_LOG_FRESH_S:
+        if fresh or held is None or time.monotonic() - held[1] > LIVE_LOG_FRESH_S:
             found = await live_log_at(settings.model_copy(update={"postgres_dsn": state["dsn"]}), state["dsn"])
             state["live"] = held = (found, time.monotonic())
         return held[0]

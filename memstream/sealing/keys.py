@@ -59,12 +59,14 @@ class WrappedKeys(Protocol):
     ``create(user, kek_id, wrapped)``: makes ``wrapped`` the user's live key under the next
     generation unless another caller made one first; returns the live one either way (None only
     when a forget retired it meanwhile: ask again).
-    ``destroy(user, generation)``: destroys that generation (None: every key the user has).
-    ``stamp(user, forget, at)``: the generation the forget ``forget`` (its 16-byte event id) ends —
-    the live one (0: none) the first time it is asked, which it retires, the same ever after, so a
-    forget sealed again (a retried append, a restarted ingress) never ends a key the user got
-    after it; ``at`` (Unix seconds, default the store's clock) is when it was said, kept from the
-    first time too.
+    ``destroy(user, generation)``: destroys that generation and every older one (None: every key
+    the user has).
+    ``stamp(user, forget, at)``: the generation the forget ``forget`` (its 16-byte event id) is of —
+    the first time it is asked, the newest not destroyed (the live one, which it retires, or one a
+    forget retired before: that forget may never have reached the log; 0: none), the same ever
+    after, so a forget sealed again (a retried append, a restarted ingress) never covers a key the
+    user got after it; ``at`` (Unix seconds, default the store's clock) is when it was said, kept
+    from the first time too.
     ``last_forgets(users)``: when each of ``users`` that has one said their last forget.
     ``holds_keys()``: whether any key was ever stored.
     ``user`` is ``user_key(user_id)``."""
@@ -107,7 +109,7 @@ class MemoryWrappedKeys:
         return await self.current(user)
 
     async def destroy(self, user: bytes, generation: int | None = None) -> None:
-        for u, g in [k for k in self._keys if k[0] == user and generation in (None, k[1])]:
+        for u, g in [k for k in self._keys if k[0] == user and (generation is None or k[1] <= generation)]:
             del self._keys[u, g]
             if self._live.get(user) == g:
                 del self._live[user]
@@ -115,7 +117,8 @@ class MemoryWrappedKeys:
     async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int:
         if forget not in self._stamps:
             self._stamped_at[user] = max(self._stamped_at.get(user, 0.0), time.time() if at is None else at)
-            self._stamps[forget] = self._live.pop(user, 0)
+            self._live.pop(user, None)
+            self._stamps[forget] = max((g for u, g in self._keys if u == user), default=0)
         return self._stamps[forget]
 
     async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]:
@@ -146,18 +149,26 @@ class PostgresWrappedKeys:
                 f"CREATE TABLE IF NOT EXISTS {k}.data_keys (user_key bytea NOT NULL, generation int NOT NULL, "
                 "kek_id text NOT NULL, wrapped bytea, created_at timestamptz NOT NULL DEFAULT now(), "
                 "retired_at timestamptz, destroyed_at timestamptz, PRIMARY KEY (user_key, generation)); "
-                f"ALTER TABLE {k}.data_keys ADD COLUMN IF NOT EXISTS retired_at timestamptz; "
                 f"CREATE TABLE IF NOT EXISTS {k}.forgets (forget bytea PRIMARY KEY, "
                 "user_key bytea NOT NULL, generation int NOT NULL, stamped_at timestamptz NOT NULL DEFAULT now())")
-            # Before retirement a user had one row, keyed by the user alone.
-            pkey = await conn.fetchrow(
-                "SELECT conname, array_length(conkey, 1) AS n FROM pg_constraint "
-                "WHERE conrelid = $1::regclass AND contype = 'p'", f"{k}.data_keys")
-            if pkey["n"] == 1:
-                await conn.execute(f'ALTER TABLE {k}.data_keys DROP CONSTRAINT "{pkey["conname"]}", '
+            # Before retirement a user had one row, keyed by the user alone. Looked up first: an
+            # ALTER, even one with nothing to do, waits for every reader of the table (a backup).
+            old = await conn.fetchrow(
+                "SELECT c.conname, array_length(c.conkey, 1) = 1 AS by_user, NOT EXISTS (SELECT FROM pg_attribute "
+                "WHERE attrelid = c.conrelid AND attname = 'retired_at' AND NOT attisdropped) AS unretiring "
+                "FROM pg_constraint c WHERE c.conrelid = $1::regclass AND c.contype = 'p'", f"{k}.data_keys")
+            if old["by_user"] or old["unretiring"]:
+                await conn.execute(f"ALTER TABLE {k}.data_keys ADD COLUMN IF NOT EXISTS retired_at timestamptz")
+                # A forget stamped that formation has not applied yet: its key seals nothing new.
+                await conn.execute(f"UPDATE {k}.data_keys d SET retired_at = f.stamped_at FROM {k}.forgets f "
+                                   "WHERE f.user_key = d.user_key AND f.generation = d.generation "
+                                   "AND d.wrapped IS NOT NULL AND d.retired_at IS NULL")
+            if old["by_user"]:
+                await conn.execute(f'ALTER TABLE {k}.data_keys DROP CONSTRAINT "{old["conname"]}", '
                                    "ADD PRIMARY KEY (user_key, generation)")
-            await conn.execute(f"CREATE UNIQUE INDEX IF NOT EXISTS data_keys_live ON {k}.data_keys (user_key) "
-                               "WHERE wrapped IS NOT NULL AND retired_at IS NULL")
+            if await conn.fetchval("SELECT to_regclass($1) IS NULL", f"{k}.data_keys_live"):
+                await conn.execute(f"CREATE UNIQUE INDEX data_keys_live ON {k}.data_keys (user_key) "
+                                   "WHERE wrapped IS NOT NULL AND retired_at IS NULL")
 
     async def current(self, user: bytes):
         r = await self._pool.fetchrow(f"SELECT generation, kek_id, wrapped FROM {self._k}.data_keys "
@@ -179,16 +190,16 @@ class PostgresWrappedKeys:
 
     async def destroy(self, user: bytes, generation: int | None = None) -> None:
         await self._pool.execute(f"UPDATE {self._k}.data_keys SET wrapped = NULL, destroyed_at = now() "
-                                 "WHERE user_key = $1 AND wrapped IS NOT NULL AND ($2::int IS NULL OR generation = $2)",
+                                 "WHERE user_key = $1 AND wrapped IS NOT NULL AND ($2::int IS NULL OR generation <= $2)",
                                  user, generation)
 
     async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int:
         k = self._k
         found = await self._pool.fetchval(
-            f"WITH live AS (SELECT coalesce((SELECT generation FROM {k}.data_keys WHERE user_key = $1 "
-            "AND wrapped IS NOT NULL AND retired_at IS NULL), 0) AS g), "
+            f"WITH newest AS (SELECT coalesce((SELECT max(generation) FROM {k}.data_keys WHERE user_key = $1 "
+            "AND wrapped IS NOT NULL), 0) AS g), "
             f"made AS (INSERT INTO {k}.forgets (forget, user_key, generation, stamped_at) "
-            "SELECT $2, $1, g, coalesce(to_timestamp($3::float8), now()) FROM live "
+            "SELECT $2, $1, g, coalesce(to_timestamp($3::float8), now()) FROM newest "
             "ON CONFLICT (forget) DO NOTHING RETURNING generation), "
             f"retired AS (UPDATE {k}.data_keys SET retired_at = now() WHERE user_key = $1 "
             "AND generation = (SELECT generation FROM made) AND retired_at IS NULL) "
@@ -290,11 +301,14 @@ class DataKeys:
         return 0 if found is None else found[0]
 
     async def stamp(self, user_id: str, forget: bytes, at: float | None = None) -> int:
-        """The key generation the forget with event id ``forget`` ends (``WrappedKeys.stamp``),
-        retired from then on: what this process seals next for the user is under a new one."""
-        generation = await self._store.stamp(user_key(user_id), forget, at)
-        if (held := self._sealing.get(user_key(user_id))) is not None and held[0] <= generation:
-            del self._sealing[user_key(user_id)]
+        """The key generation the forget with event id ``forget`` is of (``WrappedKeys.stamp``),
+        retired from then on: what this process seals next for the user is under a new one (under
+        the user's lock: a live key being looked up meanwhile is not held on after it)."""
+        user = user_key(user_id)
+        async with self._lock(user):
+            generation = await self._store.stamp(user, forget, at)
+            if (held := self._sealing.get(user)) is not None and held[0] <= generation:
+                del self._sealing[user]
         return generation
 
     async def last_forgets(self, user_ids) -> dict[str, float]:
@@ -324,18 +338,18 @@ class DataKeys:
 
     def drop(self, user_id: str, generation: int) -> None:
         """Let go of the user's keys up to ``generation`` held in memory (the store keeps them)."""
-        self._forget_held(user_key(user_id), generation)
+        self._evict(user_key(user_id), generation)
 
     async def destroy(self, user_id: str, generation: int | None = None) -> None:
-        """Destroy the user's key ``generation`` (None: every key they have). Only the one given:
-        a forget applied twice, or after the user came back, must not end the key of what they
-        said since."""
+        """Destroy the user's key ``generation`` and every older one (None: every key they have).
+        None newer: a forget applied twice, or after the user came back, must not destroy the key
+        of what they said since."""
         user = user_key(user_id)
         async with self._lock(user):
             await self._store.destroy(user, generation)
-            self._forget_held(user, generation)
+            self._evict(user, generation)
 
-    def _forget_held(self, user: bytes, generation: int | None) -> None:
+    def _evict(self, user: bytes, generation: int | None) -> None:
         """Drop ``user``'s keys held up to ``generation`` (None: all), and the live one if among them."""
         for held in [k for k in self._keys if k[0] == user and (generation is None or k[1] <= generation)]:
             del self._keys[held]

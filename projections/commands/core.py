@@ -14,6 +14,8 @@ from memstream.schemas import (Event, ExpertIdentityDeleted, ExpertIdentityUpser
 class UnknownReminder(Refused, LookupError):
     """A ReminderResolved names a reminder never scheduled: the host's bug, dead-lettered."""
 
+    users_input = True
+
 
 @dataclass(frozen=True)
 class ReminderRow:

@@ -72,6 +72,8 @@ def decode_turns(records: Sequence[Record], stage: str, partitions: int | None =
 class CommandRefused(Refused):
     """A command names a fact or edge its user does not hold (current): dead-lettered, nothing changes."""
 
+    users_input = True
+
 
 def nothing_decided(records: Sequence[Record], made: Sequence[tuple[Record, Decision]]
                     ) -> list[tuple[Record, NothingDecided]]:
@@ -198,7 +200,7 @@ class Formation:
                  timed: Callable[[float], None] | None = None, model_attempts: int = 5):
         self._relations, self._partitions = relations, partitions
         self._model_attempts = model_attempts  # a turn's extraction, or resolution, asked at most this often
-        self._answered_at = 0.0  # when a model call last succeeded (monotonic): the service is up
+        self._answered_at: dict[int, float] = {}  # per client: when a call of it last succeeded (monotonic)
         # One call for a turn's facts and relations when the model offers it (fewer calls per turn).
         self._turn_extractor = turn_extractor
         self._slots = OldestFirst(concurrency)  # LLM calls in flight for this worker
@@ -479,7 +481,7 @@ class Formation:
         if self._ends_keys:
             for _, d in decisions:
                 if isinstance(d, MemoryForgotten) and d.kind == "user":
-                    await self._sealer.end(d.user_id, d.generation)
+                    await self._sealer.destroy(d.user_id, d.generation)
         if self._barrier is not None:
             for m, d in zip(metas, sent):
                 self._barrier.produced(m.partition, m.offset + 1, d.user_id)
@@ -590,9 +592,14 @@ class Formation:
             metadata=turn.metadata, embedding=to_bytes(vector), embedding_model=self._embedder.model_id)
 
     async def _llm(self, call, *args):
+        client = id(getattr(call, "__self__", call))  # the extractor and the resolver may be two services
         async with self._slots.slot(_RANK.get()):
-            answer = await call(*args)
-        self._answered_at = time.monotonic()
+            try:
+                answer = await call(*args)
+            except ModelUnavailable as exc:
+                exc.client = client  # whose service failed (``_retried``)
+                raise
+        self._answered_at[client] = time.monotonic()
         return answer
 
     async def _extract(self, turn: TurnRecorded, rank: int, epoch: int):
@@ -604,9 +611,9 @@ class Formation:
         """``retried``, for work of ``epoch``: given up at the next attempt once abandoned. The
         cancel can be lost: cancelled as a model call fails, a task group (or a client) raises
         the call's error instead, and it would be retried. The ``model_attempts``-th call left
-        ``Unanswered`` is raised as ``ModelRefused``; so is the ``model_attempts``-th failure of the
-        model's service (``ModelUnavailable``) if the model answered other calls since this work's
-        first one: it fails this turn, not everyone's (an outage waits, however long, and the
+        ``Unanswered`` is raised as ``ModelRefused``; so is the ``model_attempts``-th failure of a
+        model's service (``ModelUnavailable``) if that service answered other calls since this
+        work's first failure: it fails this turn, not everyone's (an outage waits, however long, and the
         partition with it; one turn must not hold up the others for good)."""
         unanswered, unavailable, failing_since = 0, 0, None
 
@@ -628,7 +635,8 @@ class Formation:
                 failing_since = failing_since or time.monotonic()
                 if epoch != self._epoch:
                     raise asyncio.CancelledError from exc
-                if unavailable >= self._model_attempts and self._answered_at > failing_since:
+                if (unavailable >= self._model_attempts
+                        and self._answered_at.get(getattr(exc, "client", None), 0.0) > failing_since):
                     raise ModelRefused(f"the model's service failed this turn {unavailable} times while it "
                                        f"answered others: {exc}") from exc
                 raise

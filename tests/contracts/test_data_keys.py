@@ -96,6 +96,25 @@ class DataKeysContract:
             assert await process.open("ana", after, "f") == b"after"
         assert await keys.stamp("ana", b"2" * 16) == 2 and await keys.generation("ana") == 0
 
+    async def test_a_forget_that_never_reached_the_log_is_covered_by_the_next_one(self, tmp_path):
+        """Stamped (its key retired), then its append failed: the host's retry is a new forget,
+        and it must still end the key of what came before, whether or not the user spoke since."""
+        keys = await self.keys(tmp_path)
+        secret = await keys.seal("ana", b"secret", "f")
+        await keys.stamp("ana", b"1" * 16)  # lost
+        assert await keys.stamp("ana", b"2" * 16) == 1
+        await keys.destroy("ana", 1)
+        with pytest.raises(Shredded):
+            await keys.open("ana", secret, "f")
+        said = await keys.seal("bo", b"bo's", "f")
+        await keys.stamp("bo", b"3" * 16)  # lost
+        between = await keys.seal("bo", b"said before the retry", "f")
+        assert await keys.stamp("bo", b"4" * 16) == 2
+        await keys.destroy("bo", 2)
+        for blob in (said, between):
+            with pytest.raises(Shredded):
+                await keys.open("bo", blob, "f")
+
     async def test_the_store_holds_no_user_id(self, tmp_path):
         keys = await self.keys(tmp_path)
         await keys.seal("ana@example.com", b"x", "f")

@@ -158,6 +158,9 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
 
     gone = await client.delete("/v1/users/acme:ana", headers=acme)
     assert gone.status_code == 202
+    slashed = await client.delete("/v1/users/acme:team%2Fana", headers=acme)  # the log takes such ids: so must erasure
+    assert slashed.status_code == 202
+    assert (await client.delete("/v1/users/globex:team%2Fana", headers=acme)).status_code == 403
     await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM episodes WHERE user_id = 'acme:ana'"),
                      what="the user forgotten")
 

@@ -76,7 +76,7 @@ async def test_after_a_forget_on_the_log_what_its_key_sealed_is_shredded_even_be
     opened = await reader.open(on_log([before, forget, late, bo]))
     assert [r.sealing for r in opened] == [None, None, "shredded", None] and reader.shredded == 1
     assert opened[2].value is None and admit(opened, "formation", None)[1] == []  # skipped, not dead-lettered
-    await writer.end("ana", 1)
+    await writer.destroy("ana", 1)
     comeback = await writer.seal(turn("ana", "I am back"))
     again = RecordSealer(keys)  # a replay after the key is gone
     opened = await again.open(on_log([before, forget, late, comeback]))
@@ -87,9 +87,9 @@ async def test_after_a_forget_on_the_log_what_its_key_sealed_is_shredded_even_be
 async def test_ending_a_key_twice_or_after_the_user_came_back_spares_what_they_said_since(keys):
     sealer = RecordSealer(keys)
     await sealer.seal(turn("ana", "first life"))
-    await sealer.end("ana", 1)
+    await sealer.destroy("ana", 1)
     comeback = await sealer.seal(turn("ana", "second life"))
-    await sealer.end("ana", 1)  # the same forget applied again (a restart, a second send)
+    await sealer.destroy("ana", 1)  # the same forget applied again (a restart, a second send)
     [opened] = await RecordSealer(keys).open(on_log([comeback]))
     assert opened.sealing is None
 
@@ -111,7 +111,7 @@ async def test_a_forget_sealed_again_after_the_user_came_back_still_ends_only_it
     await sealer.seal(turn("ana", "first life"))
     forget = msgspec.structs.replace(forgotten("ana"), generation=999_999)  # a plain client's guess
     first = msgspec.json.decode(await sealer.seal(forget))
-    await sealer.end("ana", first["generation"])
+    await sealer.destroy("ana", first["generation"])
     comeback = await sealer.seal(turn("ana", "second life"))
     again = msgspec.json.decode(await sealer.seal(forget))
     assert first["generation"] == again["generation"] == 1
@@ -123,7 +123,7 @@ async def test_what_derives_from_a_forgotten_record_is_never_sealed_under_a_newe
     sealer = RecordSealer(keys)
     [source] = await sealer.open(on_log([await sealer.seal(turn("ana", "old secret"))]))
     assert source.generation == 1
-    await sealer.end("ana", 1)
+    await sealer.destroy("ana", 1)
     await sealer.seal(turn("ana", "back again"))  # generation 2 is live now
     with pytest.raises(Shredded):  # a retried formation batch: its decision is dropped, not re-sealed
         await sealer.seal(decode_event(source.value), source.generation)
@@ -152,7 +152,7 @@ async def test_a_user_back_right_after_a_forget_keeps_what_they_say_before_its_k
     opened = await live.open(on_log([before, forget, back]))
     assert [r.sealing for r in opened] == [None, None, None] and [r.generation for r in (opened[0], opened[2])] == [1, 2]
     await live.seal(decode_event(opened[0].value), opened[0].generation)  # a decision about "Oslo"
-    await live.end("ana", msgspec.json.decode(forget)["generation"])
+    await live.destroy("ana", msgspec.json.decode(forget)["generation"])
     replayed = await RecordSealer(keys).open(on_log([before, forget, back]))
     assert [r.sealing for r in replayed] == ["shredded", None, None]
     assert decode_event(replayed[2].value).user_message == "I am back."
