@@ -58,7 +58,7 @@ demo: stack-up
 
 # The default suite: unit + integration on the real stack; slow chaos/soak tests excluded.
 test: stack-up
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" --durations=25
 
 test-unit: install
 	$(PY) -m pytest tests/unit
