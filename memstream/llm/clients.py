@@ -31,7 +31,9 @@ def llm_clients(settings) -> LlmClients:
         from memstream.llm.bedrock import (BedrockExtractor, BedrockRelationExtractor, BedrockResolver,
                                            BedrockTurnExtractor, bedrock_client, bedrock_executor)
 
-        n = settings.formation_concurrency
+        # Twice the calls formation has in flight: boto3's calls cannot be cancelled, so those
+        # abandoned at a revoke run on (up to the read timeout) beside the calls of the next batch.
+        n = 2 * settings.formation_concurrency
         client, kw = bedrock_client(settings.bedrock_region, max_in_flight=n), {"executor": bedrock_executor(n)}
         return LlmClients(BedrockExtractor(client, settings.bedrock_extraction_model, **kw),
                           BedrockResolver(client, settings.bedrock_resolution_model, **kw),
