@@ -99,7 +99,8 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
     async def recall(query: str, kinds: list[Literal["facts", "episodes", "edges"]] | None = None, k: int = 5,
                      user_id: str | None = None) -> dict[str, Any]:
         """The memories that best match ``query``: facts, past turns (episodes) and relationships (edges)."""
-        found = await state["reader"].search(whose(user_id), query, kinds=("facts", "episodes", "edges") if kinds is None else tuple(kinds),
+        found = await state["reader"].search(whose(user_id), query,
+                                             kinds=("facts", "episodes", "edges") if kinds is None else tuple(kinds),
                                              k=k)
         return {"facts": [{"fact_id": str(f.fact_id), "text": f.text, "score": f.score} for f in found.facts],
                 "episodes": [{"episode_id": str(e.episode_id), "when": e.occurred_at.isoformat(),

@@ -57,7 +57,8 @@ class IngressSealing:
             if r.key != event.user_id.encode():
                 letters.append((r, self.name, "record key does not match user_id: per-user order is not guaranteed"))
                 continue
-            if (size := len(encode(event))) > MAX_EVENT_BYTES:  # sealed, over Kafka's record limit: it would stop this step
+            # Sealed, it would pass Kafka's record limit, and stop this step.
+            if (size := len(encode(event))) > MAX_EVENT_BYTES:
                 letters.append((r, self.name, f"{size:,} bytes: sealed, over Kafka's record limit "
                                               f"(at most {MAX_EVENT_BYTES:,} as JSON)"))
                 continue

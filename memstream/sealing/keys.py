@@ -237,7 +237,8 @@ class DataKeys:
     def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000, fresh_s: float = 5.0):
         self._kek, self._store, self._keep, self._fresh_s = kek, store, keep, fresh_s
         self._keys: OrderedDict[tuple[bytes, int], AESGCM] = OrderedDict()
-        self._sealing: OrderedDict[bytes, tuple[int, float]] = OrderedDict()  # user -> (live generation, when the store said so)
+        # user -> (their live generation, when the store said so), for the ``keep`` most recent
+        self._sealing: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
         # Per user, while in use: one user's key lookups never wait on another's.
         self._locks: weakref.WeakValueDictionary[bytes, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -341,9 +342,9 @@ class DataKeys:
         self._evict(user_key(user_id), generation)
 
     async def destroy(self, user_id: str, generation: int | None = None) -> None:
-        """Destroy the user's key ``generation`` and every older one (None: every key they have).
-        None newer: a forget applied twice, or after the user came back, must not destroy the key
-        of what they said since."""
+        """Destroy the user's key ``generation`` and every older one (None: every key they have),
+        never a newer one: a forget applied twice, or after the user came back, must not destroy
+        the key of what they said since."""
         user = user_key(user_id)
         async with self._lock(user):
             await self._store.destroy(user, generation)
