@@ -108,18 +108,24 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
                 "edges": [{"edge_id": str(e.edge_id), "fact": e.fact_sentence} for e in found.edges]}
 
     @tool
-    async def get_context(message: str, conversation_id: str = "mcp", user_id: str | None = None) -> str:
-        """What memory holds for answering ``message``, as a block for your prompt."""
+    async def get_context(message: str, conversation_id: str = "mcp", user_id: str | None = None,
+                          after: dict[str, Any] | None = None) -> str:
+        """What memory holds for answering ``message``, as a block for your prompt; ``after``: a
+        position ``remember`` returned, to wait (up to 5 s) until what was remembered is in it."""
         from memstream.read_client import render_prompt
 
-        ctx = await state["reader"].read(whose(user_id), conversation_id, message)
+        ctx = await state["reader"].read(whose(user_id), conversation_id, message,
+                                         after=None if after is None else _position(after, state["log"].events_topic))
         return render_prompt(ctx, message)
 
     @tool
     async def list_memories(kind: Literal["facts", "episodes", "edges"] = "facts", limit: int = 50,
-                            cursor: str | None = None, user_id: str | None = None) -> dict[str, Any]:
-        """One page of what memory holds about the user, oldest first (``next_cursor`` for more)."""
-        page = await state["reader"].memories(whose(user_id), kind, limit=limit, cursor=cursor)
+                            cursor: str | None = None, user_id: str | None = None,
+                            include_history: bool = False) -> dict[str, Any]:
+        """One page of what memory holds about the user, oldest first (``next_cursor`` for more);
+        ``include_history``: facts' earlier versions and closed relationships too."""
+        page = await state["reader"].memories(whose(user_id), kind, include_history=include_history, limit=limit,
+                                              cursor=cursor)
         return page.model_dump(mode="json")
 
     @tool
@@ -153,3 +159,13 @@ def _id(value: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise InvalidArgument("that is not a memory id (a UUID)") from None
+
+
+def _position(after: dict[str, Any], events_topic: str):
+    """``after`` as the log position ``remember`` returned, or ``InvalidArgument``."""
+    from memstream.schemas import LogPosition
+
+    if (set(after) != {"topic", "partition", "offset"} or after["topic"] != events_topic
+            or not all(type(after[k]) is int and 0 <= after[k] < 2**63 for k in ("partition", "offset"))):
+        raise InvalidArgument("after must be a position remember returned: {topic, partition, offset}")
+    return LogPosition(after["topic"], after["partition"], after["offset"])

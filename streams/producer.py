@@ -93,6 +93,11 @@ class TurnLog:
             self._pool = await db.create_pool(s.dsn(), s.postgres_schema, min_size=0, max_size=2)
         return self._pool
 
+    @property
+    def events_topic(self) -> str:
+        """The topic appends go to now (the positions they return name it)."""
+        return self._settings.events_topic
+
     async def _follow_moves(self) -> bool:
         """Point at the topics the log lives in now; whether they changed."""
         from memstream.streams.log_topics import live_log

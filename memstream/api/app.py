@@ -91,6 +91,28 @@ class _BoundedBodies:
             await _problem(exc.status, exc.title, exc.detail)(scope, receive, send)
 
 
+def _presented_key(headers) -> str | None:
+    """The API key a request presents: ``Authorization: Bearer <key>`` or ``X-API-Key``."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
+
+
+class _KeyFirst:
+    """ASGI middleware: a ``/v1`` request without a valid key is 401 before its body is read (a
+    malformed body would otherwise be told apart to anyone, 422 before the route's key check)."""
+
+    def __init__(self, app, keys):
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope, receive, send):
+        from starlette.datastructures import Headers
+
+        if (scope["type"] == "http" and scope["path"].startswith("/v1/")
+                and self.keys.principal(_presented_key(Headers(scope=scope))) is None):
+            return await _problem(401, "Unauthorized", UNAUTHORIZED)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 class _PageHeaders:
     """ASGI middleware: ``PAGE_HEADERS`` on every response under ``prefix``."""
 
@@ -212,6 +234,7 @@ class RedactedAccessLog(logging.Filter):
         return True
 
 
+UNAUTHORIZED = "send a memstream API key: Authorization: Bearer <key>"
 LIVE_LOG_FRESH_S = 1.0  # a move of the log to more partitions is seen by then
 
 
@@ -250,6 +273,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                                    swagger_js_url="/docs/assets/swagger-ui-bundle.js",
                                    swagger_css_url="/docs/assets/swagger-ui.css", swagger_favicon_url="data:,")
     app.add_middleware(_BoundedBodies, limit=max_body_bytes)
+    app.add_middleware(_KeyFirst, keys=keys)  # added last, so it runs first
     app.add_middleware(_PageHeaders, prefix="/inspector")
 
     @app.exception_handler(Problem)
@@ -283,11 +307,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         return _problem(400, "Invalid argument", str(exc))
 
     def caller(request: Request) -> Principal:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        key = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key")
-        who = keys.principal(key)
-        if who is None:
-            raise Problem(401, "Unauthorized", "send a memstream API key: Authorization: Bearer <key>")
+        if (who := keys.principal(_presented_key(request.headers))) is None:
+            raise Problem(401, "Unauthorized", UNAUTHORIZED)
         return who
 
     def user(user_id: str, who: Principal = Depends(caller)) -> str:

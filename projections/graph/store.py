@@ -71,10 +71,13 @@ async def load(conn, keys: Sequence[tuple[str, uuid.UUID]]) -> dict[uuid.UUID, R
 
 
 async def load_user(conn, user_id: str) -> list[Row]:
-    """All of one user's entities and edges (formation's view of the graph)."""
+    """All of one user's entities and edges (formation's view of the graph), the edges without
+    their embeddings: formation decides by names, targets and intervals, and keeps thousands of
+    users' views (an embedding is 1.5 kB of each edge)."""
     ents = await conn.fetch(f"SELECT {', '.join(ENTITY_COLUMNS)} FROM entities WHERE user_id = $1", user_id)
-    edges = await conn.fetch(f"SELECT {', '.join(EDGE_COLUMNS)} FROM memory_edges WHERE user_id = $1", user_id)
-    return [entity_from(r) for r in ents] + [edge_from(r) for r in edges]
+    cols = ", ".join(c for c in EDGE_COLUMNS if c != "embedding")
+    edges = await conn.fetch(f"SELECT {cols} FROM memory_edges WHERE user_id = $1", user_id)
+    return [entity_from(r) for r in ents] + [EdgeRow(**dict(r), embedding=b"") for r in edges]
 
 
 async def upsert(conn, rows: Sequence[Row]) -> None:

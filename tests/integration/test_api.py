@@ -214,6 +214,8 @@ async def test_bad_requests_get_typed_problems_and_big_bodies_are_refused(api):
     assert as_operator.status_code == 403
     wrong_key = await client.get("/v1/users/acme:bo/memories", headers=auth("msk_not-a-key"))
     assert wrong_key.status_code == 401
+    keyless = await client.post("/v1/users/acme:bo/turns", content=b"{", headers={"content-type": "application/json"})
+    assert keyless.status_code == 401  # the key first: not a word about the body to a stranger
     spec = (await client.get("/openapi.json")).json()
     assert {"/v1/users/{user_id}/turns", "/v1/users/{user_id}/search", "/v1/status"} <= set(spec["paths"])
     page = await client.get("/docs")
