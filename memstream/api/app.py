@@ -273,7 +273,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                                    swagger_js_url="/docs/assets/swagger-ui-bundle.js",
                                    swagger_css_url="/docs/assets/swagger-ui.css", swagger_favicon_url="data:,")
     app.add_middleware(_BoundedBodies, limit=max_body_bytes)
-    app.add_middleware(_KeyFirst, keys=keys)  # added last, so it runs first
+    app.add_middleware(_KeyFirst, keys=keys)  # added after the body bound: runs before it
     app.add_middleware(_PageHeaders, prefix="/inspector")
 
     @app.exception_handler(Problem)
