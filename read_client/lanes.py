@@ -54,8 +54,7 @@ class Channels:
         future is done (whatever its outcome). ``ready[name]`` is set once that channel has its
         result in ``got`` or the lane has ended without it."""
         if after is not None:
-            await asyncio.wait([after], timeout=None if self._deadline is None else
-                               max(self._deadline - asyncio.get_running_loop().time(), 0))
+            await asyncio.wait([after], timeout=self._left())
         try:
             async with self._acquired(pool or self._pool) as conn:
                 for name, fn, *args in steps:
@@ -76,9 +75,13 @@ class Channels:
         async with _dropped_if_cancelled(pool, conn, self._past_deadline):
             yield conn
 
+    def _left(self) -> float | None:
+        """Seconds to the deadline (None: no deadline)."""
+        return None if self._deadline is None else max(self._deadline - asyncio.get_running_loop().time(), 0.0)
+
     def _past_deadline(self) -> bool:
         # A channel cut short by the deadline leaves its statement's cancel in flight on the connection.
-        return self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline
+        return self._left() == 0.0
 
     async def into(self, name: str, value: Awaitable[Any]) -> None:
         self.got[name] = await value

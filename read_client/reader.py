@@ -25,7 +25,6 @@ from memstream.read_client.memories import (check_page, fact_version, graph_at, 
                                             with_source_turns)
 from memstream.read_client.arguments import SEARCH_KINDS, check_as_of, check_read, check_search, check_user
 from memstream.read_client.budget import Budgets, TokenCounter, pack
-from memstream.read_settings import READ_DEADLINE_S
 from memstream.read_client.lanes import Bounded, Channels
 from memstream.read_client.metrics import ReadMetrics, tracer
 from memstream.read_client.pools import connect_pools, prepare_text_lane
@@ -34,6 +33,7 @@ from memstream.read_client.terms import keyword_terms
 from memstream.read_client.render import edge_line, episode_line, render_context
 from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse,
                                          latest_per_slot, rank_edges, rerank, with_neighbours)
+from memstream.read_settings import READ_DEADLINE_S
 from memstream.schemas import LogPosition
 from memstream.schemas.vocabulary import canonical, single_valued
 from memstream.schemas.errors import InvalidArgument, ReaderClosed

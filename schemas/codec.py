@@ -82,7 +82,13 @@ def validated(record: T) -> T:
         field = next((f"$.{f.name}" for f in msgspec.structs.fields(record)
                       if isinstance(v := getattr(record, f.name), str) and not_utf8(v)), None)
         raise InvalidEvent(f"not valid Unicode: {exc.reason}", field) from None
-    if isinstance(record, Event) and len(data) > MAX_EVENT_BYTES:
-        raise InvalidEvent(f"the event is {len(data):,} bytes as JSON; at most {MAX_EVENT_BYTES:,} "
-                           "(Kafka's record limit, once sealed)", "$")
+    if isinstance(record, Event):
+        check_size(data)
     return _decode(data, registry)
+
+
+def check_size(event_json: bytes) -> None:
+    """``InvalidEvent`` if an event of this JSON would pass Kafka's record limit once sealed."""
+    if len(event_json) > MAX_EVENT_BYTES:
+        raise InvalidEvent(f"the event is {len(event_json):,} bytes as JSON; at most {MAX_EVENT_BYTES:,} "
+                           "(Kafka's record limit, once sealed)", "$")

@@ -26,7 +26,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from memstream.projections import positions as pos
 from memstream.schemas import InvalidEvent, UserForgotten, decode_event, encode
-from memstream.schemas.events import MAX_EVENT_BYTES
+from memstream.schemas.codec import check_size
 from memstream.streams.records import Record, next_offsets
 from memstream.streams.sealing import RecordSealer
 
@@ -57,10 +57,10 @@ class IngressSealing:
             if r.key != event.user_id.encode():
                 letters.append((r, self.name, "record key does not match user_id: per-user order is not guaranteed"))
                 continue
-            # Sealed, it would pass Kafka's record limit, and stop this step.
-            if (size := len(encode(event))) > MAX_EVENT_BYTES:
-                letters.append((r, self.name, f"{size:,} bytes: sealed, over Kafka's record limit "
-                                              f"(at most {MAX_EVENT_BYTES:,} as JSON)"))
+            try:
+                check_size(encode(event))  # sealed, it would pass Kafka's record limit, and stop this step
+            except InvalidEvent as exc:
+                letters.append((r, self.name, str(exc)))
                 continue
             events.append((r, event))
         forgotten = await self._sealer.last_forgets({e.user_id for _, e in events})
