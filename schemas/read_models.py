@@ -210,8 +210,8 @@ class Graph(BaseModel):
     as_of: AsOf
     nodes: list[GraphNode]
     edges: list[GraphEdge]
-    earliest: datetime | None = Field(description="when the first known relationship began")
-    latest: datetime | None = Field(description="the last opening or closing of a relationship")
+    earliest: datetime | None = Field(description="when the first known relationship began or was recorded, whichever came first")
+    latest: datetime | None = Field(description="the last opening, closing or recording of a relationship")
     truncated: bool = Field(False, description="more nodes than one drawing holds: the first ones by name")
 
 

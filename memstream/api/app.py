@@ -19,6 +19,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote, unquote
 
 import fastapi_offline
 from fastapi import Depends, FastAPI, Request
@@ -48,7 +49,10 @@ STATIC = Path(__file__).parent / "static"
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
                                            "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
                                            "base-uri 'none'; frame-ancestors 'none'",
-                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
+                "X-Frame-Options": "DENY"}
+# What the API answers is a person's memory: no browser or proxy keeps it (an export included).
+API_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 
 class Problem(Exception):
@@ -60,6 +64,13 @@ def _problem(status: int, title: str, detail: str) -> JSONResponse:
     slug = title.lower().replace(" ", "-")
     return JSONResponse({"type": f"https://memstream.dev/problems/{slug}", "title": title, "status": status,
                          "detail": detail}, status_code=status, media_type="application/problem+json")
+
+
+def _route_path(scope) -> str:
+    """The path the routes match: without the root path the app is mounted under (servers put it
+    in ``path`` too, or not, as the ASGI spec has changed its mind)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
 
 
 class _BoundedBodies:
@@ -107,29 +118,55 @@ class _KeyFirst:
     async def __call__(self, scope, receive, send):
         from starlette.datastructures import Headers
 
-        if (scope["type"] == "http" and scope["path"].startswith("/v1/")
+        if (scope["type"] == "http" and _route_path(scope).startswith("/v1/")
                 and self.keys.principal(_presented_key(Headers(scope=scope))) is None):
             return await _problem(401, "Unauthorized", UNAUTHORIZED)(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
-class _PageHeaders:
-    """ASGI middleware: ``PAGE_HEADERS`` on every response under ``prefix``."""
+class _Headers:
+    """ASGI middleware: ``headers`` on every response under ``prefix``."""
 
-    def __init__(self, app, prefix: str):
+    def __init__(self, app, prefix: str, headers: dict[str, str]):
         self.app, self.prefix = app, prefix
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+        if scope["type"] != "http" or not _route_path(scope).startswith(self.prefix):
             return await self.app(scope, receive, send)
 
         async def with_headers(message):
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  *((k.lower().encode(), v.encode()) for k, v in PAGE_HEADERS.items())]}
+                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class _UserSegment:
+    """ASGI middleware: the user id of a ``/v1/users/<id>/...`` path taken from the raw path, so a
+    user id holding "/" (the log takes it; sent as "%2F") names that user, not a route. Routing
+    sees it quoted, one path segment; the ``user`` dependency takes it from ``USER_ID``."""
+
+    PREFIX = b"/v1/users/"
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        root = scope.get("root_path", "") if raw else ""
+        if root and raw.startswith(root.encode()):  # mounted under a root path: the routes see past it
+            raw = raw[len(root.encode()):]
+        if raw and raw.startswith(self.PREFIX) and len(raw) > len(self.PREFIX):
+            segment, slash, rest = raw[len(self.PREFIX):].split(b"?", 1)[0].partition(b"/")
+            user_id = unquote(segment.decode("utf-8", "replace"))
+            path = "/v1/users/" + quote(user_id, safe="") + slash.decode() + unquote(rest.decode("utf-8", "replace"))
+            scope = {**scope, USER_ID: user_id, "path": (root if scope["path"].startswith(root) else "") + path}
+        return await self.app(scope, receive, send)
+
+
+USER_ID = "memstream.user_id"
 
 
 class Position(BaseModel):
@@ -274,7 +311,9 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                                    swagger_css_url="/docs/assets/swagger-ui.css", swagger_favicon_url="data:,")
     app.add_middleware(_BoundedBodies, limit=max_body_bytes)
     app.add_middleware(_KeyFirst, keys=keys)  # added after the body bound: runs before it
-    app.add_middleware(_PageHeaders, prefix="/inspector")
+    app.add_middleware(_Headers, prefix="/inspector", headers=PAGE_HEADERS)
+    app.add_middleware(_Headers, prefix="/v1/", headers=API_HEADERS)
+    app.add_middleware(_UserSegment)  # added last: runs first, so every check sees the user it names
 
     @app.exception_handler(Problem)
     async def problem(request, exc: Problem):
@@ -311,9 +350,10 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             raise Problem(401, "Unauthorized", UNAUTHORIZED)
         return who
 
-    def user(user_id: str, who: Principal = Depends(caller)) -> str:
+    def user(request: Request, user_id: str, who: Principal = Depends(caller)) -> str:
         from memstream.read_client.arguments import check_user
 
+        user_id = request.scope.get(USER_ID, user_id)  # as the raw path said it (_UserSegment)
         if not who.reaches(user_id):
             raise Problem(403, "Forbidden", f"this key reaches the users of tenant {who.tenant!r} only "
                                             f"(user ids '{who.tenant}:...')")
@@ -477,8 +517,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         return await appended(act(state["log"], state["reader"], user_id, named[0][1], actor=actor(body.actor, who),
                                   reason=body.reason))
 
-    # The whole rest of the path: a user id may hold a "/" (the log takes it), and erasure must reach every user.
-    @app.delete("/v1/users/{user_id:path}", status_code=202, response_model=Appended, tags=["memories"])
+    @app.delete("/v1/users/{user_id}", status_code=202, response_model=Appended, tags=["memories"])
     async def forget_user(user_id: str = Depends(user), who: Principal = Depends(caller), reason: str = ""):
         """Forget everything memstream holds about the user: rows, caches and, by crypto-shredding, the log."""
         from memstream.control import forget_user as forget

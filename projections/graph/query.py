@@ -168,6 +168,10 @@ async def nodes(conn, user_id: str, limit: int) -> Sequence[asyncpg.Record]:
 
 
 async def span(conn, user_id: str) -> asyncpg.Record:
-    """When the user's known relationships begin and the last of their openings and closings."""
-    return await conn.fetchrow("SELECT min(valid_from) AS earliest, max(greatest(valid_from, valid_to)) AS latest "
-                               "FROM memory_edges WHERE user_id = $1 AND NOT forgotten", user_id)
+    """From the first time the user's known relationships began or were recorded to the last of
+    their openings, closings and recordings: a date slider over it reaches every change on either
+    axis (what was said in 2024 of a marriage since 2010 is recorded past its valid range)."""
+    return await conn.fetchrow(
+        "SELECT min(least(valid_from, recorded_at)) AS earliest, "
+        "max(greatest(valid_from, valid_to, recorded_at, closed_at)) AS latest "
+        "FROM memory_edges WHERE user_id = $1 AND NOT forgotten", user_id)

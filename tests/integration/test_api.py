@@ -119,6 +119,7 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
         assert got.status_code == status, (path, body, got.text)
     exported = await client.get("/v1/users/acme:ana/export", headers=acme)
     assert exported.status_code == 200 and json.loads(exported.text.splitlines()[0])["user_id"] == "acme:ana"
+    assert exported.headers["cache-control"] == "no-store"  # a person's memory: no browser or proxy keeps it
 
     # Another tenant's key, and no key: refused before anything is read or appended.
     globex = auth(keys["globex"])
@@ -161,6 +162,9 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
     slashed = await client.delete("/v1/users/acme:team%2Fana", headers=acme)  # the log takes such ids: so must erasure
     assert slashed.status_code == 202
     assert (await client.delete("/v1/users/globex:team%2Fana", headers=acme)).status_code == 403
+    odd = await client.get("/v1/users/acme:bob%2Fgraph", headers=acme)  # a user of that name, not acme:bob's graph
+    assert odd.status_code == 200 and odd.json()["user_id"] == "acme:bob/graph", odd.text
+    assert (await client.get("/v1/users/globex:bob%2Fgraph", headers=acme)).status_code == 403
     await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM episodes WHERE user_id = 'acme:ana'"),
                      what="the user forgotten")
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -14,9 +16,11 @@ import pytest
 from memstream.api.app import create_app
 from memstream.api.keys import ApiKeys
 from memstream.demo import script_turns
+from memstream.schemas import TurnRecorded
 from memstream.streams.producer import TurnLog
 
 from .conftest import served
+from .helpers import turns
 
 pytestmark = pytest.mark.asyncio
 
@@ -144,3 +148,69 @@ async def test_a_person_sees_their_memory_as_it_was_and_makes_it_forget(browser,
         ctx = (await api.post("/v1/users/demo:maria/context", json={"conversation_id": "c",
                                                                     "message": "what am I allergic to?"})).json()
         assert fact_id not in {f["fact_id"] for f in ctx["facts"]}
+
+
+class _SlowFor:
+    """ASGI wrapper: every API request for ``user`` answers ``delay`` seconds late."""
+
+    def __init__(self, app, user: str, delay: float):
+        self.app, self.needle, self.delay = app, b"/v1/users/" + quote(user, safe="").encode(), delay
+
+    def __getattr__(self, name):
+        return getattr(self.app, name)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("raw_path", b"").startswith(self.needle):
+            await asyncio.sleep(self.delay)
+        await self.app(scope, receive, send)
+
+
+def switch_and_page(driver, url: str, key: str, slow: str, busy: str) -> None:
+    driver.get(f"{url}/inspector#key={key}&user={quote(slow)}")
+    until(driver, lambda d: d.find_element("id", "user-name").text == slow, "the slow user opened")
+    driver.execute_script("openUser(arguments[0])", busy)  # before the slow user's replies are back
+    until(driver, lambda d: d.find_element("id", "user").get_attribute("data-loaded") == busy, "the busy user loaded")
+    time.sleep(2.5)  # the slow user's replies arrive meanwhile, and must be dropped
+    said = [s.text for s in driver.find_elements("css selector", "#episodes .turn .said")]
+    assert driver.find_element("id", "user-name").text == busy and len(said) == 100, said[:3]
+    assert all(s.startswith("message ") for s in said), [s for s in said if not s.startswith("message ")][:3]
+    assert driver.find_element("id", "user").get_attribute("data-loaded") == busy
+
+    more = driver.find_element("css selector", "#episodes button.more")  # 101 turns: one page and one more
+    assert "100 shown" in more.text
+    more.click()
+    until(driver, lambda d: len(d.find_elements("css selector", "#episodes .turn")) == 101
+          and not d.find_elements("css selector", "#episodes button.more"), "the second page of episodes")
+    assert driver.execute_script("return document.querySelector('#episodes-section h2').textContent") \
+        .endswith("in UTC")
+    assert console_errors(driver) == []
+
+
+async def test_switching_users_never_shows_one_users_memory_under_anothers_and_a_big_memory_pages(
+        browser, settings, dsn, workers, tmp_path):
+    """A reply for the user opened first, arriving after the second was opened, is dropped; a
+    user id holding "/" is one user to every route; more than a page of turns is reached."""
+    from memstream.embedding import default_embedder
+
+    slow, busy = "demo:slow", "demo:team/ana"
+    w = workers()
+    await w.wait_assigned()
+    sent = [msgspec.structs.replace(t, user_id=busy) for t in turns(101, users=1, prefix="b")]
+    sent += [TurnRecorded.new(user_id=slow, conversation_id="s", user_message="I am the slow one.",
+                              assistant_message="ok.")]
+    async with TurnLog(settings) as log:
+        positions = await log.append_many(sent)
+    keys = ApiKeys(tmp_path / "api-keys.json")
+    key = keys.create("inspector test", tenant="demo")
+    app = create_app(settings, keys=keys, dsn=dsn, embedder=default_embedder())
+    async with served(_SlowFor(app, slow, 1.5)) as url, httpx.AsyncClient(
+            base_url=url, timeout=30, headers={"Authorization": f"Bearer {key}"}) as api:
+        for p in {p.partition: p for p in positions}.values():  # each partition's last
+            seen = await api.post("/v1/caught-up", json={"position": {"topic": p.topic, "partition": p.partition,
+                                                                      "offset": p.offset}, "timeout": 30})
+            assert seen.json()["caught_up"], (p, seen.text)
+        # The slashed id is one user to every route, not a route of another ("demo:team" + "/ana").
+        overview = await api.get(f"/v1/users/{quote(busy, safe='')}")
+        assert overview.status_code == 200 and overview.json()["stats"]["episodes"]["by_status"] == {"recorded": 101}
+        assert overview.headers["cache-control"] == "no-store"
+        await asyncio.to_thread(switch_and_page, browser, url, key, slow, busy)

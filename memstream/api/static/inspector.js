@@ -4,8 +4,10 @@
 "use strict";
 
 const DAY = 86400000;
+const PAGE = 100;  // memories a page shows before "load more"
 const $ = (id) => document.getElementById(id);
-const state = { key: null, me: null, user: null, nodes: [], earliest: null, days: 0, drawn: 0 };
+const state = { key: null, me: null, user: null, opened: 0, facts: null, episodes: null, asked: {}, earliest: null,
+  days: 0, drawn: 0 };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -27,6 +29,8 @@ function svg(tag, attrs, text) {
   return node;
 }
 
+// Dates and times as the API gives them, in UTC (the page says so): a turn near midnight is on
+// the same day for every reader of it.
 const day = (iso) => (iso ? iso.slice(0, 10) : "");
 
 function notice(text, error) {
@@ -48,6 +52,12 @@ async function api(method, path, body) {
 }
 
 const userPath = (suffix) => `/v1/users/${encodeURIComponent(state.user)}${suffix || ""}`;
+
+// A reply for a user opened before the one shown now is dropped: switching quickly must never
+// show one person's memory under another's name.
+function stillOpen(opened) {
+  return opened === state.opened;
+}
 
 // --- signing in -----------------------------------------------------------------------------
 
@@ -86,20 +96,27 @@ async function signIn(wanted) {
 // --- one user -------------------------------------------------------------------------------
 
 async function openUser(userId) {
+  const opened = ++state.opened;
   state.user = userId;
+  state.facts = state.episodes = null;  // no "load more" may go on from another user's pages
+  $("facts-more").replaceChildren();
+  $("episodes").querySelectorAll("button.more").forEach((b) => b.remove());
+  delete $("user").dataset.loaded;
   history.replaceState(null, "", `${location.pathname}#${new URLSearchParams({ user: userId })}`);
   $("user-name").textContent = userId;
   $("user").hidden = false;
   try {
     await Promise.all([showProfile(), showFacts(), showGraph(null, true), showEpisodes(), showOps()]);
-    $("user").dataset.loaded = userId;
+    if (stillOpen(opened)) $("user").dataset.loaded = userId;
   } catch (err) {
-    notice(`Could not load ${userId}: ${err.message}`, true);
+    if (stillOpen(opened)) notice(`Could not load ${userId}: ${err.message}`, true);
   }
 }
 
 async function showProfile() {
+  const opened = state.opened;
   const overview = await api("GET", userPath());
+  if (!stillOpen(opened)) return;
   const entries = Object.entries(overview.profile || {});
   $("profile").replaceChildren(...(entries.length ? entries.flatMap(([k, v]) => [el("dt", {}, k),
     el("dd", {}, typeof v === "object" ? JSON.stringify(v) : v)]) : [el("dd", { class: "quiet" }, "no profile yet")]));
@@ -110,9 +127,32 @@ async function showProfile() {
     `${count(s.edges)} relationships; last change ${day(s.last_recorded) || "never"}`;
 }
 
-async function showFacts() {
-  const page = await api("GET", userPath("/memories?kind=facts&limit=500"));
-  const rows = page.items.map((f) => el("tr", { "data-fact-id": f.fact_id },
+// A kind's pages, oldest first: the first again on a (re)load, the next one on "Load more". Only
+// the latest ask of a kind is shown (a reload after a change supersedes a "load more" under way).
+async function pageOf(kind, more) {
+  const opened = state.opened;
+  const held = more ? state[kind] : { items: [], next: null, opened };
+  if (!held || held.opened !== opened) return null;
+  const asked = (state.asked[kind] = (state.asked[kind] || 0) + 1);
+  const query = new URLSearchParams({ kind, limit: PAGE });
+  if (more) query.set("cursor", held.next);
+  const page = await api("GET", userPath(`/memories?${query}`));
+  if (!stillOpen(opened) || asked !== state.asked[kind]) return null;
+  state[kind] = { items: [...held.items, ...page.items], next: page.next_cursor, opened };
+  return state[kind];
+}
+
+function moreButton(kind, shown, show) {
+  if (!shown.next) return null;
+  return el("button", { type: "button", class: "more", "data-kind": kind, onclick: () => show(true)
+    .catch((err) => notice(`Could not load more ${kind}: ${err.message}`, true)) },
+  `${shown.items.length} shown, oldest first: load more`);
+}
+
+async function showFacts(more) {
+  const shown = await pageOf("facts", more);
+  if (!shown) return;
+  const rows = shown.items.map((f) => el("tr", { "data-fact-id": f.fact_id },
     el("td", {}, f.text), el("td", {}, `${f.category} · ${f.attribute}`), el("td", {}, day(f.valid_from)),
     el("td", {}, f.confidence.toFixed(2), f.observation_count > 1 ? ` · seen ${f.observation_count}×` : ""),
     el("td", { class: "actions" },
@@ -121,6 +161,7 @@ async function showFacts() {
       el("button", { type: "button", class: "danger forget", onclick: (e) => forgetFact(e.target, f) }, "Forget"))));
   $("facts").tBodies[0].replaceChildren(...(rows.length ? rows
     : [el("tr", {}, el("td", { colspan: 5, class: "quiet" }, "no facts believed"))]));
+  $("facts-more").replaceChildren(...[moreButton("facts", shown, showFacts)].filter(Boolean));
 }
 
 function besideRow(button, kind, build) {
@@ -131,7 +172,14 @@ function besideRow(button, kind, build) {
 }
 
 async function toggleHistory(button, fact) {
-  const versions = await api("GET", userPath(`/facts/${fact.fact_id}/history`));
+  const opened = state.opened;
+  let versions;
+  try {
+    versions = await api("GET", userPath(`/facts/${fact.fact_id}/history`));
+  } catch (err) {
+    return stillOpen(opened) && notice(`history failed: ${err.message}`, true);
+  }
+  if (!stillOpen(opened) || !button.isConnected) return;
   besideRow(button, "history", () => el("ol", { class: "versions" }, versions.map((v) => el("li", {},
     el("span", { class: `status ${v.status}` }, v.status), ` v${v.version} `, el("strong", {}, v.text),
     ` — true ${day(v.valid_from)} → ${v.valid_to ? day(v.valid_to) : "now"}, recorded ${day(v.recorded_at)}`,
@@ -197,7 +245,7 @@ async function showGraph(asOf, first) {
   }
   const ticket = ++state.drawn;
   const graph = await api("GET", userPath(`/graph?${query}`));
-  if (ticket !== state.drawn) return;  // a later date was asked for meanwhile
+  if (ticket !== state.drawn) return;  // a later date or another user was asked for meanwhile
   if (first) {
     state.earliest = graph.earliest ? Date.parse(graph.earliest.slice(0, 10)) : null;
     // One position per day from the first relationship's to the last change's, then now.
@@ -206,7 +254,7 @@ async function showGraph(asOf, first) {
     $("graph-slider").value = state.days;
     $("graph-slider").disabled = !state.days;
   }
-  $("graph-date").textContent = asOf ? `as of ${day(asOf)}${$("graph-recorded").checked ? ", as recorded then" : ""}` : "now";
+  $("graph-date").textContent = asOf ? `as of ${day(asOf)} (UTC)${$("graph-recorded").checked ? ", as recorded then" : ""}` : "now";
   $("graph-section").dataset.asOf = asOf ? day(asOf) : "now";
   draw(graph);
 }
@@ -247,15 +295,17 @@ function draw(graph) {
   $("graph").replaceChildren(...edges, ...nodes);
   $("graph-edges").replaceChildren(...(graph.edges.length ? graph.edges.map((e) => el("li", {},
     `${e.fact_sentence} (${day(e.valid_from)} → ${e.valid_to ? day(e.valid_to) : "now"})`))
-    : [el("li", {}, "no relationships held then")]));
+    : [el("li", {}, "no relationships held then")]),
+  ...(graph.truncated ? [el("li", { class: "truncated" }, "only the first 300 people, places and things are drawn")] : []));
 }
 
 // --- episodes and the pipeline --------------------------------------------------------------
 
-async function showEpisodes() {
-  const page = await api("GET", userPath("/memories?kind=episodes&limit=500"));
+async function showEpisodes(more) {
+  const shown = await pageOf("episodes", more);
+  if (!shown) return;
   const byConversation = new Map();
-  for (const e of page.items) {
+  for (const e of shown.items) {
     if (!byConversation.has(e.conversation_id)) byConversation.set(e.conversation_id, []);
     byConversation.get(e.conversation_id).push(e);
   }
@@ -263,17 +313,19 @@ async function showEpisodes() {
     el("div", { class: "conversation" }, el("h3", {}, `${id} `, el("small", { class: "quiet" },
       `${day(turns[0].occurred_at)} · ${turns.length} turn${turns.length > 1 ? "s" : ""}`)),
     turns.map((t) => el("p", { class: "turn", "data-episode-id": t.episode_id },
-      el("time", {}, t.occurred_at.slice(0, 16).replace("T", " ")), el("span", { class: "said" }, t.user_message),
-      el("span", { class: "answer" }, t.assistant_message)))))
-    : [el("p", { class: "quiet" }, "no remembered turns")]));
+      el("time", { datetime: t.occurred_at }, t.occurred_at.slice(0, 16).replace("T", " ")),
+      el("span", { class: "said" }, t.user_message), el("span", { class: "answer" }, t.assistant_message)))))
+    : [el("p", { class: "quiet" }, "no remembered turns")]), ...[moreButton("episodes", shown, showEpisodes)].filter(Boolean));
 }
 
 async function showOps() {
+  const opened = state.opened;
   if (!state.me.operator) {
     $("ops").replaceChildren(el("p", { class: "quiet" }, "Lag and dead letters are shown to operator keys."));
     return;
   }
   const status = await api("GET", "/v1/status");
+  if (!stillOpen(opened)) return;
   const lagging = status.positions.filter((p) => p.lag > 0);
   $("ops").replaceChildren(
     el("p", {}, `max lag ${status.max_lag} records · dead letters ${status.dead_letters}`,
@@ -309,5 +361,7 @@ document.addEventListener("DOMContentLoaded", () => {
   };
   $("graph-slider").addEventListener("input", redraw);
   $("graph-recorded").addEventListener("change", redraw);
+  // A sign-in link opened in a tab already showing the page (the same document: no reload).
+  window.addEventListener("hashchange", () => signIn(fromHash()).catch((err) => notice(err.message, true)));
   signIn(fromHash()).catch((err) => notice(err.message, true));
 });
