@@ -25,6 +25,7 @@ MAX_MESSAGE_CHARS = 100_000
 # One event as JSON, at most: sealed (base64, a third more) it stays under Kafka's default 1 MiB
 # record limit. Two messages of MAX_MESSAGE_CHARS four-byte characters would not.
 MAX_EVENT_BYTES = 512 * 1024
+MAX_DECISION_BYTES = MAX_EVENT_BYTES + 64 * 1024  # at most its turn's text and a vector
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 Message = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_CHARS)]
@@ -287,6 +288,22 @@ class UserForgotten(_Control, tag="UserForgotten", kw_only=True, frozen=True):
     generation: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
+MAX_DIMENSIONS = 4096
+
+
+def _check_embedding(d: Decision) -> None:
+    """A vector every store can build from ``d.embedding``: whole little-endian float32s, at most
+    ``MAX_DIMENSIONS``, all finite (a decision a stranger's archive carries is checked as much as
+    formation's own: one that no store can build would stop every user's projections)."""
+    if len(d.embedding) % 4 or len(d.embedding) > 4 * MAX_DIMENSIONS:
+        raise InvalidEvent(f"embedding must be whole float32s, at most {MAX_DIMENSIONS}: "
+                           f"not {len(d.embedding)} bytes", "$.embedding")
+    import numpy as np  # here: a host importing the schemas need not load numpy
+
+    if not np.isfinite(np.frombuffer(d.embedding, "<f4")).all():
+        raise InvalidEvent("embedding holds NaN or infinity", "$.embedding")
+
+
 class Decision(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
     """Envelope of every record on the decisions topic.
 
@@ -318,6 +335,9 @@ class EpisodeRecorded(Decision, tag="EpisodeRecorded", kw_only=True, frozen=True
     embedding: bytes  # little-endian float32, base64 in JSON
     embedding_model: str
 
+    def __post_init__(self) -> None:
+        _check_embedding(self)
+
 
 class FactDecision(Decision, kw_only=True, frozen=True):
     """Common fields of fact decisions: who decided (extractor and resolver model ids), why, and
@@ -341,6 +361,9 @@ class _FactBody(FactDecision, kw_only=True, frozen=True):
     valid_from: datetime  # world time the fact became true (stated, or the turn's occurred_at)
     embedding: bytes
     embedding_model: str
+
+    def __post_init__(self) -> None:
+        _check_embedding(self)
 
 
 class FactAdded(_FactBody, tag="FactAdded", kw_only=True, frozen=True):
@@ -434,6 +457,9 @@ class EdgeOpened(GraphDecision, tag="EdgeOpened", kw_only=True, frozen=True):
     explicit: bool
     embedding: bytes
     embedding_model: str
+
+    def __post_init__(self) -> None:
+        _check_embedding(self)
 
 
 class EdgeClosed(GraphDecision, tag="EdgeClosed", kw_only=True, frozen=True):

@@ -1,6 +1,8 @@
 """The wire contract: golden fixtures of every shipped version, validation at the edge,
 upcasting, and the checked-in JSON Schema."""
+import base64
 import json
+import struct
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -42,6 +44,18 @@ def test_golden_episode_recorded_v1_decodes_with_its_embedding():
     assert d.decision_id == uuid.uuid5(d.source_event_id, "episode")
     assert (d.source.partition, d.source.offset) == (2, 17)
     assert len(d.embedding) == 384 * 4
+
+
+@pytest.mark.parametrize("embedding", [b"abc", struct.pack("<f", float("nan")), struct.pack("<2f", 1.0, float("inf")),
+                                       b"\0" * 4 * 4097])
+def test_a_decision_whose_vector_no_store_can_build_is_refused_on_decode(embedding):
+    """A decision from anyone's archive is a stranger's input: a vector of 3 bytes stopped every
+    user's projections on the store that built it, where a refused decision is dead-lettered."""
+    raw = json.loads((FIXTURES / "EpisodeRecorded.v1.json").read_text())
+    raw["embedding"] = base64.b64encode(embedding).decode()
+    with pytest.raises(InvalidEvent) as info:
+        decode_decision(json.dumps(raw).encode())
+    assert "embedding" in str(info.value)
 
 
 @pytest.mark.parametrize("changes, field", [
