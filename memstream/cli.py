@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -38,7 +39,46 @@ def resolve_dsn(settings: Settings) -> str:
         raise click.ClickException(str(exc)) from None
 
 
-@click.group()
+def _said(exc: BaseException) -> str | None:
+    """What an operator is told of an error a command's input or the stores caused (None: a
+    bug, shown with its traceback). Database errors without their DETAIL, as the logs."""
+    import asyncpg
+    from aiokafka.errors import KafkaError
+
+    from memstream.projections.redaction import refusal
+    from memstream.schemas.errors import MemstreamError
+
+    if isinstance(exc, MemstreamError):
+        return str(exc)
+    state = getattr(exc, "sqlstate", None) or ""
+    if isinstance(exc, asyncpg.PostgresError) and (state in ("42P01", "42703") or state[:2] in ("3D", "3F", "28")):
+        # No such database or schema, refused credentials, a table or column missing.
+        return (f"Postgres refused: {refusal(exc)} (is the schema the one you meant, and migrated? "
+                "memstream migrate)")
+    if isinstance(exc, (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, TimeoutError,
+                        socket.gaierror, asyncpg.PostgresConnectionError, KafkaError)):
+        return f"a store did not answer: {type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError):  # a path, a port, a pipe: what the system said
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+class _Commands(click.Group):
+    """Every command's errors of input or of the stores as a message and exit 1: a traceback
+    would tell an operator less, and print a database's DETAIL past the log's redaction."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.Exit:
+            raise
+        except Exception as exc:
+            if (said := _said(exc)) is None or ctx.params.get("verbose"):  # -v: the traceback too
+                raise
+            raise click.ClickException(said) from None
+
+
+@click.group(cls=_Commands)
 @click.option("--schema", help="Postgres schema (default: $MEMSTREAM_POSTGRES_SCHEMA or 'memstream')")
 @click.option("-v", "--verbose", is_flag=True, help="debug logging")
 @click.pass_context
@@ -176,8 +216,11 @@ def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: s
     from memstream.streams.rebuild import rebuild_episodes
     from memstream.streams.replay import PROJECTIONS, replay
 
-    s = _log(ctx)
     names = list(PROJECTIONS) if projections == ("all",) else list(projections)
+    if unknown := [n for n in names if n not in PROJECTIONS]:  # before a bulk rebuild runs for nothing
+        raise click.BadParameter(f"{', '.join(unknown)}: the projections are {', '.join(PROJECTIONS)} (or all)",
+                                 param_hint="PROJECTIONS")
+    s = _log(ctx)
     reports = []
     if bulk and "episodes" in names:
         names.remove("episodes")
@@ -585,14 +628,15 @@ def export_cmd(ctx, user: str, path: Path, as_json: bool) -> None:
 @main.command("import")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="import it even though the user was forgotten here after it was exported")
+@click.option("--merge", is_flag=True, help="import it even though this deployment remembers the user already")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def import_cmd(ctx, path: Path, force: bool, as_json: bool) -> None:
+def import_cmd(ctx, path: Path, force: bool, merge: bool, as_json: bool) -> None:
     """Append an exported user's log to this deployment's topics (formation decides nothing again)."""
     from memstream.portability import import_user
 
     with progress("import") as on_progress:
-        done = _typed(import_user(_log(ctx), path, on_progress, force=force))
+        done = _typed(import_user(_log(ctx), path, on_progress, force=force, merge=merge))
     _echo(done, as_json, [f"imported {done['events']} events and {done['decisions']} decisions of {done['user_id']!r}"])
 
 

@@ -3,15 +3,19 @@
 The archive is JSON Lines, UTF-8. Line 1 is the header::
 
     {"format": "memstream-export", "version": 1, "user_id": ..., "exported_at": ...,
-     "events_topic": ..., "decisions_topic": ..., "events": N, "decisions": M}
+     "events_topic": ..., "decisions_topic": ..., "events": N, "decisions": M,
+     "left_out": {"forgotten": F, "not_theirs": U}}
 
 then one line per record, in log order, events first::
 
     {"log": "events" | "decisions", "offset": <offset in the source log>, "record": {...}}
 
 where ``record`` is the record's own JSON (the wire format of ``schemas/jsonschema``), opened.
-Left out: records shredded by a forget of the user, and the forgets of the whole user (they
-name this deployment's key generations).
+Left out (and counted): records shredded by a forget of the user, the forgets of the whole user
+(they name this deployment's key generations), and the records of their partition keyed by them
+that are not theirs (a poison record, dead-lettered where it was met, and formation's marker
+after it, which names no user). The file is made readable by its
+owner only.
 Every event keyed by the user and every decision about them is there: turns, commands, and
 what formation decided (with embeddings), so an import never calls an LLM or the embedder.
 
@@ -21,13 +25,17 @@ decisions with their ``source`` positions remapped to where the events landed. T
 projections in the target then equal the source's row for row, except the episodes' source
 partition and offset (the remapped positions). Every record is sealed again with the target's
 data keys; a record naming another user, a decision not made from an event of the archive, or
-one undecodable, goes to the target's dead-letter topic. An archive exported before the user's
-last forget in the target is refused (``force`` imports it).
+one undecodable, goes to the target's dead-letter topic. Every line is checked before the first
+record is appended; refused whole: an archive holding a record too big for any topic or a forget
+of the whole user, one exported before the user's last forget in the target (``force`` imports
+it), and one for a user the target already remembers (``merge`` imports it).
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Literal
@@ -37,8 +45,11 @@ from aiokafka import TopicPartition
 
 from memstream.projections import db
 from memstream.read_client.arguments import check_user
-from memstream.schemas import InvalidEvent, LogPosition, NothingDecided, decode_decision, decode_event
+from memstream.schemas import (InvalidEvent, LogPosition, MemoryForgotten, NothingDecided, UserForgotten,
+                               decode_decision, decode_event)
+from memstream.schemas.codec import check_size
 from memstream.schemas.errors import InvalidArgument
+from memstream.schemas.events import MAX_DECISION_BYTES
 from memstream.streams.admission import IMPORTED, expected_partition
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
@@ -84,18 +95,42 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
     # What was said before a forget of the user is shredded: not theirs to take along any more.
     # The forgets themselves stay behind: they name this deployment's key generations, which in
     # another deployment would end keys that have nothing to do with them.
+    opened = len(events) + len(decisions)
     events, decisions = ([m for m in msgs if m.sealing is None and not _forgets_user(m.value)]
                          for msgs in (events, decisions))
+    # A record the log kept that is not one of the user's (a poison record, dead-lettered where
+    # it was met) is left out and counted: it must not stop their export for good.
+    kept = len(events) + len(decisions)
+    events, decisions = ([m for m in msgs if _theirs(decode, m.value, user_id)]
+                         for msgs, decode in ((events, decode_event), (decisions, decode_decision)))
     header = {"format": FORMAT, "version": VERSION, "user_id": user_id,
               "exported_at": datetime.now(timezone.utc).isoformat(), "events_topic": settings.events_topic,
-              "decisions_topic": settings.decisions_topic, "events": len(events), "decisions": len(decisions)}
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps(header) + "\n")
-        for name, msgs in (("events", events), ("decisions", decisions)):
-            for m in msgs:
-                f.write(json.dumps({"log": name, "offset": m.offset, "record": json.loads(m.value)}) + "\n")
-    log.info("exported %d events and %d decisions of a user to %s", len(events), len(decisions), path)
+              "decisions_topic": settings.decisions_topic, "events": len(events), "decisions": len(decisions),
+              "left_out": {"forgotten": opened - kept, "not_theirs": kept - len(events) - len(decisions)}}
+    # The archive is the user's words in plaintext: readable by its owner only, like the keys
+    # (made beside ``path`` and moved over it whole: an existing file is never left half-written).
+    path = Path(path)
+    fd, made = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(header) + "\n")
+            for name, msgs in (("events", events), ("decisions", decisions)):
+                for m in msgs:
+                    f.write(json.dumps({"log": name, "offset": m.offset, "record": json.loads(m.value)}) + "\n")
+        os.replace(made, path)
+    except BaseException:
+        Path(made).unlink(missing_ok=True)
+        raise
+    log.info("exported %d events and %d decisions of a user to %s (%d not theirs left out)", len(events),
+             len(decisions), path, header["left_out"]["not_theirs"])
     return header
+
+
+def _theirs(decode, value: bytes | None, user_id: str) -> bool:
+    try:
+        return decode(value or b"").user_id == user_id
+    except InvalidEvent:
+        return False
 
 
 def _when(text) -> datetime | None:
@@ -147,17 +182,85 @@ def read_archive(path: Path) -> tuple[dict, list[dict], list[dict]]:
     return header, events, decisions
 
 
-async def import_user(settings, path: Path, on_progress=None, *, force: bool = False) -> dict:
+class _Plan(msgspec.Struct):
+    """What an import will append, all checked before the first record is: an archive that fails
+    halfway would leave events whose decisions never come (formation passes imported events)."""
+
+    events: list = []  # (line offset, event)
+    decisions: list = []  # (line offset, decision)
+    letters: list = []  # (raw, line offset, why)
+
+
+def _plan(path: Path, user: str, events: list[dict], decisions: list[dict]) -> _Plan:
+    plan, kept = _Plan(), set()
+    for x in events:
+        raw = msgspec.json.encode(x["record"])  # as the log holds it: compact UTF-8, not json's \\u escapes
+        try:
+            check_size(raw)  # no topic takes it, not even the dead letters'
+        except InvalidEvent as exc:
+            raise InvalidArgument(f"{path}: the event at offset {x['offset']}: {exc}") from None
+        try:
+            event = decode_event(raw)
+        except InvalidEvent as exc:
+            plan.letters.append((raw, x["offset"], f"undecodable event: {exc}"))
+            continue
+        if isinstance(event, UserForgotten):  # export leaves them out: they end this deployment's keys
+            raise InvalidArgument(f"{path}: the event at offset {x['offset']} forgets the whole user; an export "
+                                  "never holds one (forget the user here with forget-user)")
+        if event.user_id != user:
+            plan.letters.append((raw, x["offset"], f"names user {event.user_id!r}, not the archive's"))
+            continue
+        plan.events.append((x["offset"], event))
+        kept.add(event.event_id)
+    for x in decisions:
+        raw = msgspec.json.encode(x["record"])
+        if len(raw) > MAX_DECISION_BYTES:
+            raise InvalidArgument(f"{path}: the decision at offset {x['offset']} is {len(raw):,} bytes as JSON; "
+                                  f"formation makes none over {MAX_DECISION_BYTES:,}")
+        try:
+            d = decode_decision(raw)
+        except InvalidEvent as exc:
+            plan.letters.append((raw, x["offset"], f"undecodable decision: {exc}"))
+            continue
+        if isinstance(d, MemoryForgotten) and d.kind == "user":
+            raise InvalidArgument(f"{path}: the decision at offset {x['offset']} forgets the whole user; an export "
+                                  "never holds one")
+        if d.source_event_id not in kept and isinstance(d, NothingDecided):
+            continue  # a marker after a record left out: the target's formation writes its own
+        # A decision is about the user of the event it was made from, and only theirs: the
+        # projections trust its user (a forget deletes by it).
+        why = (f"names user {d.user_id!r}, not the archive's" if d.user_id != user
+               else f"names event {d.source_event_id}, not an event of the archive"
+               if d.source_event_id not in kept else None)
+        if why is not None:
+            plan.letters.append((raw, x["offset"], why))
+        else:
+            plan.decisions.append((x["offset"], d))
+    return plan
+
+
+async def _holds(pool, user: str) -> bool:
+    """Whether the target remembers anything of ``user`` already."""
+    return await pool.fetchval("SELECT EXISTS (SELECT 1 FROM episodes WHERE user_id = $1) "
+                               "OR EXISTS (SELECT 1 FROM memory_facts WHERE user_id = $1) "
+                               "OR EXISTS (SELECT 1 FROM memory_edges WHERE user_id = $1)", user)
+
+
+async def import_user(settings, path: Path, on_progress=None, *, force: bool = False, merge: bool = False) -> dict:
     """Append an archive's events and decisions to ``settings``' topics; returns the counts.
-    ``on_progress(done, total)``: records appended. An archive made before the user's last forget
-    here is refused unless ``force``: it would bring back what they asked to forget."""
+    ``on_progress(done, total)``: records appended. Refused before anything is appended: an
+    archive with a record no topic takes or that forgets the whole user; one made before the
+    user's last forget here, unless ``force`` (it would bring back what they asked to forget);
+    and a user the target already remembers, unless ``merge`` (two people may share an id
+    across deployments; a re-run after a failed import merges with what it appended)."""
     header, events, decisions = read_archive(path)
     on_progress = on_progress or (lambda done, total: None)
-    total = len(events) + len(decisions)
+    user = header["user_id"]
     # Only the archive's user's records go onto the target's log; one naming another user, or one
     # the source dead-lettered, goes to the target's dead-letter topic (its plaintext window)
     # with the reason — never plain onto the events topic, which keeps records forever.
-    user = header["user_id"]
+    plan = _plan(path, user, events, decisions)
+    total = len(plan.events) + len(plan.decisions) + len(plan.letters)
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
     pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
@@ -170,61 +273,38 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
                     f"{user!r} was forgotten here at {datetime.fromtimestamp(forgot, timezone.utc).isoformat()}, "
                     f"after {path} was exported ({header.get('exported_at')!r}): importing it would bring back what "
                     "they asked to forget; --force if they ask for it")
-
-        letters = 0
-
-        async def letter(raw: bytes, offset: int, why: str) -> None:
-            nonlocal letters
-            letters += 1
+        if not merge and await _holds(pool, user):
+            raise InvalidArgument(f"{user!r} already has memory here: importing {path} would merge it with theirs; "
+                                  "--merge if they are the same person (or this import ran before)")
+        done = 0
+        for raw, offset, why in plan.letters:
             await (await producer.send(settings.dead_letter_topic, raw, key=user.encode(), headers=[
                 ("memstream.reason", f"import of {path.name}: {why}".encode()[:4096]),
                 ("memstream.stage", b"import"), ("memstream.source", f"{path.name}/{offset}".encode())]))
-
+            done += 1
+            on_progress(done, total)
         # Decisions find their event by its id, not its offset: a log moved by ``partitions grow``
         # kept its old decisions as they were, naming offsets of the old topic.
         moved: dict[object, LogPosition] = {}  # event id -> where it landed
-        for x in events:
-            raw = json.dumps(x["record"]).encode()
-            try:
-                event = decode_event(raw)
-                why = None if event.user_id == user else f"names user {event.user_id!r}, not the archive's"
-            except InvalidEvent as exc:
-                why = f"undecodable event: {exc}"
-            if why is not None:
-                await letter(raw, x["offset"], why)
-                continue
+        for _, event in plan.events:
             meta = await (await producer.send(settings.events_topic, await sealer.seal(event), key=user.encode(),
                                               headers=[(IMPORTED, b"1")]))
             moved[event.event_id] = LogPosition(settings.events_topic, meta.partition, meta.offset)
-            on_progress(len(moved) + letters, total)
+            done += 1
+            on_progress(done, total)
         futures = []
-        for x in decisions:
-            raw = json.dumps(x["record"]).encode()
-            try:
-                d = decode_decision(raw)
-            except InvalidEvent as exc:
-                await letter(raw, x["offset"], f"undecodable decision: {exc}")
-                continue
-            if d.source_event_id not in moved and isinstance(d, NothingDecided):
-                continue  # a marker after a record left out: the target's formation writes its own
-            # A decision is about the user of the event it was made from, and only theirs: the
-            # projections trust its user (a forget deletes by it).
-            why = (f"names user {d.user_id!r}, not the archive's" if d.user_id != user
-                   else f"names event {d.source_event_id}, not an event of the archive"
-                   if d.source_event_id not in moved else None)
-            if why is not None:
-                await letter(raw, x["offset"], why)
-                continue
+        for _, d in plan.decisions:
             where = moved[d.source_event_id]
-            d = msgspec.structs.replace(d, source=where)
-            futures.append(await producer.send(settings.decisions_topic, await sealer.seal(d), key=user.encode(),
-                                               partition=where.partition))
-            on_progress(len(events) + len(futures), total)
+            futures.append(await producer.send(settings.decisions_topic,
+                                               await sealer.seal(msgspec.structs.replace(d, source=where)),
+                                               key=user.encode(), partition=where.partition))
+            done += 1
+            on_progress(done, total)
         for f in futures:
             await f
     finally:
         await producer.stop()
         await pool.close()
     log.info("imported %d events and %d decisions of a user from %s (%d dead-lettered)", len(moved),
-             len(futures), path, letters)
-    return {"user_id": user, "events": len(moved), "decisions": len(futures), "dead_lettered": letters}
+             len(futures), path, len(plan.letters))
+    return {"user_id": user, "events": len(moved), "decisions": len(futures), "dead_lettered": len(plan.letters)}

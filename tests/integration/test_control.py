@@ -202,6 +202,11 @@ async def test_the_cli_lists_corrects_forgets_and_names_what_is_wrong(settings, 
     foreign = cli("memories", "forget", "someone", "--fact", facts["home"]["fact_id"])
     assert foreign.returncode == 1 and "belongs to another user" in foreign.stderr
     assert cli("memories", "forget", "cli", "--fact", "not-a-uuid").returncode == 2
+    # An operator's slip is a message, not a traceback (which would print a database's DETAIL).
+    for args, said in ((["--schema", "no_such_schema", "memories", "list", "cli"], "Postgres refused"),
+                       (["replay", "facts", "--into", settings.postgres_schema], "refusing")):
+        slip = cli(*args)
+        assert slip.returncode == 1 and said in slip.stderr and "Traceback" not in slip.stderr, slip.stderr
     assert cli("forget-user", "cli", stdin="n\n").returncode == 1  # asked, and said no
     assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'cli'") == 3
     assert cli("forget-user", "cli", "--yes", "--json").returncode == 0
@@ -242,9 +247,19 @@ async def test_a_users_export_imported_into_a_fresh_deployment_projects_to_the_s
     finally:
         await reader.close()
     await append_and_wait(settings, conn, [turn("exp", "I moved to Faro.", 3)])
+    from aiokafka import AIOKafkaProducer
+
+    poison = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
+    await poison.start()
+    try:  # a plain client's bad record on exp's partition: dead-lettered there, left out of the export
+        await poison.send_and_wait(settings.events_topic, b"not json", key=b"exp")
+    finally:
+        await poison.stop()
     archive = tmp_path / "exp.jsonl"
     header = await export_user(settings, "exp", archive)
     assert header["version"] == 1 and header["events"] == 6 and header["decisions"] > 6
+    # The poison record, and formation's marker after it (it names no user): neither is theirs.
+    assert header["left_out"]["not_theirs"] == 2 and archive.stat().st_mode & 0o777 == 0o600
     assert all(x["record"]["user_id"] == "exp" for x in read_archive(archive)[1])
 
     tag = uuid_.uuid4().hex[:8]
@@ -291,6 +306,42 @@ async def test_a_users_export_imported_into_a_fresh_deployment_projects_to_the_s
             {**lines[0], "user_id": "mallory", "events": 1, "decisions": 1}, said, planted)) + "\n")
         assert await import_user(target, crafted) == {"user_id": "mallory", "events": 1, "decisions": 0,
                                                       "dead_lettered": 1}
+
+        # Checked whole before anything is appended: a user the target remembers (unless they
+        # are the same person), a record no topic takes, a forget of the whole user; a vector
+        # no store can build is dead-lettered, not left to stop every user's projections.
+        async def log_ends() -> int:
+            from aiokafka import TopicPartition
+
+            from memstream.streams.kafka_util import groupless_consumer, partitions_of
+
+            async with groupless_consumer(target.kafka_bootstrap) as c:
+                tps = [TopicPartition(t, p) for t in (target.events_topic, target.decisions_topic)
+                       for p in await partitions_of(c, t)]
+                return sum((await c.end_offsets(tps)).values())
+
+        ends = await log_ends()
+        with pytest.raises(InvalidArgument, match="already has memory here"):
+            await import_user(target, archive)
+        episode = next(x for x in lines[1:] if x["log"] == "decisions" and x["record"]["type"] == "EpisodeRecorded")
+        trudy = {**said, "record": {**said["record"], "user_id": "trudy"}}
+        for odd, why in ((dict(trudy, record={**trudy["record"], "user_message": "\U0001F600" * 100_000,
+                                              "assistant_message": "\U0001F600" * 100_000}), "bytes as JSON"),
+                         (dict(trudy, record={"type": "UserForgotten", "event_id": str(new_event_id()),
+                                              "user_id": "trudy", "occurred_at": said["record"]["occurred_at"],
+                                              "actor": "user"}), "forgets the whole user")):
+            odd_file = tmp_path / "odd.jsonl"
+            odd_file.write_text("\n".join(json.dumps(x) for x in (
+                {**lines[0], "user_id": "trudy", "events": 2, "decisions": 0}, trudy, odd)) + "\n")
+            with pytest.raises(InvalidArgument, match=why):
+                await import_user(target, odd_file)
+        assert await log_ends() == ends  # nothing appended
+        bad_vector = dict(episode, record={**episode["record"], "user_id": "trudy", "embedding": "AAAA",  # 3 bytes
+                                           "source_event_id": trudy["record"]["event_id"]})
+        odd_file.write_text("\n".join(json.dumps(x) for x in (
+            {**lines[0], "user_id": "trudy", "events": 1, "decisions": 1}, trudy, bad_vector)) + "\n")
+        assert await import_user(target, odd_file) == {"user_id": "trudy", "events": 1, "decisions": 0,
+                                                       "dead_lettered": 1}
 
         # Once exp is forgotten here, their older archive is not imported again by mistake.
         async with TurnLog(target) as log:

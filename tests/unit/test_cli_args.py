@@ -18,3 +18,15 @@ def test_a_nonsensical_count_is_a_usage_error_naming_the_option(args, option):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert option in result.output and "Invalid value" in result.output
+
+
+def test_an_unknown_projection_is_refused_before_any_rebuild_runs():
+    result = CliRunner().invoke(main, ["replay", "episodes", "bogus", "--bulk", "--into", "s1"])
+    assert result.exit_code == 2 and "bogus" in result.output and "Invalid value" in result.output, result.output
+
+
+def test_a_store_that_does_not_answer_is_a_message_not_a_traceback():
+    result = CliRunner(env={"MEMSTREAM_POSTGRES_DSN": "postgresql://nobody@127.0.0.1:1/none"}).invoke(
+        main, ["memories", "list", "someone"])
+    assert result.exit_code == 1 and "a store did not answer" in result.output, result.output
+    assert not isinstance(result.exception, OSError)  # ClickException's SystemExit, not the error itself
