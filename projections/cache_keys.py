@@ -1,7 +1,8 @@
 """The derived caches' Redis keys: ``memstream:<schema>:e<epoch>:<tier>:<len(user)>:<user>[:<rest>]``.
 
-The epoch is its projection's (``projection_epochs``): a switch gives the new schema epochs past
-the old ones so that no reader reads the old build's keys, and then drops them (``drop_stale``);
+The epoch is its projection's (``projection_epochs``): a switch gives the new schema an epoch past
+every one a switch gave before (an undo lowers the live ones) so that no reader reads an earlier
+build's keys, and then drops them (``drop_stale``);
 a forget deletes a user's keys of every epoch, so none it missed outlives it (``forget``). None of
 them expires: a key left behind would hold what it holds until Redis is emptied.
 """

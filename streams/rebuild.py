@@ -12,6 +12,7 @@ writes (tested), in a fraction of the time. The other projections are rebuilt by
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -67,10 +68,21 @@ class RebuildReport:
                 f"({phases})")
 
 
-class _Fold:
-    """The episodes a replay would leave, folded from decisions in log order."""
+def _storable(d: EpisodeRecorded, dimensions: int) -> bool:
+    """Whether Postgres takes the episode (the live projection dead-letters one it refuses, and
+    here one refused row would fail the whole COPY): text without NUL, and a vector of the
+    column's dimensions."""
+    texts = [d.user_id, d.conversation_id, d.user_message, d.assistant_message, d.embedding_model]
+    texts += [str(x) for kv in (d.metadata or {}).items() for x in kv]
+    return len(d.embedding) == 4 * dimensions and not any("\x00" in t for t in texts)
 
-    def __init__(self) -> None:
+
+class _Fold:
+    """The episodes a replay would leave, folded from decisions in log order; ``dimensions``:
+    the episodes' vector column's."""
+
+    def __init__(self, dimensions: int) -> None:
+        self.dimensions = dimensions
         self.rows: dict[tuple[str, object], episodes.EpisodeRow] = {}
         self.by_user: dict[str, set] = {}
         self.covered: dict[tuple[str, int], int] = {}
@@ -89,6 +101,9 @@ class _Fold:
         for key, mark in pos.events_covered([d]).items():
             self.covered[key] = max(self.covered.get(key, 0), mark)
         if isinstance(d, EpisodeRecorded):
+            if not _storable(d, self.dimensions):
+                self.skipped += 1  # dead-lettered live
+                return
             row = episodes.apply(d)
             key = (row.user_id, row.episode_id)
             if key not in self.rows and key[1] not in self.forgotten.get(key[0], ()):  # the first one stays
@@ -145,8 +160,6 @@ async def _build(dsn: str, schema: str, parent: str, children: list[tuple[str, s
 
 
 def _record(row: episodes.EpisodeRow) -> tuple:
-    import json
-
     return (row.episode_id, row.source_event_id, row.user_id, row.conversation_id, row.occurred_at, row.recorded_at,
             row.source_partition, row.source_offset, row.user_message, row.assistant_message,
             None if row.metadata is None else json.dumps(row.metadata, sort_keys=True),
@@ -170,7 +183,9 @@ async def rebuild_episodes(settings: Settings, dsn: str, into: str, *, topic: st
         if await pool.fetchval("SELECT count(*) FROM projection_positions WHERE projection = 'episodes'"):
             raise ReplayError(f"schema {into} already holds episodes positions; drop it first")
         sealer = RecordSealer(await data_keys(settings, pool))
-        fold, positions, done = _Fold(), {}, 0
+        dimensions = await pool.fetchval("SELECT atttypmod FROM pg_attribute WHERE attrelid = 'episodes'::regclass "
+                                         "AND attname = 'embedding'")
+        fold, positions, done = _Fold(dimensions), {}, 0
         t = time.perf_counter()
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest", max_poll_records=5000,
                                       fetch_max_bytes=64 * 1024 * 1024,
@@ -232,14 +247,16 @@ class SwitchRefused(ReplayError):
     """A switch that would not be safe now (workers running, the rebuilt schema behind or unequal)."""
 
 
-async def catch_up(settings: Settings, dsn: str, schema: str) -> int:
-    """Apply to ``schema`` what the log holds past its stored positions, up to the high-water
-    marks now, through the live projections' steps; returns the records read."""
+async def catch_up(settings: Settings, dsn: str, schema: str, *, until: str | None = None) -> int:
+    """Apply to ``schema`` what the log holds past its stored positions, through the live
+    projections' steps, up to the high-water marks now or, with ``until``, up to where schema
+    ``until``'s projections stand (never past the marks); returns the records read."""
     from memstream.streams.replay import SkippedLetters, replay_steps
 
-    pool = await db.create_pool(dsn, schema, max_size=2)
-    read = 0
+    pool, bound, read = await db.create_pool(dsn, schema, max_size=2), None, 0
     try:
+        if until is not None:
+            bound = await db.create_pool(dsn, until, max_size=1)
         keys = await data_keys(settings, pool)
         sink = SkippedLetters()
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as consumer:
@@ -253,26 +270,39 @@ async def catch_up(settings: Settings, dsn: str, schema: str) -> int:
                 consumer.assign(tps)
                 for tp in tps:
                     consumer.seek(tp, min(stored[s.name].get(tp.partition, 0) for s in steps))
+                # Read to the marks even when bounded: a partition left mid-fetch keeps records
+                # buffered, and aiokafka then holds back fetching the others (its prefetch backoff).
+                high = await consumer.end_offsets(tps)
+                upto = {s.name: {tp.partition: high[tp] for tp in tps} for s in steps}
+                if bound is not None:
+                    for s in steps:
+                        at = await pos.load(bound, s.name, topic)
+                        upto[s.name] = {p: min(end, at.get(p, 0)) for p, end in upto[s.name].items()}
                 sealer = RecordSealer(keys)
 
                 async def apply(batch) -> None:
                     nonlocal read
                     batch = await sealer.open(batch)
                     for step in steps:
-                        mine = [r for r in batch if r.offset >= stored[step.name].get(r.partition, 0)]
+                        mine = [r for r in batch if stored[step.name].get(r.partition, 0) <= r.offset
+                                < upto[step.name][r.partition]]
                         if mine:
                             await step.process(mine)
                     read += len(batch)
 
-                await drain(consumer, tps, await consumer.end_offsets(tps), apply)
+                await drain(consumer, tps, high, apply)
     finally:
         await pool.close()
+        if bound is not None:
+            await bound.close()
     return read
 
 
 async def _built_from_the_live_topics(settings: Settings, dsn: str, schema: str) -> None:
-    """Refuse a schema built before the log moved to more partitions: its positions and
-    identity offsets are on the old topics (``streams.partition_growth`` moves the live ones)."""
+    """Refuse a schema built from other topics, before the catch-up would apply this log to it
+    too: one built before the log moved to more partitions (its positions and identity offsets
+    are on the old topics; ``streams.partition_growth`` moves the live ones), one replayed from a
+    reform's topic, or another deployment's."""
     from memstream.streams.log_topics import moves
 
     conn = await asyncpg.connect(dsn)
@@ -284,6 +314,11 @@ async def _built_from_the_live_topics(settings: Settings, dsn: str, schema: str)
     if settings.decisions_topic not in topics and (old := topics & set(moved)):
         raise SwitchRefused(f"{schema} was built from {', '.join(sorted(old))}, before the log moved to "
                             f"{settings.decisions_topic}: drop it and rebuild it from the log")
+    if foreign := topics - {settings.events_topic, settings.decisions_topic, settings.ingress_topic}:
+        raise SwitchRefused(f"{schema} holds positions of {', '.join(sorted(foreign))}, not of this log's topics: "
+                            "a schema replayed from a reform's topic goes live with the workers and readers "
+                            "pointed at that topic and schema, not by a switch (which would apply this log's "
+                            "decisions to it too); left unchanged")
 
 
 async def _indexed_as_live(dsn: str, live: str, schema: str) -> None:
@@ -326,7 +361,11 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
     settings = await live_log_at(settings, dsn)
     await _built_from_the_live_topics(settings, dsn, schema)
     await _indexed_as_live(dsn, live, schema)
-    caught = await catch_up(settings, dsn, schema)  # the bulk, with the workers going on
+    # The bulk with the workers going on, up to where the live projections stand now: no further,
+    # or the comparison below would find rows the paused live schema has not applied yet.
+    phases, t = {}, time.monotonic()
+    caught = await catch_up(settings, dsn, schema, until=live)
+    phases["catch_up"], t = time.monotonic() - t, time.monotonic()
     conn = await asyncpg.connect(dsn)
     try:
         # Pause the workers: they see the lock within seconds and restart, waiting on it; once
@@ -338,12 +377,22 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
                 raise SwitchRefused(f"workers are still running after {workers_timeout_s:.0f} s ({', '.join(running)}): "
                                     "are they of this version? stop them, then switch")
             await asyncio.sleep(0.5)
-        gone_s = time.monotonic() - t
-        caught += await catch_up(settings, dsn, schema)
-        differ = {t: d for t in (t for ts in TABLES.values() for t in ts)
-                  if (d := await diff_counts(conn, live, schema, t)) != (0, 0)}
+        gone_s = phases["workers_gone"] = time.monotonic() - t
+        t = time.monotonic()
+        # To where the paused workers left the live schema: compared there, and they go on from there.
+        caught += await catch_up(settings, dsn, schema, until=live)
+        phases["catch_up_paused"], t = time.monotonic() - t, time.monotonic()
+        differ = {table: d for table in (x for ts in TABLES.values() for x in ts)
+                  if (d := await diff_counts(conn, live, schema, table)) != (0, 0)}
+        phases["compare"], t = time.monotonic() - t, time.monotonic()
         if differ and not force:
-            raise SwitchRefused(f"{schema} differs from {live} (rows only in each): {differ}; --force to switch anyway")
+            ahead = await conn.fetchval(
+                f'SELECT count(*) FROM "{schema}".projection_positions s JOIN "{live}".projection_positions l '
+                "USING (projection, topic, partition) WHERE s.next_offset > l.next_offset")
+            why = (f" ({schema} had read past where the workers left {live} on {ahead} partition(s): they were behind; "
+                   "switch again once they have caught up)" if ahead else "")
+            raise SwitchRefused(f"{schema} differs from {live} (rows only in each): {differ}{why}; "
+                                "--force to switch anyway")
         # Past the highest kept: an operator may have dropped some of them, in any order.
         n = 1 + max([int(x[len(f"{live}_old_"):]) for x, in await conn.fetch(
             "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", f"{live}_old_")
@@ -358,7 +407,7 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
             await conn.execute(
                 f'INSERT INTO "{schema}".projection_positions SELECT * FROM "{live}".projection_positions p '
                 f'WHERE NOT EXISTS (SELECT FROM "{schema}".projection_positions q WHERE q.projection = p.projection)')
-            epochs = dict(await conn.fetch(f'SELECT projection, epoch FROM "{live}".projection_epochs'))
+            epoch = await _next_epoch(conn, settings.keys_schema, live, schema)
             await conn.execute(f'ALTER SCHEMA "{live}" RENAME TO "{old}"')
             await conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{live}"')
             for name in (old, live):  # functions fixed to their schema's name (the postings triggers)
@@ -366,21 +415,38 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
                         "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = $1::regnamespace "
                         "AND EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')", name):
                     await conn.execute(f'ALTER FUNCTION {fn[0]} SET search_path = "{name}", public')
-            for projection, epoch in epochs.items():
-                await conn.execute(f'UPDATE "{live}".projection_epochs SET epoch = greatest(epoch, $2) + 1 '
-                                   "WHERE projection = $1", projection, epoch)
+            await conn.execute(f'UPDATE "{live}".projection_epochs SET epoch = $1', epoch)
         if drop_old:
             await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
         epochs = dict(await conn.fetch(f'SELECT projection, epoch FROM "{live}".projection_epochs'))
     finally:
-        await conn.close()
+        await conn.close()  # the lock goes with it: the workers go on
+    paused_s = time.monotonic() - paused
     stale = await _drop_stale_caches(settings, live, epochs)
     log.info("switched: %s is live (was %s), the old one %s; %d records caught up; workers paused %.1f s "
-             "(%.1f s of it for them to leave their groups)", live, schema, "dropped" if drop_old else f"kept as {old}",
-             caught, time.monotonic() - paused, gone_s)
+             "(%.1f s of it for them to leave their groups; phases %s)", live, schema,
+             "dropped" if drop_old else f"kept as {old}", caught, paused_s, gone_s,
+             {k: round(v, 2) for k, v in phases.items()})
     return {"live": live, "from": schema, "old": None if drop_old else old, "caught_up_records": caught,
-            "workers_paused_s": round(time.monotonic() - paused, 2),
+            "workers_paused_s": round(paused_s, 2), "seconds": {k: round(v, 2) for k, v in phases.items()},
             "differences": differ, "stale_cache_keys_dropped": stale}
+
+
+async def _next_epoch(conn, keys_schema: str, live: str, schema: str) -> int:
+    """An epoch past every one a switch ever gave out under the name ``live``, and past both
+    schemas' own: kept in the key store, which no switch renames, since an undo (the old schema
+    renamed back) lowers the live epochs while Redis still holds keys of the undone build's —
+    reusing one of those would serve that build's caches, forgotten facts and all."""
+    await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{keys_schema}"')
+    await conn.execute(f'CREATE TABLE IF NOT EXISTS "{keys_schema}".switch_epochs '
+                       "(live text PRIMARY KEY, epoch bigint NOT NULL)")
+    epoch = 1 + await conn.fetchval(
+        f'SELECT greatest((SELECT max(epoch) FROM "{live}".projection_epochs), '
+        f'(SELECT max(epoch) FROM "{schema}".projection_epochs), '
+        f'(SELECT epoch FROM "{keys_schema}".switch_epochs WHERE live = $1 FOR UPDATE), 0)', live)
+    await conn.execute(f'INSERT INTO "{keys_schema}".switch_epochs VALUES ($1, $2) '
+                       "ON CONFLICT (live) DO UPDATE SET epoch = excluded.epoch", live, epoch)
+    return epoch
 
 
 async def _drop_stale_caches(settings: Settings, live: str, epochs: dict[str, int]) -> int | None:

@@ -23,7 +23,7 @@ from memstream.llm.clients import llm_clients
 from memstream.schemas.errors import MemstreamError
 from memstream.embedding import default_embedder
 from memstream.projections import db
-from memstream.schemas import FactDecision, GraphDecision, decode_decision
+from memstream.schemas import FactDecision, GraphDecision, InvalidEvent, decode_decision
 from memstream.sealing import Shredded, data_keys
 from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.forming import Formation, decode_turns, nothing_decided
@@ -52,6 +52,7 @@ class ReformReport:
     seconds: float
     shredded: int = 0  # records sealed with a destroyed key (forgotten users): skipped
     refused_events: int = 0  # commands naming what their user does not hold, turns the model refused (episode only)
+    skipped_decisions: int = 0  # undecodable, not copied (dead-lettered live)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -59,7 +60,8 @@ class ReformReport:
     def render(self) -> str:
         return (f"reformed with {self.extractor} into {self.topic}: copied {self.copied_decisions} decisions, "
                 f"formed {self.reformed_events} events -> {self.new_decisions} decisions "
-                f"({self.skipped_events} undecodable skipped, {self.refused_events} refused, {self.shredded} shredded) "
+                f"({self.skipped_events} undecodable skipped, {self.refused_events} refused, {self.shredded} shredded"
+                f"{f', {self.skipped_decisions} undecodable decisions not copied' if self.skipped_decisions else ''}) "
                 f"in {self.seconds:.1f}s")
 
 
@@ -95,14 +97,18 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
 
             view = MemoryView(embedder.model_id)
             graph = GraphView(None)
-            counts = {"copied": 0, "events": 0, "new": 0, "skipped": 0, "refused": 0}
+            counts = {"copied": 0, "events": 0, "new": 0, "skipped": 0, "refused": 0, "uncopied": 0}
 
             async def copy(batch: list[Record]) -> None:
                 futures = []
                 for r in await sealer.open(batch):
                     if r.sealing is not None:
                         continue  # shredded: a forgotten user's
-                    d = decode_decision(r.value or b"")
+                    try:
+                        d = decode_decision(r.value or b"")
+                    except InvalidEvent:  # dead-lettered live: no projection of this version takes it either
+                        counts["uncopied"] += 1
+                        continue
                     if d.source.offset >= await start_of(TopicPartition(d.source.topic, d.source.partition)):
                         continue  # formed again below
                     if isinstance(d, FactDecision):
@@ -152,14 +158,15 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
         await producer.stop()
         await pool.close()
     report = ReformReport(topic, extraction.model_id, counts["copied"], counts["events"], counts["new"],
-                          counts["skipped"], time.perf_counter() - t0, sealer.shredded, counts["refused"])
+                          counts["skipped"], time.perf_counter() - t0, sealer.shredded, counts["refused"],
+                          counts["uncopied"])
     log.info(report.render())
     return report
 
 
 async def _create_version_topic(settings: Settings, topic: str, partitions: int, consumer) -> None:
-    if topic in (settings.events_topic, settings.decisions_topic):
-        raise ReformError("the new decisions version needs a topic of its own")
+    if topic in (settings.events_topic, settings.decisions_topic, settings.ingress_topic, settings.dead_letter_topic):
+        raise ReformError(f"the new decisions version needs a topic of its own, not {topic} (one of the log's)")
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     await admin.start()
     try:

@@ -5,11 +5,12 @@ import pytest
 
 from memstream.projections.compare import diff_counts
 from memstream.projections.db import drop_schema
+from memstream.schemas import EpisodeRecorded
 from memstream.streams.producer import TurnLog
 from memstream.streams.replay import ReplayError, replay_episodes
 
 from .conftest import wait_until
-from .helpers import turns
+from .helpers import BASE, turns
 
 pytestmark = pytest.mark.asyncio
 
@@ -64,13 +65,23 @@ async def test_the_bulk_rebuild_of_episodes_writes_what_a_replay_writes_forgets_
         await log.append(control_forget_episode(sent, gone))
         await control.forget_user(log, "b-user-2")
         await log.append_many(turns(4, users=4, prefix="b2"))
+    # Two episodes Postgres refuses (a NUL, a vector of another size): dead-lettered live, and
+    # left out of the COPY, where one would fail the whole rebuild.
+    from .test_delivery import UNIT, _decided, _put_decisions, _read_all
+
+    refused = [EpisodeRecorded(**_decided(settings, 0, "b-user-3", "episode"), conversation_id="c",
+                               occurred_at=BASE, user_message=said, assistant_message="ok", embedding=vector,
+                               embedding_model="test")
+               for said, vector in (("a \x00 here", UNIT), ("three floats", UNIT[:12]))]
+    await _put_decisions(settings, refused, key=b"b-user-3")
+    await _read_all(settings, settings.dead_letter_topic, 2)
     await wait_until(lambda: _count(conn, 60 - 1 - 15 + 4), what="the forgets applied and the last turns")
     w.stop()
 
     target = settings.postgres_schema + "_bulk"
     try:
         report = await rebuild_episodes(settings, dsn, target)
-        assert report.episodes == 48 and report.skipped == 0 and report.shredded > 0  # b-user-2, forgotten
+        assert report.episodes == 48 and report.skipped == 2 and report.shredded > 0  # b-user-2, forgotten
         assert {"read", "copy", "postings", "index episodes_embedding_hnsw"} <= set(report.seconds)
         for table in ("episodes", "episodes_terms"):
             assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
