@@ -246,13 +246,16 @@ async function showGraph(asOf, first) {
   const ticket = ++state.drawn;
   const graph = await api("GET", userPath(`/graph?${query}`));
   if (ticket !== state.drawn) return;  // a later date or another user was asked for meanwhile
-  if (first) {
-    state.earliest = graph.earliest ? Date.parse(graph.earliest.slice(0, 10)) : null;
-    // One position per day from the first relationship's to the last change's, then now.
-    state.days = graph.earliest ? Math.floor((Date.parse(graph.latest) - state.earliest) / DAY) + 1 : 0;
-    $("graph-slider").max = state.days;
-    $("graph-slider").value = state.days;
-    $("graph-slider").disabled = !state.days;
+  // One position per day from the first relationship's to the last change's, then now; laid out
+  // again when a change moved either end (the slider keeps its date, or now).
+  const earliest = graph.earliest ? Date.parse(graph.earliest.slice(0, 10)) : null;
+  const days = graph.earliest ? Math.floor((Date.parse(graph.latest) - earliest) / DAY) + 1 : 0;
+  if (first || earliest !== state.earliest || days !== state.days) {
+    [state.earliest, state.days] = [earliest, days];
+    const at = asOf && earliest !== null ? Math.floor((Date.parse(asOf) - earliest) / DAY) : days;
+    $("graph-slider").max = days;
+    $("graph-slider").value = Math.min(days, Math.max(0, at));
+    $("graph-slider").disabled = !days;
   }
   $("graph-date").textContent = asOf ? `as of ${day(asOf)} (UTC)${$("graph-recorded").checked ? ", as recorded then" : ""}` : "now";
   $("graph-section").dataset.asOf = asOf ? day(asOf) : "now";
