@@ -11,6 +11,7 @@ from memstream.projections import db
 from memstream.projections.commands import query as commands_q
 from memstream.projections.episodes import query as episodes_q
 from memstream.projections.facts import query as facts_q
+from memstream.projections.redaction import refusal
 from memstream.read_settings import READ_DEADLINE_S
 
 log = logging.getLogger("memstream.read")
@@ -54,6 +55,6 @@ async def prepare_text_lane(conn: asyncpg.Connection) -> None:
             try:
                 await fn(conn, *args)
             except asyncpg.PostgresError as exc:
-                log.info("%s not planned ahead on a new connection: %s", name, exc)
+                log.info("%s not planned ahead on a new connection: %s", name, refusal(exc))
     finally:
         await conn.execute("RESET lock_timeout")

@@ -103,7 +103,11 @@ class MemoryReader:
                       metrics: ReadMetrics | None = None) -> MemoryReader:
         """A reader on its own pools and Redis client, with the weights, budgets and keyword mode
         of ``settings.read_*``. ``dsn`` defaults to ``settings.dsn()``: ``postgres_dsn``, or the
-        local stack's socket."""
+        local stack's socket. Installs ``redact_logs`` (idempotent): a host's logs then carry no
+        database DETAIL of a failing channel either."""
+        from memstream.projections.redaction import redact_logs
+
+        redact_logs()
         dsn = dsn or settings.dsn()
         pool, text_pool = await connect_pools(dsn, settings.postgres_schema, settings.read_deadline_s)
         redis = aioredis.from_url(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)

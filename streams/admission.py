@@ -34,7 +34,7 @@ def refusal(r: Record, event: Event, partitions: int | None) -> str | None:
     if r.key != event.user_id.encode():
         return "record key does not match user_id: per-user order is not guaranteed"
     if partitions is not None and (want := expected_partition(r.key, partitions)) != r.partition:
-        return (f"record for user_id {event.user_id!r} is on partition {r.partition}, but Kafka's default "
+        return (f"record is on partition {r.partition}, but Kafka's default "
                 f"(murmur2) partitioner puts that key on partition {want} of {partitions}: per-user order is "
                 "not guaranteed. Produce with the murmur2 partitioner (kcat / librdkafka: "
                 "-X partitioner=murmur2_random) or through TurnLog")

@@ -66,7 +66,7 @@ class LocalKek:
         try:
             return self._aead.decrypt(blob[:12], blob[12:], user_id.encode())
         except InvalidTag:
-            raise KekUnavailable(f"a data key of {user_id!r} does not open with {self.kek_id}") from None
+            raise KekUnavailable(f"a data key of this user does not open with {self.kek_id}") from None
 
 
 class KmsKek:
@@ -93,4 +93,5 @@ class KmsKek:
             return self._kms.decrypt(CiphertextBlob=blob, KeyId=self._key,
                                      EncryptionContext={"memstream_user": user_id})["Plaintext"]
         except (BotoCoreError, ClientError) as exc:
-            raise KekUnavailable(f"KMS could not unwrap a data key of {user_id!r}: {exc}") from exc
+            code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else type(exc).__name__
+            raise KekUnavailable(f"KMS could not unwrap a data key of this user: {code}") from exc

@@ -121,7 +121,7 @@ def _target(state: Mapping[uuid.UUID, FactRow], fid: uuid.UUID, d: Decision) -> 
     if row is None:
         raise MissingTarget(f"{type(d).__name__} {d.decision_id} targets unknown fact {fid}")
     if row.user_id != d.user_id:
-        raise ForeignTarget(f"{type(d).__name__} {d.decision_id} for user {d.user_id!r} targets fact {fid} "
+        raise ForeignTarget(f"{type(d).__name__} {d.decision_id} targets fact {fid} "
                             "of another user")
     return row
 

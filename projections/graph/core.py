@@ -102,7 +102,7 @@ def _own(state: dict[uuid.UUID, Row], key: uuid.UUID, kind: type, d: Decision) -
     if not isinstance(row, kind):
         raise MissingGraphTarget(f"{type(d).__name__} {d.decision_id} targets unknown {kind.__name__[:-3].lower()} {key}")
     if row.user_id != d.user_id:
-        raise ForeignGraphTarget(f"{type(d).__name__} {d.decision_id} for user {d.user_id!r} targets "
+        raise ForeignGraphTarget(f"{type(d).__name__} {d.decision_id} targets "
                                  f"{kind.__name__[:-3].lower()} {key} of another user")
     return row
 
