@@ -170,6 +170,11 @@ async def rebuild_episodes(settings: Settings, dsn: str, into: str, *, topic: st
                            on_progress=None) -> RebuildReport:
     """Rebuild the episodes projection of ``topic`` (default: the live decisions topic) into the
     fresh schema ``into``; ``on_progress(done, total)`` is told the records read."""
+    async with switch_lock.building(dsn, into):
+        return await _rebuild_episodes(settings, dsn, into, topic, on_progress)
+
+
+async def _rebuild_episodes(settings: Settings, dsn: str, into: str, topic: str | None, on_progress) -> RebuildReport:
     topic = topic or settings.decisions_topic
     if into in (settings.postgres_schema, settings.keys_schema):
         raise ReplayError("refusing to rebuild into the live schema or the key store's; pick a fresh one")
@@ -359,6 +364,12 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
     # The log's topics and groups now, not when the caller read its settings (a rebuild takes
     # long enough for ``partitions grow`` to move the log meanwhile).
     settings = await live_log_at(settings, dsn)
+    conn = await asyncpg.connect(dsn)
+    try:  # first: a build under way fails the checks below, which would say to drop it
+        if await switch_lock.being_built(conn, schema):
+            raise SwitchRefused(f"a replay or rebuild is still writing {schema}: switch once it is done")
+    finally:
+        await conn.close()
     await _built_from_the_live_topics(settings, dsn, schema)
     await _indexed_as_live(dsn, live, schema)
     # The bulk with the workers going on, up to where the live projections stand now: no further,

@@ -22,6 +22,7 @@ from memstream.sealing import data_keys
 from memstream.streams.sealing import RecordSealer
 from memstream.streams.dead_letter import DeadLetterSink
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
+from memstream.streams import switch_lock
 from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
 
 log = logging.getLogger("memstream.replay")
@@ -43,7 +44,8 @@ class SkippedLetters(DeadLetterSink):
 
     async def send(self, letters) -> None:
         for rec, stage, reason in letters:
-            log.warning("replay skipped %s at %s: %s", rec.where, stage, reason)
+            log.warning("replay skipped %s at %s", rec.where, stage)  # why: as the live letter says
+            log.debug("why replay skipped %s at %s: %s", rec.where, stage, reason)
         self.count += len(letters)
 
 
@@ -98,6 +100,12 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
         raise ReplayError("refusing to replay into the live schema; pick a fresh one")
     if into == settings.keys_schema:
         raise ReplayError("refusing to replay into the key store's schema; pick a fresh one")
+    async with switch_lock.building(dsn, into):
+        return await _replay_into(settings, dsn, into, projections, topic, batch_size, on_progress)
+
+
+async def _replay_into(settings: Settings, dsn: str, into: str, projections: list[str], topic: str | None,
+                       batch_size: int, on_progress) -> ReplayReport:
     await db.migrate(dsn, into)
     pool = await db.create_pool(dsn, into, max_size=2)
     try:

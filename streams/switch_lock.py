@@ -5,6 +5,7 @@ and wait on it before they start again, so none writes into the schema being swa
 the switch commits they continue on the switched-in schema. Readers never take it."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -43,3 +44,27 @@ async def wait_for_switch(dsn: str, schema: str) -> None:
         await conn.execute("SELECT pg_advisory_unlock_shared(hashtext($1))", _key(schema))
     finally:
         await conn.close()
+
+
+def _building_key(schema: str) -> str:
+    return f"memstream-build:{schema}"
+
+
+@contextlib.asynccontextmanager
+async def building(dsn: str, schema: str):
+    """Held (shared: two replays may fill one schema) while a replay or rebuild writes ``schema``;
+    a switch of it refuses meanwhile (its checks would pass a build that is not done)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SELECT pg_advisory_lock_shared(hashtext($1))", _building_key(schema))
+        yield
+    finally:
+        await conn.close()
+
+
+async def being_built(conn: asyncpg.Connection, schema: str) -> bool:
+    """Whether a replay or rebuild is writing ``schema`` now."""
+    if await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", _building_key(schema)):
+        await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", _building_key(schema))
+        return False
+    return True

@@ -172,6 +172,11 @@ async def test_a_switch_refuses_an_unfinished_rebuild_and_the_key_store_and_name
     side, live = settings.postgres_schema + "_next", settings.postgres_schema
     await replay(settings, dsn, side, ["episodes", "facts", "graph", "commands"])
     try:
+        from memstream.streams import switch_lock
+
+        async with switch_lock.building(dsn, side):  # as a replay or rebuild into it holds it
+            with pytest.raises(SwitchRefused, match="still writing"):
+                await switch(settings, dsn, side)
         await conn.execute(f'DROP INDEX "{side}".episodes_tsv_gin')  # a bulk rebuild killed before its indexes
         with pytest.raises(SwitchRefused, match="lacks indexes"):
             await switch(settings, dsn, side)
