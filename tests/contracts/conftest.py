@@ -8,16 +8,17 @@ import uuid
 
 import pytest
 
-from memstream.projections.db import create_pool, drop_schema, migrate
+from memstream.projections.db import create_pool
+from tests import pooled_schemas
 from tests.integration.conftest import dsn, no_postgres_crash, stack  # noqa: F401  (fixtures, shared)
 
 
 @pytest.fixture
 async def schema(dsn: str):  # noqa: F811
     name = f"contract_{uuid.uuid4().hex[:10]}"
-    await migrate(dsn, name)
+    await pooled_schemas.fresh(dsn, name)
     yield name
-    await drop_schema(dsn, name)
+    await pooled_schemas.done(dsn, name)
 
 
 @pytest.fixture

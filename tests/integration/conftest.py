@@ -20,10 +20,11 @@ import pytest
 from pgvector.asyncpg import register_vector
 
 from memstream.config import Settings
-from memstream.projections.db import drop_schema, migrate
+from memstream.projections.db import drop_schema
 from memstream.stack.launcher import Stack
 from memstream.stack.worker_process import worker_env
 from memstream.streams.topics import drop_topics, ensure_topics
+from tests import pooled_schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 HOME = Path(os.environ.get("MEMSTREAM_HOME", ROOT / ".memstream"))
@@ -80,9 +81,9 @@ async def settings(stack: Stack, dsn: str, runs: list):
     )
     runs.append(s)
     await ensure_topics(s)
-    await migrate(dsn, s.postgres_schema)
+    await pooled_schemas.fresh(dsn, s.postgres_schema)
     yield s
-    await drop_schema(dsn, s.postgres_schema)
+    await pooled_schemas.done(dsn, s.postgres_schema)
     await drop_schema(dsn, s.keys_schema)
 
 
