@@ -35,7 +35,8 @@ async def _tables(conn, schema: str) -> list[str]:
 
 
 async def _signature(conn, schema: str) -> str:
-    applied = await conn.fetchval(f'SELECT string_agg(version::text, \',\' ORDER BY version) FROM "{schema}".schema_migrations')
+    applied = await conn.fetchval(
+        f'SELECT string_agg(version::text, \',\' ORDER BY version) FROM "{schema}".schema_migrations')
     return f"{await conn.fetchval(_SIGNATURE, schema)}|{applied}"
 
 
