@@ -45,11 +45,10 @@ from aiokafka import TopicPartition
 
 from memstream.projections import db
 from memstream.read_client.arguments import check_user
-from memstream.schemas import (InvalidEvent, LogPosition, MemoryForgotten, NothingDecided, UserForgotten,
-                               decode_decision, decode_event)
+from memstream.schemas import InvalidEvent, LogPosition, NothingDecided, decode_decision, decode_event
 from memstream.schemas.codec import check_size
 from memstream.schemas.errors import InvalidArgument
-from memstream.schemas.events import MAX_DECISION_BYTES
+from memstream.schemas.events import MAX_DECISION_BYTES, ends_user
 from memstream.streams.admission import IMPORTED, expected_partition
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.producer import idempotent_producer
@@ -92,21 +91,22 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
             decisions = await sealer.open(await _read(consumer, settings.decisions_topic, partition, key, on_progress))
     finally:
         await pool.close()
-    # What was said before a forget of the user is shredded: not theirs to take along any more.
-    # The forgets themselves stay behind: they name this deployment's key generations, which in
-    # another deployment would end keys that have nothing to do with them.
-    opened = len(events) + len(decisions)
-    events, decisions = ([m for m in msgs if m.sealing is None and not _forgets_user(m.value)]
-                         for msgs in (events, decisions))
-    # A record the log kept that is not one of the user's (a poison record, dead-lettered where
-    # it was met) is left out and counted: it must not stop their export for good.
-    kept = len(events) + len(decisions)
-    events, decisions = ([m for m in msgs if _theirs(decode, m.value, user_id)]
-                         for msgs, decode in ((events, decode_event), (decisions, decode_decision)))
+    left_out = {"forgotten": 0, "not_theirs": 0}
+
+    def kept(msgs, decode) -> list:
+        out = []
+        for m in msgs:
+            if (why := _left_out(decode, m, user_id)) is None:
+                out.append(m)
+            else:
+                left_out[why] += 1
+        return out
+
+    events, decisions = kept(events, decode_event), kept(decisions, decode_decision)
     header = {"format": FORMAT, "version": VERSION, "user_id": user_id,
               "exported_at": datetime.now(timezone.utc).isoformat(), "events_topic": settings.events_topic,
               "decisions_topic": settings.decisions_topic, "events": len(events), "decisions": len(decisions),
-              "left_out": {"forgotten": opened - kept, "not_theirs": kept - len(events) - len(decisions)}}
+              "left_out": left_out}
     # The archive is the user's words in plaintext: readable by its owner only, like the keys
     # (made beside ``path`` and moved over it whole: an existing file is never left half-written).
     path = Path(path)
@@ -126,11 +126,19 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
     return header
 
 
-def _theirs(decode, value: bytes | None, user_id: str) -> bool:
+def _left_out(decode, m, user_id: str) -> str | None:
+    """Why the archive leaves ``m`` out, or None. What was said before a forget of the user is
+    shredded: not theirs to take along any more. The forgets themselves stay behind: they name
+    this deployment's key generations, which in another deployment would end keys that have
+    nothing to do with them. A record the log kept that is not one of the user's (a poison record,
+    dead-lettered where it was met) must not stop their export for good."""
+    if m.sealing is not None:
+        return "forgotten"
     try:
-        return decode(value or b"").user_id == user_id
+        record = decode(m.value or b"")
     except InvalidEvent:
-        return False
+        return "not_theirs"
+    return "forgotten" if ends_user(record) else None if record.user_id == user_id else "not_theirs"
 
 
 def _when(text) -> datetime | None:
@@ -139,15 +147,6 @@ def _when(text) -> datetime | None:
     except (TypeError, ValueError):
         return None
     return made if made.tzinfo is not None else None
-
-
-def _forgets_user(value: bytes | None) -> bool:
-    try:
-        head = msgspec.json.decode(value or b"")
-    except msgspec.DecodeError:
-        return False
-    return isinstance(head, dict) and (head.get("type") == "UserForgotten" or (
-        head.get("type") == "MemoryForgotten" and head.get("kind") == "user"))
 
 
 class _Line(msgspec.Struct, forbid_unknown_fields=True):
@@ -186,8 +185,8 @@ class _Plan(msgspec.Struct):
     """What an import will append, all checked before the first record is: an archive that fails
     halfway would leave events whose decisions never come (formation passes imported events)."""
 
-    events: list = []  # (line offset, event)
-    decisions: list = []  # (line offset, decision)
+    events: list = []
+    decisions: list = []
     letters: list = []  # (raw, line offset, why)
 
 
@@ -204,25 +203,26 @@ def _plan(path: Path, user: str, events: list[dict], decisions: list[dict]) -> _
         except InvalidEvent as exc:
             plan.letters.append((raw, x["offset"], f"undecodable event: {exc}"))
             continue
-        if isinstance(event, UserForgotten):  # export leaves them out: they end this deployment's keys
+        if ends_user(event):  # export leaves them out: they end this deployment's keys
             raise InvalidArgument(f"{path}: the event at offset {x['offset']} forgets the whole user; an export "
                                   "never holds one (forget the user here with forget-user)")
         if event.user_id != user:
             plan.letters.append((raw, x["offset"], f"names user {event.user_id!r}, not the archive's"))
             continue
-        plan.events.append((x["offset"], event))
+        plan.events.append(event)
         kept.add(event.event_id)
     for x in decisions:
         raw = msgspec.json.encode(x["record"])
-        if len(raw) > MAX_DECISION_BYTES:
-            raise InvalidArgument(f"{path}: the decision at offset {x['offset']} is {len(raw):,} bytes as JSON; "
-                                  f"formation makes none over {MAX_DECISION_BYTES:,}")
+        try:
+            check_size(raw, MAX_DECISION_BYTES)  # formation makes none bigger
+        except InvalidEvent as exc:
+            raise InvalidArgument(f"{path}: the decision at offset {x['offset']}: {exc}") from None
         try:
             d = decode_decision(raw)
         except InvalidEvent as exc:
             plan.letters.append((raw, x["offset"], f"undecodable decision: {exc}"))
             continue
-        if isinstance(d, MemoryForgotten) and d.kind == "user":
+        if ends_user(d):
             raise InvalidArgument(f"{path}: the decision at offset {x['offset']} forgets the whole user; an export "
                                   "never holds one")
         if d.source_event_id not in kept and isinstance(d, NothingDecided):
@@ -235,7 +235,7 @@ def _plan(path: Path, user: str, events: list[dict], decisions: list[dict]) -> _
         if why is not None:
             plan.letters.append((raw, x["offset"], why))
         else:
-            plan.decisions.append((x["offset"], d))
+            plan.decisions.append(d)
     return plan
 
 
@@ -286,14 +286,14 @@ async def import_user(settings, path: Path, on_progress=None, *, force: bool = F
         # Decisions find their event by its id, not its offset: a log moved by ``partitions grow``
         # kept its old decisions as they were, naming offsets of the old topic.
         moved: dict[object, LogPosition] = {}  # event id -> where it landed
-        for _, event in plan.events:
+        for event in plan.events:
             meta = await (await producer.send(settings.events_topic, await sealer.seal(event), key=user.encode(),
                                               headers=[(IMPORTED, b"1")]))
             moved[event.event_id] = LogPosition(settings.events_topic, meta.partition, meta.offset)
             done += 1
             on_progress(done, total)
         futures = []
-        for _, d in plan.decisions:
+        for d in plan.decisions:
             where = moved[d.source_event_id]
             futures.append(await producer.send(settings.decisions_topic,
                                                await sealer.seal(msgspec.structs.replace(d, source=where)),

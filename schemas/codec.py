@@ -87,8 +87,9 @@ def validated(record: T) -> T:
     return _decode(data, registry)
 
 
-def check_size(event_json: bytes) -> None:
-    """``InvalidEvent`` if an event of this JSON would pass Kafka's record limit once sealed."""
-    if len(event_json) > MAX_EVENT_BYTES:
-        raise InvalidEvent(f"the event is {len(event_json):,} bytes as JSON; at most {MAX_EVENT_BYTES:,} "
+def check_size(record_json: bytes, limit: int = MAX_EVENT_BYTES) -> None:
+    """``InvalidEvent`` if a record of this JSON would pass Kafka's record limit once sealed
+    (``limit``: an event's, or ``MAX_DECISION_BYTES`` for a decision)."""
+    if len(record_json) > limit:
+        raise InvalidEvent(f"the record is {len(record_json):,} bytes as JSON; at most {limit:,} "
                            "(Kafka's record limit, once sealed)", "$")

@@ -304,6 +304,11 @@ def _check_embedding(d: Decision) -> None:
         raise InvalidEvent("embedding holds NaN or infinity", "$.embedding")
 
 
+def ends_user(record: Event | Decision) -> bool:
+    """Whether ``record`` forgets its whole user: the command, or what formation made of it."""
+    return isinstance(record, UserForgotten) or (isinstance(record, MemoryForgotten) and record.kind == "user")
+
+
 class Decision(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
     """Envelope of every record on the decisions topic.
 

@@ -19,6 +19,7 @@ from typing import Sequence
 import msgspec
 
 from memstream.schemas import SYSTEM_USER, MemoryForgotten, NothingDecided, UserForgotten, encode
+from memstream.schemas.events import ends_user
 from memstream.schemas.codec import decode_decision, decode_event
 from memstream.schemas.errors import InvalidEvent
 from memstream.sealing.keys import DataKeys, NotSealed, Shredded, generation_of
@@ -56,8 +57,7 @@ async def sealer_for(settings, pool) -> "RecordSealer":
 
 
 def kept_plain(record) -> bool:
-    return (record.user_id == SYSTEM_USER or isinstance(record, (UserForgotten, NothingDecided))
-            or (isinstance(record, MemoryForgotten) and record.kind == "user"))
+    return record.user_id == SYSTEM_USER or isinstance(record, NothingDecided) or ends_user(record)
 
 
 def _context(type_name: str) -> str:
