@@ -18,6 +18,7 @@ from memstream.config import Settings
 from memstream.projections import db
 from memstream.streams.log_topics import moves
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
+from memstream.streams.topics import step_routes
 
 
 @dataclass
@@ -81,21 +82,27 @@ async def pipeline_status(settings: Settings, dsn: str) -> Status:
     finally:
         await pool.close()
     async with groupless_consumer(settings.kafka_bootstrap) as consumer:
-        positions = await _positions(consumer, rows)
+        positions = await _positions(consumer, rows, step_routes(settings))
         dead, last = await _dead_letters(consumer, settings.dead_letter_topic)
     return Status(positions, dead, last, await worker_groups(settings), moved)
 
 
-async def _positions(consumer, rows) -> list[Position]:
-    tps = [TopicPartition(t, p) for t in sorted({r["topic"] for r in rows}) for p in await partitions_of(consumer, t)]
+async def _positions(consumer, rows, routes) -> list[Position]:
+    """Every step on every partition of its topic: one that never stored a position (never ran,
+    or never finished a batch there) stands at 0, behind everything on the partition."""
+    stored = {(r["projection"], r["topic"], r["partition"]): r["next_offset"] for r in rows}
+    steps = sorted({(step, topic) for by_topic in routes.values() for topic, names in by_topic.items()
+                    for step in names} | {(s, t) for s, t, _ in stored})
+    parts = {t: await partitions_of(consumer, t) for t in sorted({t for _, t in steps})}
+    tps = [TopicPartition(t, p) for t, ps in parts.items() for p in ps]
     ends = await consumer.end_offsets(tps) if tps else {}
     out = []
-    for r in rows:
-        tp = TopicPartition(r["topic"], r["partition"])
-        end = ends.get(tp, 0)
-        lag = max(end - r["next_offset"], 0)
-        out.append(Position(r["projection"], r["topic"], r["partition"], r["next_offset"], end, lag,
-                            await _age(consumer, tp, r["next_offset"]) if lag else None))
+    for step, topic in steps:
+        for p in sorted(set(parts[topic]) | {q for s, t, q in stored if (s, t) == (step, topic)}):
+            tp, applied = TopicPartition(topic, p), stored.get((step, topic, p), 0)
+            end = ends.get(tp, 0)
+            lag = max(end - applied, 0)
+            out.append(Position(step, topic, p, applied, end, lag, await _age(consumer, tp, applied) if lag else None))
     return out
 
 
@@ -122,11 +129,12 @@ async def _dead_letters(consumer, topic: str) -> tuple[int, dict | None]:
             for m in await _fetch(consumer, tp, ends[tp] - 1):
                 if last is None or m.timestamp > last.timestamp:
                     last = m
+    held = sum(ends[tp] - starts[tp] for tp in tps)  # not the marks: retention deletes plain-text letters
     if last is None:
-        return sum(ends.values()), None
+        return held, None
     h = {k: v.decode(errors="replace") for k, v in last.headers or ()}
     # The reason names what was wrong, never the record's content (a dead letter may be plain text).
-    return sum(ends.values()), {"reason": h.get("memstream.reason", "")[:500], "stage": h.get("memstream.stage", ""),
+    return held, {"reason": h.get("memstream.reason", "")[:500], "stage": h.get("memstream.stage", ""),
                                 "source": h.get("memstream.source", ""), "at_ms": last.timestamp}
 
 

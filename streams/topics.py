@@ -31,6 +31,13 @@ def plaintext_window(settings: Settings) -> dict[str, str]:
             "message.timestamp.type": "LogAppendTime"}
 
 
+def step_routes(settings: Settings) -> dict[str, dict[str, tuple[str, ...]]]:
+    """role -> topic -> the steps that role runs on it (and stores positions for)."""
+    return {"formation": {settings.events_topic: ("formation",)},
+            "projections": {settings.decisions_topic: ("episodes", "facts", "graph"),
+                            settings.events_topic: ("commands",), settings.ingress_topic: ("sealing",)}}
+
+
 async def ensure_topics(settings: Settings) -> None:
     """Create the events, decisions, ingress and dead-letter topics if missing, and give the
     ingress and dead-letter topics the plaintext window of ``settings``. Partition counts of

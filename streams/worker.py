@@ -48,6 +48,7 @@ from memstream.streams.records import from_faust
 from memstream.streams.ingress import IngressSealing
 from memstream.streams.metrics import ObservedLlm, TimedEmbedder, WorkerMetrics, tracer
 from memstream.streams.sealing import RecordSealer
+from memstream.streams.topics import step_routes
 from memstream.sealing import data_keys
 from memstream.streams.formation.forming import Formation, ProjectionBarrier
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
@@ -356,11 +357,7 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
 
     # Declare only this role's topics: Faust subscribes to every topic an app declares. The
     # projections role reads commands (reminders, identities) straight from the events topic.
-    if role == "formation":
-        routes = {settings.events_topic: ("formation",)}
-    else:
-        routes = {settings.decisions_topic: ("episodes", "facts", "graph"), settings.events_topic: ("commands",),
-                  settings.ingress_topic: ("sealing",)}
+    routes = step_routes(settings)[role]
     for name, step_names in routes.items():
         _agent(app, app.topic(name, **raw), step_names, consume)
 
