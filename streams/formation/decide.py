@@ -78,7 +78,7 @@ def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolu
     old = rows[target]
     if old.category in GATED_CATEGORIES and not cand.explicit:
         key = deferral_key(op.value, cand.value)
-        seen = old.deferred.get(key, 0) + 1
+        seen = old.deferred.get(key, 0) + (fid not in old.observed_by)  # a turn formed again is not seen again
         if seen < ctx.gate_observations:
             return FactChangeDeferred(
                 **common, target=target, operation=op.value, value=cand.value, text=cand.text,
