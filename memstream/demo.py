@@ -149,7 +149,8 @@ def demo_settings(base: Settings) -> Settings:
     """The demo's own topics, group and schema: it never touches the deployment's."""
     return base.model_copy(update={
         "events_topic": "memstream.demo.events", "decisions_topic": "memstream.demo.decisions",
-        "dead_letter_topic": "memstream.demo.dead-letter", "group_id": "memstream-demo",
+        "dead_letter_topic": "memstream.demo.dead-letter", "ingress_topic": "memstream.demo.ingress",
+        "group_id": "memstream-demo",
         "postgres_schema": "memstream_demo" if base.postgres_schema == "memstream" else base.postgres_schema,
     })
 

