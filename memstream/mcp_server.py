@@ -105,7 +105,8 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
         return {"facts": [{"fact_id": str(f.fact_id), "text": f.text, "score": f.score} for f in found.facts],
                 "episodes": [{"episode_id": str(e.episode_id), "when": e.occurred_at.isoformat(),
                               "user": e.user_message, "assistant": e.assistant_message} for e in found.episodes],
-                "edges": [{"edge_id": str(e.edge_id), "fact": e.fact_sentence} for e in found.edges]}
+                "edges": [{"edge_id": str(e.edge_id), "fact": e.fact_sentence} for e in found.edges],
+                "degraded": found.degraded}  # kinds that failed: empty for an outage, not for "nothing known"
 
     @tool
     async def get_context(message: str, conversation_id: str = "mcp", user_id: str | None = None,
@@ -116,7 +117,7 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
 
         ctx = await state["reader"].read(whose(user_id), conversation_id, message,
                                          after=None if after is None else _position(after, state["log"].events_topic))
-        return render_prompt(ctx, message)
+        return _noted(ctx) + render_prompt(ctx, message)
 
     @tool
     async def list_memories(kind: Literal["facts", "episodes", "edges"] = "facts", limit: int = 50,
@@ -154,6 +155,13 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
     return mcp
 
 
+def _noted(ctx) -> str:
+    """What the agent must know to tell an outage or a write not yet visible from "nothing remembered"."""
+    notes = ([f"[memory unavailable: {', '.join(ctx.degraded)}]"] if ctx.degraded else []) + (
+        [] if ctx.caught_up else ["[memory may not hold what was just remembered yet]"])
+    return "".join(n + "\n" for n in notes)
+
+
 def _id(value: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
@@ -166,6 +174,7 @@ def _position(after: dict[str, Any], events_topic: str):
     from memstream.schemas import LogPosition
 
     if (set(after) != {"topic", "partition", "offset"} or after["topic"] != events_topic
-            or not all(type(after[k]) is int and 0 <= after[k] < 2**63 for k in ("partition", "offset"))):
+            or not all(type(after[k]) is int and 0 <= after[k] < bound
+                       for k, bound in (("partition", 2**31), ("offset", 2**63)))):  # the API's bounds
         raise InvalidArgument("after must be a position remember returned: {topic, partition, offset}")
     return LogPosition(after["topic"], after["partition"], after["offset"])

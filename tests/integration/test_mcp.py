@@ -33,13 +33,15 @@ async def test_an_agent_remembers_then_recalls_corrects_and_forgets_through_the_
                          what="the fact formed")
         found = await client.call_tool("recall", {"query": "where do I live?", "kinds": ["facts"]})
         assert not found.is_error and "Porto" in found.structured_content["facts"][0]["text"]
+        assert found.structured_content["degraded"] == []
         context = await client.call_tool("get_context", {"message": "where do I live?"})
         assert "Porto" in context.content[0].text
         moved = await client.call_tool("remember", {"text": "I moved to Braga."})
         waited = await client.call_tool("get_context", {"message": "where do I live?",
                                                         "after": moved.structured_content["remembered"]})
         assert not waited.is_error and "Braga" in waited.content[0].text  # read after its own write
-        bad = await client.call_tool("get_context", {"message": "x", "after": {"topic": "elsewhere", "offset": 1}})
+        bad = await client.call_tool("get_context", {"message": "x", "after": {**moved.structured_content["remembered"],
+                                                                            "topic": "elsewhere"}})
         assert bad.is_error and "position" in bad.content[0].text
         page = (await client.call_tool("list_memories", {"kind": "facts"})).structured_content
         fact_id = page["items"][0]["fact_id"]
