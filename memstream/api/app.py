@@ -333,8 +333,9 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
         from memstream.schemas.errors import Retryable
+        from memstream.streams.errors import as_retryable
 
-        if isinstance(exc, (Retryable, OSError)):
+        if isinstance(as_retryable(exc), Retryable):  # a store down (Postgres, Kafka, a socket), not a bug
             log.warning("a store is unavailable: %r", exc)
             return _problem(503, "Unavailable", "a store memstream needs did not answer; retry")
         log.exception("unexpected error on %s %s", request.method, route_of(request.url.path))
