@@ -341,7 +341,8 @@ def reform(ctx: click.Context, extractor: str, since, topic: str | None, as_json
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--watch", type=click.FloatRange(min=0.5), metavar="SECONDS", help="print again every SECONDS until interrupted")
 @click.option("--max-lag", type=click.IntRange(min=0), metavar="N",
-              help="exit 2 when any step lags more than N records (a health check)")
+              help="exit 2 when any step lags more than N records (a health check; with --watch, "
+                   "at the first report that does)")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, watch: float | None, max_lag: int | None) -> None:
     """Positions and lag (records, seconds) of every step per partition, dead letters, worker groups."""
@@ -354,11 +355,11 @@ def status(ctx: click.Context, as_json: bool, watch: float | None, max_lag: int 
     while True:
         report = asyncio.run(pipeline_status(s, dsn))
         click.echo(json.dumps(report.as_dict()) if as_json else "\n".join(report.lines()))
+        if max_lag is not None and report.max_lag > max_lag:
+            ctx.exit(2)  # with --watch too: a watching monitor learns of it at the first report that lags
         if watch is None:
             break
         time.sleep(watch)
-    if max_lag is not None and report.max_lag > max_lag:
-        ctx.exit(2)
 
 
 @main.command()
