@@ -773,7 +773,10 @@ class Formation:
                       extractor=model, resolver=self._resolver.model_id,
                       embedding_model=self._embedder.model_id, gate_observations=self._gate_observations)
         shown = [await overlay.neighbours(turn.user_id, c.attribute, v) for c, v in zip(candidates, vectors)]
-        await overlay.ensure(turn.user_id, {nb.fact_id for nbs in shown for nb in nbs})
+        # The turn's own fact ids too: a turn formed again (a crash before its position was saved,
+        # a host's retry) must not decide again what its facts' rows already hold.
+        own = [facts_core.fact_id(turn.event_id, n) for n in range(len(candidates))]
+        await overlay.ensure(turn.user_id, {*own, *(nb.fact_id for nbs in shown for nb in nbs)})
         # One resolution call for the candidates no earlier one of this turn bears on (another
         # slot, other neighbours, far in meaning): the facts held before the turn are the ones
         # they would be weighed against after the earlier candidates, too. The others are
@@ -786,6 +789,8 @@ class Formation:
                            if batched else []))
         out: list[Decision] = []
         for n, (cand, vector) in enumerate(zip(candidates, vectors)):
+            if (held := overlay.rows.get(own[n])) is not None and held.user_id == turn.user_id:
+                continue  # decided when the turn was formed before
             if n in alone:  # less what this turn ended since (unrelated to it: nothing to weigh)
                 neighbours = [nb for nb in shown[n] if (row := overlay.rows.get(nb.fact_id)) is None or row.current]
                 resolution = answers.get(n, NEW)
