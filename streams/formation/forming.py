@@ -728,6 +728,9 @@ class Formation:
         if not candidates:
             return []
         await graph.ensure_user(turn.user_id)
+        if any(isinstance(row, EdgeRow) and row.user_id == turn.user_id and row.source_event_id == turn.event_id
+               for row in graph.rows.values()):
+            return []  # formed before: deciding again would close what later turns said and reopen its edges
         ctx = GraphContext(turn=turn, extractor=model, common=dict(
             source_event_id=turn.event_id, source=LogPosition(r.topic, r.partition, r.offset),
             recorded_at=r.timestamp, user_id=turn.user_id))

@@ -1,6 +1,7 @@
 """A turn formed again (a crash before formation saved its position, a host's retry) decides
-nothing its facts' rows already hold: before, the view folded its old update as new, and the
-next update left two current facts for one single-valued slot."""
+nothing its facts' rows or edges already hold: before, the facts view folded its old update as
+new (the next update left two current facts for one single-valued slot), and the graph closed
+the current edge and opened the old one again."""
 import asyncio
 import contextlib
 import hashlib
@@ -11,9 +12,12 @@ import numpy as np
 import memstream.projections.facts.query as facts_query
 import memstream.projections.facts.store as facts_store
 from memstream.llm.offline import OfflineExtractor, OfflineResolver
+from memstream.llm.offline_relations import OfflineRelationExtractor
 from memstream.projections.facts.core import fold
+from memstream.projections.graph import core as graph_core
 from memstream.schemas import TurnRecorded
 from memstream.streams.formation.forming import Formation
+from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.views import PostgresView
 from memstream.streams.records import Record
 
@@ -84,3 +88,31 @@ def test_a_turn_formed_again_after_later_turns_leaves_one_current_fact(monkeypat
 
     asyncio.run(run())
     assert [r.value for r in store.values() if r.current] == ["Gamma"]
+
+
+def test_a_turn_formed_again_after_later_turns_reopens_no_edge():
+    graph = {}  # the graph projection's rows
+
+    async def load(user_id):
+        return [r for r in graph.values() if r.user_id == user_id]
+
+    formation = Formation(producer=None, decisions_topic="d", embedder=_Embedder(), extractor=OfflineExtractor(),
+                          resolver=OfflineResolver(), dead_letters=None, pool=_Pool(), barrier=None,
+                          relations=OfflineRelationExtractor())
+    acme, beta = (TurnRecorded.new(user_id="u", conversation_id="c", user_message=f"I work at {name}.",
+                                   assistant_message="ok", occurred_at=AT + timedelta(days=i))
+                  for i, name in enumerate(("Acme", "Beta")))
+
+    async def form(turn, offset):
+        record = Record("events", 0, offset, b"u", b"", (), int((AT + timedelta(days=offset)).timestamp() * 1000))
+        decisions = await formation._edges(record, turn, GraphView(load))  # a fresh view: the projection's rows
+        graph_core.fold(graph, decisions)
+        return decisions
+
+    async def run():
+        assert await form(acme, 1) and await form(beta, 2)
+        assert await form(acme, 1) == []
+
+    asyncio.run(run())
+    assert [e.fact_sentence for e in graph.values() if isinstance(e, graph_core.EdgeRow) and e.current] == [
+        "The user works at Beta"]
