@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from memstream.embedding import to_bytes
 from memstream.projections.session_cache import recent_turns
-from memstream.schemas import EpisodeRecorded, FactAdded, LogPosition, encode
+from memstream.schemas import EpisodeRecorded, FactAdded, LogPosition, TurnRecorded, encode
 from memstream.schemas.events import new_event_id
 from memstream.streams.producer import TurnLog
 
@@ -58,6 +58,42 @@ async def test_the_same_records_delivered_again_leave_the_table_unchanged(settin
     await wait_until(caught_up, what="formation to pass the duplicates")
     await asyncio.sleep(1.0)
     assert await snapshot(conn) == before
+
+
+
+async def test_a_turn_appended_again_after_later_turns_changes_no_fact_and_no_edge(settings, conn, workers):
+    from datetime import timedelta
+
+    from .helpers import BASE
+
+    w = workers()
+    await w.wait_assigned()
+    said = [TurnRecorded.new(user_id="again", conversation_id="c", user_message=f"I work at {name}.",
+                             assistant_message="ok", occurred_at=BASE + timedelta(days=i))
+            for i, name in enumerate(("Acme", "Beta"))]
+
+    async def now():
+        facts = await conn.fetch("SELECT fact_id, value, status, version FROM memory_facts WHERE user_id = 'again' "
+                                 "ORDER BY fact_id")
+        edges = await conn.fetch("SELECT edge_id, fact_sentence, valid_to FROM memory_edges WHERE user_id = 'again' "
+                                 "ORDER BY edge_id")
+        return [tuple(r) for r in facts], [tuple(r) for r in edges]
+
+    async with TurnLog(settings) as log:
+        await log.append_many(said)
+        await wait_until(lambda: count_is(conn, 2), what="both turns formed")
+        before = await now()
+        assert [f for f in before[0] if f[2] == "current"][0][1] == "Beta", before
+        # A host's retry of the first turn, after the second: the same event, later in the log.
+        await log.append(said[0])
+
+    async def formed_again():
+        rows = await conn.fetch("SELECT next_offset FROM projection_positions WHERE projection = 'formation'")
+        return sum(r["next_offset"] for r in rows) == 3
+
+    await wait_until(formed_again, what="formation to pass the retried turn")
+    await asyncio.sleep(1.0)
+    assert await now() == before
 
 
 async def test_a_worker_killed_mid_stream_ends_with_every_turn_projected_exactly_once(settings, conn, workers):
