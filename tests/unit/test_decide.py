@@ -44,37 +44,37 @@ def _state_with_name(value="Maria"):
     return state, seed.fact_id
 
 
-def test_an_inferred_identity_change_is_deferred_until_observed_enough_times():
-    state, fid = _state_with_name()
+def _inferred_renames(state, fid, turns) -> list[type]:
+    """Each of ``turns`` (the n-th numbered n) infers the user is called Mark: decided and folded."""
     neighbours = [ExistingFact(fid, "Name is Maria", "identity", "name", "Maria", 0.7)]
     decisions = []
-    for n in range(1, 4):
-        turn = TurnRecorded.new(user_id="u", conversation_id="c", user_message="x", assistant_message="y", occurred_at=AT)
+    for n, turn in turns:
         ctx = Context(turn=turn, source=LogPosition("e", 0, 3 + n), recorded_at=AT, extractor="x", resolver="r",
                       embedding_model="m", gate_observations=3)
         d = decide(ctx, n, cand("Name is Mark", "identity", "name", "Mark", explicit=False), VEC,
                    Resolution(Operation.UPDATE, fid, "renamed"), neighbours, state)
         fold(state, [d])
         decisions.append(type(d))
-    assert decisions == [FactChangeDeferred, FactChangeDeferred, FactUpdated]
+    return decisions
 
+
+def _turn() -> TurnRecorded:
+    return TurnRecorded.new(user_id="u", conversation_id="c", user_message="x", assistant_message="y", occurred_at=AT)
+
+
+def test_an_inferred_identity_change_is_deferred_until_observed_enough_times():
+    state, fid = _state_with_name()
+    decisions = _inferred_renames(state, fid, [(n, _turn()) for n in range(1, 4)])
+    assert decisions == [FactChangeDeferred, FactChangeDeferred, FactUpdated]
 
 
 def test_a_turn_formed_again_counts_once_at_the_safety_gate():
     state, fid = _state_with_name()
-    neighbours = [ExistingFact(fid, "Name is Maria", "identity", "name", "Maria", 0.7)]
-    decisions = []
-    turns = [TurnRecorded.new(user_id="u", conversation_id="c", user_message="x", assistant_message="y",
-                              occurred_at=AT) for _ in range(2)]
-    for n in (1, 2, 2, 2):  # the second turn delivered again (a crash before its position was saved)
-        turn = turns[n - 1]
-        ctx = Context(turn=turn, source=LogPosition("e", 0, 3 + n), recorded_at=AT, extractor="x", resolver="r",
-                      embedding_model="m", gate_observations=3)
-        d = decide(ctx, n, cand("Name is Mark", "identity", "name", "Mark", explicit=False), VEC,
-                   Resolution(Operation.UPDATE, fid, "renamed"), neighbours, state)
-        fold(state, [d])
-        decisions.append(type(d))
+    first, second = _turn(), _turn()
+    # The second turn delivered again (a crash before its position was saved).
+    decisions = _inferred_renames(state, fid, [(1, first), (2, second), (2, second), (2, second)])
     assert decisions == [FactChangeDeferred] * 4 and state[fid].deferred == {"UPDATE:mark": 2}
+
 
 def test_an_explicit_identity_change_passes_the_gate_at_once():
     state, fid = _state_with_name()
