@@ -43,7 +43,7 @@ from memstream.streams.kafka_util import drain, groupless_consumer, partitions_o
 from memstream.streams.log_topics import create_tables, live_log, move_from, moved, progress
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.switch_lock import switching
-from memstream.streams.topics import FOREVER, _wait_for_leaders
+from memstream.streams.topics import FOREVER, _wait_for_leaders, steps_on
 
 log = logging.getLogger("memstream.partitions")
 
@@ -52,7 +52,6 @@ FENCE = {"max.message.bytes": "0"}
 IDENTITY_COMMANDS = frozenset({"PersonIdentitySet", "ExpertIdentityUpserted", "ExpertIdentityDeleted"})
 SMALL_TAIL = 1000  # records left after a copy round: fence now, the pause is short
 MAX_ROUNDS = 5
-DRAINED = {"events": ("formation", "commands"), "decisions": ("episodes", "facts", "graph")}  # steps per old topic
 LAG_BEFORE_FENCE = 100  # records the workers have left on the old topics when they are fenced (at best)
 
 
@@ -275,9 +274,9 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
                             break
                     # Fence once the workers are nearly done with the old topics: appends wait
                     # while they finish, so the less left, the shorter the wait.
-                    await _drained(offsets, pool, live.events_topic, n, list(DRAINED["events"]), drain_timeout_s,
+                    await _drained(offsets, pool, live.events_topic, n, steps_on(live, live.events_topic), drain_timeout_s,
                                    slack=LAG_BEFORE_FENCE)
-                    await _drained(offsets, pool, live.decisions_topic, n, list(DRAINED["decisions"]),
+                    await _drained(offsets, pool, live.decisions_topic, n, steps_on(live, live.decisions_topic),
                                    drain_timeout_s, slack=LAG_BEFORE_FENCE)
                     for c in copies:
                         await c.round(consumer, offsets, producer, pool, on_progress)
@@ -290,7 +289,7 @@ async def grow_partitions(settings: Settings, dsn: str, to: int, *, on_progress=
                 report.phases["formation finishes"] = time.monotonic() - fenced - sum(report.phases.values())
                 await _fence(admin, live.decisions_topic)
                 report.phases["fence decisions"] = time.monotonic() - fenced - sum(report.phases.values())
-                await _drained(offsets, pool, live.decisions_topic, n, list(DRAINED["decisions"]), drain_timeout_s)
+                await _drained(offsets, pool, live.decisions_topic, n, steps_on(live, live.decisions_topic), drain_timeout_s)
                 await _drained(offsets, pool, live.events_topic, n, ["commands"], drain_timeout_s)
                 report.phases["projections finish"] = time.monotonic() - fenced - sum(report.phases.values())
                 for c in copies:
@@ -419,7 +418,7 @@ async def _cut_over(pool, settings: Settings, live: Settings, move, to: int, new
                                   "WHERE from_events = $1 AND state = 'fenced'", live.events_topic)
         if done != "UPDATE 1":
             raise GrowthError(f"the move out of {live.events_topic} is not fenced any more (another run cut over?)")
-        for topic, steps in ((live.events_topic, DRAINED["events"]), (live.decisions_topic, DRAINED["decisions"])):
+        for topic, steps in ((t, steps_on(live, t)) for t in (live.events_topic, live.decisions_topic)):
             at = {(r["projection"], r["partition"]): r["next_offset"] for r in await conn.fetch(
                 "SELECT projection, partition, next_offset FROM projection_positions WHERE topic = $1", topic)}
             if behind := [f"{step} {topic}/{tp.partition}" for step in steps for tp, end in old_ends[topic].items()

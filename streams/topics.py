@@ -38,6 +38,11 @@ def step_routes(settings: Settings) -> dict[str, dict[str, tuple[str, ...]]]:
                             settings.events_topic: ("commands",), settings.ingress_topic: ("sealing",)}}
 
 
+def steps_on(settings: Settings, topic: str) -> list[str]:
+    """Every step, of either role, that reads ``topic``."""
+    return [step for by_topic in step_routes(settings).values() for step in by_topic.get(topic, ())]
+
+
 async def ensure_topics(settings: Settings) -> None:
     """Create the events, decisions, ingress and dead-letter topics if missing, and give the
     ingress and dead-letter topics the plaintext window of ``settings``. Partition counts of
