@@ -1,10 +1,12 @@
 """Facts, the pure core: fold fact decisions into versioned fact rows.
 
 ``apply(state, decision)`` returns the rows the decision creates or changes; ``state`` must hold
-every row the decision targets (``targets(decision)``), and a decision may only touch rows of
-its own user (``ForeignTarget`` otherwise). No clock, no I/O: system time is the
+every row the decision targets (``targets(decision)``), keyed by ``key`` — ``(user_id, fact_id)``:
+a decision looks up rows under its own user only, so it can never touch another user's, even
+when a host gave two users' turns one event id (and so the same fact ids). No clock, no I/O: system time is the
 decision's ``recorded_at`` (the source event's log timestamp). A version never ends before it
-began (``valid_to >= valid_from``), whatever the decision says. Every decision is idempotent:
+began (``valid_to >= valid_from``), whatever the decision says; only the current version of a
+fact is changed (``EndedTarget`` for an ended one; a forgotten one changes no more). Every decision is idempotent:
 re-applying a FactAdded or FactUpdated whose version exists, a FactDeleted of a deleted fact,
 or a FactReinforced / FactChangeDeferred already counted, changes nothing.
 
@@ -25,12 +27,17 @@ from memstream.schemas.facts import FactContent
 
 
 class MissingTarget(Refused, LookupError):
-    """A decision names a fact this projection does not hold: the decisions log is inconsistent."""
+    """A decision names a fact its user does not hold (another user's is not theirs): the
+    decisions log is inconsistent."""
 
 
-class ForeignTarget(MissingTarget):
-    """A decision names a fact of another user: refused, whatever the log says, so one user's
-    decisions can never change another's memory."""
+class EndedTarget(Refused, ValueError):
+    """A decision changes a fact version that already ended (superseded or deleted): two
+    decisions ended one version, so the decisions log is inconsistent. Applied, it would leave
+    two current versions of one fact, or bring a deleted one back."""
+
+
+Key = tuple[str, uuid.UUID]
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,10 @@ class FactRow(FactContent):
 
 
 COLUMNS = tuple(FactRow.__dataclass_fields__)
+
+
+def key(row: FactRow) -> Key:
+    return row.user_id, row.fact_id
 
 
 def fact_id(source_event_id: uuid.UUID, n: int) -> uuid.UUID:
@@ -116,13 +127,21 @@ def _new(d: FactAdded | FactUpdated, lineage_id: uuid.UUID, version: int) -> Fac
     )
 
 
-def _target(state: Mapping[uuid.UUID, FactRow], fid: uuid.UUID, d: Decision) -> FactRow:
-    row = state.get(fid)
+def _target(state: Mapping[Key, FactRow], fid: uuid.UUID, d: Decision) -> FactRow:
+    row = state.get((d.user_id, fid))
     if row is None:
-        raise MissingTarget(f"{type(d).__name__} {d.decision_id} targets unknown fact {fid}")
-    if row.user_id != d.user_id:
-        raise ForeignTarget(f"{type(d).__name__} {d.decision_id} targets fact {fid} "
-                            "of another user")
+        raise MissingTarget(f"{type(d).__name__} {d.decision_id} targets fact {fid}, unknown to its user")
+    return row
+
+
+def _live(state: Mapping[Key, FactRow], fid: uuid.UUID, d: Decision) -> FactRow | None:
+    """The current version ``d`` changes; None when it was forgotten (it stays so, whatever
+    decision comes after: one made before the forget, delivered again)."""
+    row = _target(state, fid, d)
+    if row.status == "forgotten":
+        return None
+    if not row.current:
+        raise EndedTarget(f"{type(d).__name__} {d.decision_id} changes fact {fid}, already {row.status}")
     return row
 
 
@@ -132,7 +151,7 @@ def _forgotten(old: FactRow, d: MemoryForgotten, why: str) -> FactRow:
                    end_reason=f"{why} by {d.actor}" + (f": {d.reason}" if d.reason else ""))
 
 
-def _forget(state: Mapping[uuid.UUID, FactRow], d: MemoryForgotten) -> list[FactRow]:
+def _forget(state: Mapping[Key, FactRow], d: MemoryForgotten) -> list[FactRow]:
     if d.kind == "fact":
         old = _target(state, d.target, d)
         return [] if old.status == "forgotten" else [_forgotten(old, d, "forgotten")]
@@ -156,39 +175,36 @@ def _forget(state: Mapping[uuid.UUID, FactRow], d: MemoryForgotten) -> list[Fact
     return out
 
 
-def apply(state: Mapping[uuid.UUID, FactRow], d: Decision) -> list[FactRow]:
+def apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
     if isinstance(d, MemoryForgotten):
         return _forget(state, d)
     if not isinstance(d, FactDecision):
         return []
-    if isinstance(d, (FactAdded, FactUpdated)) and d.fact_id in state:
-        _target(state, d.fact_id, d)  # a redelivery changes nothing; another user's id is refused
-        return []
+    if isinstance(d, (FactAdded, FactUpdated)) and (d.user_id, d.fact_id) in state:
+        return []  # a redelivery changes nothing
     if isinstance(d, FactAdded):
         return [_new(d, d.fact_id, 1)]
     if isinstance(d, FactUpdated):
-        old = _target(state, d.supersedes, d)
+        if (old := _live(state, d.supersedes, d)) is None:
+            return []
         # An update dated before the old version began ("I moved to Lisbon last week", a minute
         # after "I live in Porto") ends the old one at its own start: an empty interval, never a negative one.
         ended = replace(old, status="superseded", superseded_at=d.recorded_at, superseded_by=d.fact_id,
                         valid_to=old.valid_to or max(d.valid_from, old.valid_from), end_reason=d.reason)
         return [ended, _new(d, old.lineage_id, old.version + 1)]
     if isinstance(d, FactDeleted):
-        old = _target(state, d.target, d)
-        if old.status == "deleted":
+        if _target(state, d.target, d).status == "deleted" or (old := _live(state, d.target, d)) is None:
             return []
         return [replace(old, status="deleted", superseded_at=d.recorded_at, valid_to=max(d.valid_to, old.valid_from),
                         end_reason=d.reason)]
     if isinstance(d, FactReinforced):
-        old = _target(state, d.target, d)
-        if d.decision_id in old.observed_by:
+        if d.decision_id in _target(state, d.target, d).observed_by or (old := _live(state, d.target, d)) is None:
             return []
         return [replace(old, observation_count=old.observation_count + 1, last_observed_at=d.recorded_at,
                         confidence=max(old.confidence, d.confidence), explicit=old.explicit or d.explicit,
                         observed_by=old.observed_by + (d.decision_id,))]
     if isinstance(d, FactChangeDeferred):
-        old = _target(state, d.target, d)
-        if d.decision_id in old.observed_by:
+        if d.decision_id in _target(state, d.target, d).observed_by or (old := _live(state, d.target, d)) is None:
             return []
         key = deferral_key(d.operation, d.value)
         return [replace(old, deferred={**old.deferred, key: old.deferred.get(key, 0) + 1},
@@ -200,11 +216,10 @@ def deferral_key(operation: str, value: str) -> str:
     return f"{operation}:{value.casefold()}"
 
 
-def fold(state: dict[uuid.UUID, FactRow], decisions: Iterable[Decision]) -> dict[uuid.UUID, FactRow]:
+def fold(state: dict[Key, FactRow], decisions: Iterable[Decision]) -> dict[Key, FactRow]:
     """Apply ``decisions`` in order to ``state`` (mutated) and return the rows that changed."""
-    changed: dict[uuid.UUID, FactRow] = {}
+    changed: dict[Key, FactRow] = {}
     for d in decisions:
         for row in apply(state, d):
-            state[row.fact_id] = row
-            changed[row.fact_id] = row
+            state[key(row)] = changed[key(row)] = row
     return changed

@@ -12,7 +12,7 @@ from pgvector import Vector
 from memstream.projections import positions as pos
 from memstream.projections.db import text_array
 from memstream.projections.batches import forgets_user, runs
-from memstream.projections.facts.core import COLUMNS, FactRow, fold, sources, targets, turn_decisions
+from memstream.projections.facts.core import COLUMNS, FactRow, Key, fold, key, sources, targets, turn_decisions
 from memstream.projections.profile import store as profile_store
 from memstream.schemas import Decision
 
@@ -63,17 +63,18 @@ _BY_SOURCE = (f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE user_id = $1
               "AND (source_event_id = $2 OR observed_by && $3::uuid[])")
 
 
-async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[uuid.UUID, FactRow]:
+async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[Key, FactRow]:
     """The user's facts that turn ``event_id`` created or observed."""
-    return {r["fact_id"]: from_record(r) for r in await conn.fetch(_BY_SOURCE, user_id, event_id, turn_decisions(event_id))}
+    rows = map(from_record, await conn.fetch(_BY_SOURCE, user_id, event_id, turn_decisions(event_id)))
+    return {key(r): r for r in rows}
 
 
-async def load(conn, keys: Sequence[tuple[str, uuid.UUID]]) -> dict[uuid.UUID, FactRow]:
+async def load(conn, keys: Sequence[Key]) -> dict[Key, FactRow]:
     """The fact rows of these ``(user_id, fact_id)`` keys."""
     if not keys:
         return {}
     users, ids = zip(*set(keys))
-    return {r["fact_id"]: from_record(r) for r in await conn.fetch(_SELECT, list(users), list(ids))}
+    return {key(r): r for r in map(from_record, await conn.fetch(_SELECT, list(users), list(ids)))}
 
 
 async def upsert(conn, rows: Sequence[FactRow]) -> None:

@@ -1,7 +1,9 @@
 """The graph, the pure core: entity and edge decisions folded into rows.
 
 ``apply(state, decision)`` returns the rows a decision creates or changes; ``state`` must hold
-the rows it targets (``targets``). Idempotent: an existing entity, alias or edge is not created
+the rows it targets (``targets``), keyed by ``key`` — ``(user_id, id)``: a decision looks up
+rows under its own user only, so it can never change, or link to, another user's graph, even
+when a host gave two users' turns one event id (and so the same entity and edge ids). Idempotent: an existing entity, alias or edge is not created
 twice, and closing a closed edge changes nothing. System time is the decision's
 ``recorded_at``; a close never ends an edge before it began (``valid_to >= valid_from``).
 """
@@ -16,13 +18,8 @@ from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, Enti
 from memstream.schemas.errors import Refused
 
 
-class ForeignGraphTarget(Refused, LookupError):
-    """A decision names an entity or edge of another user: refused, so one user's decisions can
-    never change, or link to, another's graph."""
-
-
 class MissingGraphTarget(Refused, LookupError):
-    """A decision names an entity or edge this projection does not hold."""
+    """A decision names an entity or edge its user does not hold (another user's is not theirs)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +68,11 @@ class EdgeRow:
 ENTITY_COLUMNS = tuple(EntityRow.__dataclass_fields__)
 EDGE_COLUMNS = tuple(EdgeRow.__dataclass_fields__)
 Row = Union[EntityRow, EdgeRow]
+Key = tuple[str, uuid.UUID]
+
+
+def key(row: Row) -> Key:
+    return row.user_id, row.entity_id if isinstance(row, EntityRow) else row.edge_id
 
 
 def targets(d: Decision) -> list[uuid.UUID]:
@@ -97,21 +99,19 @@ def _forget(edge: EdgeRow, d: MemoryForgotten, why: str) -> EdgeRow:
                    close_reason=f"{why} by {d.actor}" + (f": {d.reason}" if d.reason else ""))
 
 
-def _own(state: dict[uuid.UUID, Row], key: uuid.UUID, kind: type, d: Decision) -> Row:
-    row = state.get(key)
+def _own(state: dict[Key, Row], id_: uuid.UUID, kind: type, d: Decision) -> Row:
+    row = state.get((d.user_id, id_))
     if not isinstance(row, kind):
-        raise MissingGraphTarget(f"{type(d).__name__} {d.decision_id} targets unknown {kind.__name__[:-3].lower()} {key}")
-    if row.user_id != d.user_id:
-        raise ForeignGraphTarget(f"{type(d).__name__} {d.decision_id} targets "
-                                 f"{kind.__name__[:-3].lower()} {key} of another user")
+        raise MissingGraphTarget(f"{type(d).__name__} {d.decision_id} targets {kind.__name__[:-3].lower()} {id_}, "
+                                 "unknown to its user")
     return row
 
 
-def apply(state: dict[uuid.UUID, Row], d: Decision) -> list[Row]:
-    """The rows ``d`` creates or changes. A decision may only touch, or link to, rows of its own
-    user: ``ForeignGraphTarget`` otherwise (``MissingGraphTarget`` for rows the state lacks)."""
+def apply(state: dict[Key, Row], d: Decision) -> list[Row]:
+    """The rows ``d`` creates or changes, touching or linking to its own user's rows only
+    (``MissingGraphTarget`` for a row its user lacks)."""
     if isinstance(d, EntityCreated):
-        if d.entity_id in state:
+        if (d.user_id, d.entity_id) in state:
             _own(state, d.entity_id, EntityRow, d)  # a redelivery changes nothing
             return []
         return [EntityRow(d.entity_id, d.user_id, d.name, (), d.is_user, d.recorded_at, d.source_event_id)]
@@ -124,7 +124,7 @@ def apply(state: dict[uuid.UUID, Row], d: Decision) -> list[Row]:
         for entity in (d.source_entity_id, d.target_entity_id):
             if entity is not None:
                 _own(state, entity, EntityRow, d)
-        if d.edge_id in state:
+        if (d.user_id, d.edge_id) in state:
             _own(state, d.edge_id, EdgeRow, d)
             return []
         return [EdgeRow(
@@ -152,11 +152,9 @@ def apply(state: dict[uuid.UUID, Row], d: Decision) -> list[Row]:
     return []
 
 
-def fold(state: dict[uuid.UUID, Row], decisions: Iterable[Decision]) -> dict[uuid.UUID, Row]:
-    changed: dict[uuid.UUID, Row] = {}
+def fold(state: dict[Key, Row], decisions: Iterable[Decision]) -> dict[Key, Row]:
+    changed: dict[Key, Row] = {}
     for d in decisions:
         for row in apply(state, d):
-            key = row.entity_id if isinstance(row, EntityRow) else row.edge_id
-            state[key] = row
-            changed[key] = row
+            state[key(row)] = changed[key(row)] = row
     return changed

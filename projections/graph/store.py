@@ -11,8 +11,8 @@ from pgvector import Vector
 from memstream.projections import positions as pos
 from memstream.projections.db import text_array
 from memstream.projections.batches import forgets_user, runs
-from memstream.projections.graph.core import (EDGE_COLUMNS, ENTITY_COLUMNS, EdgeRow, EntityRow, Row, fold, sources,
-                                             targets)
+from memstream.projections.graph.core import (EDGE_COLUMNS, ENTITY_COLUMNS, EdgeRow, EntityRow, Key, Row, fold, key,
+                                             sources, targets)
 from memstream.schemas import Decision
 
 _ENTITY_CASTS = {"entity_id": "uuid", "user_id": "text", "name": "text", "aliases": "text", "is_user": "boolean",
@@ -35,7 +35,8 @@ def _upsert_sql(table: str, columns: Sequence[str], casts: dict[str, str], key: 
 
 
 # aliases (text[] per row) travel as their array literal and are cast back.
-_UPSERT_ENTITIES = _upsert_sql("entities", ENTITY_COLUMNS, _ENTITY_CASTS, ["entity_id"], array_as_text="aliases")
+_UPSERT_ENTITIES = _upsert_sql("entities", ENTITY_COLUMNS, _ENTITY_CASTS, ["user_id", "entity_id"],
+                               array_as_text="aliases")
 _UPSERT_EDGES = _upsert_sql("memory_edges", EDGE_COLUMNS, _EDGE_CASTS, ["user_id", "edge_id"])  # partitioned by user
 
 
@@ -53,20 +54,20 @@ _BY_KEY = ("SELECT {cols} FROM unnest($1::text[], $2::uuid[]) k(user_id, id) "
            "JOIN {table} r ON r.{id} = k.id AND r.user_id = k.user_id")
 
 
-async def load(conn, keys: Sequence[tuple[str, uuid.UUID]]) -> dict[uuid.UUID, Row]:
+async def load(conn, keys: Sequence[Key]) -> dict[Key, Row]:
     """The entities and edges of these ``(user_id, id)`` keys: a row is found only under its own
     user, so a decision naming another user's row finds nothing to change."""
     if not keys:
         return {}
     users, ids = zip(*set(keys))
-    out: dict[uuid.UUID, Row] = {}
+    out: dict[Key, Row] = {}
     cols = lambda names: ", ".join(f"r.{c}" for c in names)  # noqa: E731
     for r in await conn.fetch(_BY_KEY.format(cols=cols(ENTITY_COLUMNS), table="entities", id="entity_id"),
                               list(users), list(ids)):
-        out[r["entity_id"]] = entity_from(r)
+        out[r["user_id"], r["entity_id"]] = entity_from(r)
     for r in await conn.fetch(_BY_KEY.format(cols=cols(EDGE_COLUMNS), table="memory_edges", id="edge_id"),
                               list(users), list(ids)):
-        out[r["edge_id"]] = edge_from(r)
+        out[r["user_id"], r["edge_id"]] = edge_from(r)
     return out
 
 
@@ -93,11 +94,11 @@ async def upsert(conn, rows: Sequence[Row]) -> None:
             for c in EDGE_COLUMNS])
 
 
-async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[uuid.UUID, Row]:
+async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[Key, Row]:
     """The user's edges that turn ``event_id`` opened."""
     rows = await conn.fetch(f"SELECT {', '.join(EDGE_COLUMNS)} FROM memory_edges WHERE user_id = $1 AND source_event_id = $2",
                             user_id, event_id)
-    return {r["edge_id"]: edge_from(r) for r in rows}
+    return {key(e): e for e in map(edge_from, rows)}
 
 
 class GraphStore:

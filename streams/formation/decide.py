@@ -14,7 +14,7 @@ import numpy as np
 
 from memstream.embedding import to_bytes
 from memstream.llm.protocols import GATED_CATEGORIES, CandidateFact, ExistingFact, Operation, Resolution
-from memstream.projections.facts.core import FactRow, deferral_key
+from memstream.projections.facts.core import FactRow, Key, deferral_key
 from memstream.schemas import (Decision, FactAdded, FactChangeDeferred, FactDeleted, FactReinforced,
                                FactUpdated, LogPosition, TurnRecorded)
 
@@ -35,8 +35,10 @@ class Context:
 
 
 def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolution: Resolution,
-           neighbours: list[ExistingFact], rows: Mapping[uuid.UUID, FactRow]) -> Decision | None:
-    """The decision for the ``n``-th candidate of ``ctx.turn`` (``None``: nothing to record)."""
+           neighbours: list[ExistingFact], rows: Mapping[Key, FactRow]) -> Decision | None:
+    """The decision for the ``n``-th candidate of ``ctx.turn`` (``None``: nothing to record);
+    ``rows`` by ``(user_id, fact_id)``, as the facts core keys them."""
+    user = ctx.turn.user_id
     fid = uuid.uuid5(ctx.turn.event_id, f"fact:{n}")
     common = dict(
         decision_id=fid, source_event_id=ctx.turn.event_id, source=ctx.source, recorded_at=ctx.recorded_at,
@@ -48,14 +50,14 @@ def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolu
                 embedding_model=ctx.embedding_model)
     known = {n.fact_id for n in neighbours}
     op, target = resolution.op, resolution.target
-    if target is not None and (target not in known or target not in rows):
+    if target is not None and (target not in known or (user, target) not in rows):
         # The resolver named a fact it was not shown: do not act on a guess.
         op, target = Operation.ADD, None
         resolution = Resolution(op, None, f"resolver named an unknown target; treated as new ({resolution.reason})")
     if cand.negated and target is not None and op in (Operation.NOOP, Operation.UPDATE):
         # A retraction ("forget that I live in Lisbon") never reinforces or rewrites a fact: it
         # deletes the one it names, or nothing.
-        named = rows[target]
+        named = rows[user, target]
         if named.attribute != cand.attribute or (cand.value and named.value.casefold() != cand.value.casefold()):
             return None
         resolution = Resolution(Operation.DELETE, target,
@@ -75,7 +77,7 @@ def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolu
         if target is None:
             return None
         return FactReinforced(**common, target=target, reason=resolution.reason or "observed again")
-    old = rows[target]
+    old = rows[user, target]
     if old.category in GATED_CATEGORIES and not cand.explicit:
         key = deferral_key(op.value, cand.value)
         seen = old.deferred.get(key, 0) + (fid not in old.observed_by)  # a turn formed again is not seen again

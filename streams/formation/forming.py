@@ -663,13 +663,13 @@ class Formation:
         forget = dict(**common, actor=e.actor, reason=e.reason)
         if isinstance(e, FactForgotten):
             await overlay.ensure(e.user_id, [e.fact_id])
-            row = overlay.rows.get(e.fact_id)
+            row = overlay.rows.get((e.user_id, e.fact_id))
 
             def named(f) -> bool:  # the slot and value the command names, when it names them
                 return e.attribute is None or (f.attribute == e.attribute
                                                and (e.value or "").casefold() == f.value.casefold())
 
-            if row is not None and row.user_id == e.user_id and row.current and named(row):
+            if row is not None and row.current and named(row):
                 targets = [row.fact_id]
             else:
                 # Re-formed with another extractor, the fact may have another id, and its id be
@@ -682,8 +682,8 @@ class Formation:
                                     target=t) for n, t in enumerate(targets)]
         if isinstance(e, EdgeForgotten):
             await graph.ensure_user(e.user_id)
-            edge = graph.rows.get(e.edge_id)
-            if isinstance(edge, EdgeRow) and edge.user_id == e.user_id and _says(graph, edge, e):
+            edge = graph.rows.get((e.user_id, e.edge_id))
+            if isinstance(edge, EdgeRow) and _says(graph, edge, e):
                 targets = [e.edge_id]
             else:  # re-formed with another extractor: the same relation between the same ends
                 targets = sorted(x.edge_id for x in graph.rows.values() if isinstance(x, EdgeRow)
@@ -708,8 +708,8 @@ class Formation:
     @staticmethod
     async def _current_fact(overlay: FactView, user_id: str, fact_id: uuid.UUID, e: Event):
         await overlay.ensure(user_id, [fact_id])
-        row = overlay.rows.get(fact_id)
-        if row is None or row.user_id != user_id or not row.current:
+        row = overlay.rows.get((user_id, fact_id))
+        if row is None or not row.current:
             raise CommandRefused(f"{type(e).__name__} names {fact_id}, not a current fact of this user")
         return row
 
@@ -792,10 +792,11 @@ class Formation:
                            if batched else []))
         out: list[Decision] = []
         for n, (cand, vector) in enumerate(zip(candidates, vectors)):
-            if (held := overlay.rows.get(own[n])) is not None and held.user_id == turn.user_id:
+            if (turn.user_id, own[n]) in overlay.rows:
                 continue  # decided when the turn was formed before
             if n in alone:  # less what this turn ended since (unrelated to it: nothing to weigh)
-                neighbours = [nb for nb in shown[n] if (row := overlay.rows.get(nb.fact_id)) is None or row.current]
+                neighbours = [nb for nb in shown[n]
+                              if (row := overlay.rows.get((turn.user_id, nb.fact_id))) is None or row.current]
                 resolution = answers.get(n, NEW)
             else:
                 neighbours = await overlay.neighbours(turn.user_id, cand.attribute, vector)
@@ -885,7 +886,7 @@ def _says(graph: GraphView, edge: EdgeRow, forget: EdgeForgotten) -> bool:
         return True
 
     def named(entity_id, value, name) -> bool:  # an entity by its name or an alias, else the value
-        entity = graph.rows.get(entity_id) if entity_id is not None else None
+        entity = graph.rows.get((edge.user_id, entity_id)) if entity_id is not None else None
         said = (name or "").casefold()
         return said in entity.names() if isinstance(entity, EntityRow) else said == (value or "").casefold()
 

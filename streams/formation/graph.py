@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 from memstream.llm.relations import USER, RelationCandidate
 from memstream.schemas.vocabulary import MULTI_VALUED, canonical, fact_sentence
-from memstream.projections.graph.core import EdgeRow, EntityRow, Row, fold
+from memstream.projections.graph.core import EdgeRow, EntityRow, Key, Row, fold, key
 from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated, TurnRecorded
 
 log = logging.getLogger("memstream.formation")
@@ -43,7 +43,7 @@ class GraphView:
 
     def __init__(self, loader: Loader | None):
         self._loader = loader
-        self.rows: dict[uuid.UUID, Row] = {}
+        self.rows: dict[Key, Row] = {}  # by (user_id, id), as the projection's core keys them
         self._loaded: set[str] = set()
 
     async def ensure_user(self, user_id: str) -> None:
@@ -52,8 +52,7 @@ class GraphView:
         self._loaded.add(user_id)
         if self._loader is not None:
             for row in await self._loader(user_id):
-                key = row.entity_id if isinstance(row, EntityRow) else row.edge_id
-                self.rows.setdefault(key, row)
+                self.rows.setdefault(key(row), row)
 
     def apply(self, decision: Decision) -> None:
         fold(self.rows, [decision])
@@ -65,8 +64,8 @@ class GraphView:
         return other
 
     def entity_named(self, user_id: str, name: str) -> EntityRow | None:
-        key = name.casefold()
-        found = [r for r in self.rows.values() if isinstance(r, EntityRow) and r.user_id == user_id and key in r.names()]
+        folded = name.casefold()
+        found = [r for r in self.rows.values() if isinstance(r, EntityRow) and r.user_id == user_id and folded in r.names()]
         return min(found, key=lambda r: (r.recorded_at, r.entity_id)) if found else None
 
     def edges(self, user_id: str, source: uuid.UUID, relation: str) -> list[EdgeRow]:
@@ -105,9 +104,9 @@ class EdgeDecider:
     def _user(self) -> EntityRow:
         uid = self.ctx.turn.user_id
         eid = user_entity_id(uid)
-        if eid not in self.view.rows:
+        if (uid, eid) not in self.view.rows:
             self._emit(EntityCreated(**self._base("the user"), entity_id=eid, name="the user", is_user=True))
-        return self.view.rows[eid]  # type: ignore[return-value]
+        return self.view.rows[uid, eid]  # type: ignore[return-value]
 
     def _entity(self, name: str) -> EntityRow:
         if name.casefold() in _USER_WORDS:

@@ -15,7 +15,7 @@ from memstream.embedding import from_bytes
 from memstream.llm.protocols import ExistingFact
 from memstream.projections.facts import query as facts_q
 from memstream.projections.facts import store as facts_store
-from memstream.projections.facts.core import FactRow, fold
+from memstream.projections.facts.core import FactRow, Key, fold
 from memstream.schemas import Decision
 
 NEIGHBOURS = 10  # nearest current facts shown to the resolver, besides same-attribute facts
@@ -29,7 +29,7 @@ class FactView(Protocol):
     candidate fact, which facts the resolver is shown (``neighbours``) and which rows a
     decision may target (``rows``).
 
-    ``rows`` maps fact id -> ``FactRow``, each in its current state exactly as the facts
+    ``rows`` maps ``(user_id, fact id)`` -> ``FactRow`` (the core's ``key``), each in its current state exactly as the facts
     projection's core folds it (``projections.facts.core.fold``): a version superseded or
     deleted since the view was made reads as such. It holds every fact this view's ``apply`` changed and
     every fact ``ensure`` found; it may hold others (``MemoryView`` holds all of them), so a fact
@@ -62,7 +62,7 @@ class FactView(Protocol):
     the whole turn was decided (a retried turn must not see half of itself).
     """
 
-    rows: Mapping[uuid.UUID, FactRow]
+    rows: Mapping[Key, FactRow]
 
     async def ensure(self, user_id: str, fact_ids: Iterable[uuid.UUID]) -> None:
         ...
@@ -83,11 +83,11 @@ class PostgresView(FactView):
 
     def __init__(self, pool: asyncpg.Pool, model_id: str):
         self._pool, self._model = pool, model_id
-        self.rows: dict[uuid.UUID, FactRow] = {}
-        self._touched: set[uuid.UUID] = set()
+        self.rows: dict[Key, FactRow] = {}
+        self._touched: set[Key] = set()
 
     async def ensure(self, user_id: str, fact_ids) -> None:
-        missing = [(user_id, f) for f in fact_ids if f not in self.rows]
+        missing = [(user_id, f) for f in fact_ids if (user_id, f) not in self.rows]
         if missing:
             async with self._pool.acquire() as conn:
                 self.rows.update(await facts_store.load(conn, missing))
@@ -115,11 +115,11 @@ class PostgresView(FactView):
             emb = np.asarray(rec["embedding"].to_numpy(), dtype=np.float32)
             found.setdefault(rec["fact_id"], ExistingFact(rec["fact_id"], rec["text"], rec["category"],
                                                           rec["attribute"], rec["value"], float(emb @ vector)))
-        for fid in self._touched:
-            row = self.rows[fid]
+        for k in self._touched:
+            row = self.rows[k]
             if row.user_id == user_id and row.current and row.embedding_model == self._model:
-                found[fid] = _existing(row, vector)
-        stale = {f for f in found if f in self.rows and not self.rows[f].current}
+                found[row.fact_id] = _existing(row, vector)
+        stale = {f for f in found if (user_id, f) in self.rows and not self.rows[user_id, f].current}
         ranked = sorted((f for fid, f in found.items() if fid not in stale), key=lambda f: -f.similarity)
         # As many as ``MemoryView`` shows, however much the view has overlaid since it was made.
         return ranked[:NEIGHBOURS] + [f for f in ranked[NEIGHBOURS:] if f.attribute == attribute]
@@ -130,15 +130,15 @@ class MemoryView(FactView):
 
     def __init__(self, model_id: str):
         self._model = model_id
-        self.rows: dict[uuid.UUID, FactRow] = {}
-        self._by_user: dict[str, set[uuid.UUID]] = {}
+        self.rows: dict[Key, FactRow] = {}
+        self._by_user: dict[str, set[Key]] = {}
 
     async def ensure(self, user_id: str, fact_ids) -> None:
         pass
 
     def apply(self, decision: Decision) -> None:
-        for fid, row in fold(self.rows, [decision]).items():
-            self._by_user.setdefault(row.user_id, set()).add(fid)
+        for k, row in fold(self.rows, [decision]).items():
+            self._by_user.setdefault(row.user_id, set()).add(k)
 
     def fork(self) -> "MemoryView":
         other = MemoryView(self._model)

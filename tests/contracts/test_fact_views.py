@@ -59,7 +59,7 @@ class FactViewContract:
         view = await self.after(where, [old], [new])
         assert ids(await view.neighbours("ana", "home", QUERY)) == [new.fact_id]
         await view.ensure("ana", [old.fact_id, new.fact_id])
-        assert (view.rows[old.fact_id].status, view.rows[new.fact_id].status) == ("superseded", "current")
+        assert (view.rows["ana", old.fact_id].status, view.rows["ana", new.fact_id].status) == ("superseded", "current")
 
     @pytest.mark.parametrize("where", SPLITS)
     async def test_a_deleted_fact_is_no_neighbour(self, where):
@@ -114,7 +114,7 @@ class FactViewContract:
         view = await self.after(where, [likes, home, pet], later)
         expected: dict = {}
         fold(expected, [likes, home, pet, *later])
-        await view.ensure("ana", [*expected, uuid.uuid4()])  # an id nobody holds is no error
+        await view.ensure("ana", [*(f for _, f in expected), uuid.uuid4()])  # an id nobody holds is no error
         assert {f: view.rows[f] for f in expected} == expected
 
     async def test_a_decision_naming_an_unknown_fact_is_refused(self):
@@ -133,7 +133,7 @@ class FactViewContract:
         before = dict(view.rows)
         for d in [*decisions, items.entity("ana", "Acme")]:  # and a decision about no fact at all
             view.apply(d)
-        assert {f: view.rows[f] for f in before} == before and view.rows[likes.fact_id].observation_count == 2
+        assert {f: view.rows[f] for f in before} == before and view.rows["ana", likes.fact_id].observation_count == 2
         assert sorted(ids(await view.neighbours("ana", "home", QUERY))) == sorted([likes.fact_id, decisions[3].fact_id])
 
 
@@ -150,7 +150,7 @@ class FactViewContract:
         assert new.fact_id in ids(await fork.neighbours("ana", "home", QUERY))
         assert ids(await view.neighbours("ana", "home", QUERY)) == before
         await view.ensure("ana", [old.fact_id])
-        assert view.rows[old.fact_id].current and new.fact_id not in view.rows
+        assert view.rows["ana", old.fact_id].current and ("ana", new.fact_id) not in view.rows
 
     async def test_the_store_catching_up_with_applied_decisions_changes_nothing(self):
         # Formation carries a user's view across batches while the projection applies what it
@@ -162,7 +162,7 @@ class FactViewContract:
         await self.store(view, applied)
         assert await view.neighbours("ana", "home", QUERY) == before
         await view.ensure("ana", [home.fact_id, likes.fact_id])
-        assert view.rows[likes.fact_id].observation_count == 2 and not view.rows[home.fact_id].current
+        assert view.rows["ana", likes.fact_id].observation_count == 2 and not view.rows["ana", home.fact_id].current
 
     async def store(self, view: FactView, decisions: Sequence[Decision]) -> None:
         """``decisions`` into the view's store (as the projection applies them)."""

@@ -147,3 +147,39 @@ async def test_neighbourhoods_walk_one_or_two_hops_over_current_edges(settings, 
     assert two == {"Ana": 1, "Acme": 1, "Google": 2, "Zurich": 2}
     with pytest.raises(ValueError):
         await graph_q.neighbourhood(conn, "mo", me, hops=3)
+
+
+async def test_two_users_turns_with_one_event_id_keep_their_own_graphs_and_facts(settings, conn, dsn, workers):
+    # A host gave both users' turns one event id, so formation derives the same entity, edge and
+    # fact ids for both: the second user's must not overwrite the first's, live or rebuilt.
+    import msgspec
+
+    w = workers()
+    await w.wait_assigned()
+    first = turn("kit", "I work at Acme.", 0)
+    await append_and_wait(settings, conn, [first])
+    await append_and_wait(settings, conn, [msgspec.structs.replace(turn("lex", "I work at Globex.", 1),
+                                                                   event_id=first.event_id)])
+    w.stop()
+
+    async def works_at(user):
+        return await conn.fetch(
+            "SELECT t.name FROM memory_edges e JOIN entities t ON t.user_id = e.user_id AND t.entity_id = e.target_entity_id "
+            "WHERE e.user_id = $1 AND e.relation = 'works_at' AND e.valid_to IS NULL", user)
+
+    assert [r["name"] for r in await works_at("kit")] == ["Acme"]
+    assert [r["name"] for r in await works_at("lex")] == ["Globex"]
+    facts = {r["user_id"]: r["value"] for r in await conn.fetch(
+        "SELECT user_id, value FROM memory_facts WHERE user_id IN ('kit', 'lex') AND status = 'current'")}
+    assert facts == {"kit": "Acme", "lex": "Globex"}
+    shared = await conn.fetchval("SELECT count(*) FROM entities a JOIN entities b USING (entity_id) "
+                                 "WHERE a.user_id = 'kit' AND b.user_id = 'lex'")
+    assert shared >= 1  # the same ids, each user's own row
+
+    target = settings.postgres_schema + "_same_ids_rebuilt"
+    try:
+        await replay(settings, dsn, target, ["graph", "facts"])
+        for table in ("entities", "memory_edges", "memory_facts"):
+            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0)
+    finally:
+        await drop_schema(dsn, target)

@@ -73,7 +73,7 @@ def test_a_turn_formed_again_counts_once_at_the_safety_gate():
     first, second = _turn(), _turn()
     # The second turn delivered again (a crash before its position was saved).
     decisions = _inferred_renames(state, fid, [(1, first), (2, second), (2, second), (2, second)])
-    assert decisions == [FactChangeDeferred] * 4 and state[fid].deferred == {"UPDATE:mark": 2}
+    assert decisions == [FactChangeDeferred] * 4 and state["u", fid].deferred == {"UPDATE:mark": 2}
 
 
 def test_an_explicit_identity_change_passes_the_gate_at_once():

@@ -4,8 +4,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from memstream.projections.facts.core import MissingTarget, apply, fold
-from memstream.schemas import (FactAdded, FactChangeDeferred, FactDeleted, FactReinforced, FactUpdated,
+from memstream.projections.facts.core import EndedTarget, MissingTarget, apply, fold
+from memstream.schemas import (FactAdded, FactChangeDeferred, FactDeleted, FactReinforced, FactUpdated, MemoryForgotten,
                                LogPosition)
 from memstream.schemas.events import new_event_id
 
@@ -38,7 +38,7 @@ def test_an_update_ends_the_old_version_and_starts_the_next_in_the_same_lineage(
     fold(state, [a])
     u = updated(50, a.fact_id)  # dated two days back: still after the old version began
     fold(state, [u])
-    old, new = state[a.fact_id], state[u.fact_id]
+    old, new = state["u", a.fact_id], state["u", u.fact_id]
     assert (old.status, new.status) == ("superseded", "current")
     assert (old.version, new.version) == (1, 2) and new.lineage_id == old.lineage_id == a.fact_id
     assert old.superseded_at == u.recorded_at and old.valid_to == u.valid_from and old.superseded_by == u.fact_id
@@ -53,8 +53,8 @@ def test_every_decision_is_idempotent():
     once = dict(fold(dict(state), [r, d]))
     state2 = dict(state)
     fold(state2, [r, r, d, d, a])
-    assert state2[a.fact_id] == once[a.fact_id]
-    assert state2[a.fact_id].observation_count == 2 and state2[a.fact_id].status == "deleted"
+    assert state2["u", a.fact_id] == once["u", a.fact_id]
+    assert state2["u", a.fact_id].observation_count == 2 and state2["u", a.fact_id].status == "deleted"
 
 
 def test_deferred_changes_are_counted_per_operation_and_value():
@@ -63,8 +63,8 @@ def test_deferred_changes_are_counted_per_operation_and_value():
     fold(state, [a])
     for i, value in enumerate(["Mark", "mark", "Paul"]):
         fold(state, [FactChangeDeferred(**common(2 + i), target=a.fact_id, operation="UPDATE", value=value, text=value)])
-    assert state[a.fact_id].deferred == {"UPDATE:mark": 2, "UPDATE:paul": 1}
-    assert state[a.fact_id].status == "current"
+    assert state["u", a.fact_id].deferred == {"UPDATE:mark": 2, "UPDATE:paul": 1}
+    assert state["u", a.fact_id].status == "current"
 
 
 def test_a_decision_about_an_unknown_fact_is_refused():
@@ -78,7 +78,7 @@ def test_an_update_dated_before_the_old_version_began_ends_the_old_one_at_its_ow
     u = updated(2, a.fact_id, "Lisbon")  # valid_from two days before Porto's
     state = {}
     fold(state, [a, u])
-    old, new = state[a.fact_id], state[u.fact_id]
+    old, new = state["u", a.fact_id], state["u", u.fact_id]
     assert u.valid_from < a.valid_from
     assert old.valid_to == old.valid_from == a.valid_from and new.valid_from == u.valid_from
 
@@ -87,7 +87,7 @@ def test_a_deletion_dated_before_the_version_began_ends_it_at_its_own_start():
     a = added(5)
     state = {}
     fold(state, [a, FactDeleted(**common(6), target=a.fact_id, valid_to=T0)])  # an old log's bad close
-    row = state[a.fact_id]
+    row = state["u", a.fact_id]
     assert row.status == "deleted" and row.valid_to == row.valid_from == a.valid_from
 
 
@@ -95,4 +95,41 @@ def test_a_deletion_dated_after_the_version_began_ends_it_then():
     a = added(5)
     state = {}
     fold(state, [a, FactDeleted(**common(6), target=a.fact_id, valid_to=T0 + timedelta(hours=7))])
-    assert state[a.fact_id].valid_to == T0 + timedelta(hours=7)
+    assert state["u", a.fact_id].valid_to == T0 + timedelta(hours=7)
+
+
+@pytest.mark.parametrize("second", [
+    lambda old: updated(60, old, "Rome"),
+    lambda old: FactDeleted(**common(60), target=old, valid_to=T0 + timedelta(days=3)),
+    lambda old: FactReinforced(**common(60), target=old),
+    lambda old: FactChangeDeferred(**common(60), target=old, operation="UPDATE", value="Rome", text="Lives in Rome"),
+])
+def test_a_decision_changing_a_version_that_already_ended_is_refused(second):
+    # Two decisions ending one version: applied, the lineage would have two current versions.
+    a = added(1)
+    state = {}
+    fold(state, [a, updated(50, a.fact_id)])
+    before = dict(state)
+    with pytest.raises(EndedTarget, match="already superseded"):
+        apply(state, second(a.fact_id))
+    assert state == before
+
+
+def test_a_forgotten_fact_stays_forgotten_whatever_decision_comes_after():
+    a = added(1)
+    c = common(2)
+    forget = MemoryForgotten(decision_id=c["decision_id"], source_event_id=c["source_event_id"], source=c["source"],
+                             recorded_at=c["recorded_at"], user_id="u", kind="fact", target=a.fact_id, actor="user")
+    state = {}
+    fold(state, [a, forget])
+    after = [updated(60, a.fact_id), FactDeleted(**common(61), target=a.fact_id, valid_to=T0 + timedelta(days=3)),
+             FactReinforced(**common(62), target=a.fact_id)]
+    assert fold(state, after) == {} and state["u", a.fact_id].status == "forgotten"
+
+
+def test_a_reinforcement_delivered_again_after_its_fact_was_superseded_changes_nothing():
+    a = added(1)
+    r = FactReinforced(**common(2), target=a.fact_id)
+    state = {}
+    fold(state, [a, r, updated(50, a.fact_id)])
+    assert fold(state, [r]) == {}

@@ -34,7 +34,7 @@ def rel(relation, target, source="I", **kw):
 
 
 def current(view):
-    return sorted((r.relation, r.target_entity_id and view.rows[r.target_entity_id].name, r.valid_from.date().isoformat())
+    return sorted((r.relation, r.target_entity_id and view.rows["u", r.target_entity_id].name, r.valid_from.date().isoformat())
                   for r in view.rows.values() if isinstance(r, EdgeRow) and r.current)
 
 
@@ -52,7 +52,7 @@ def test_a_new_target_closes_the_current_single_valued_edge_and_opens_the_next()
     assert [type(d) for d in out] == [EntityCreated, EdgeClosed, EdgeOpened]
     assert current(view) == [("works_at", "Globex", "2026-01-31")]
     closed = [r for r in view.rows.values() if isinstance(r, EdgeRow) and not r.current]
-    assert [(view.rows[c.target_entity_id].name, c.valid_to) for c in closed] == [("Acme", T0 + timedelta(days=30))]
+    assert [(view.rows["u", c.target_entity_id].name, c.valid_to) for c in closed] == [("Acme", T0 + timedelta(days=30))]
 
 
 def test_the_same_edge_said_again_changes_nothing_and_the_user_is_one_entity():

@@ -41,8 +41,29 @@ def fact_of(user: str) -> facts.FactRow:
 ])
 def test_a_fact_decision_for_one_user_naming_anothers_fact_is_refused(make):
     alice = fact_of("alice")
-    with pytest.raises(facts.ForeignTarget, match="another user"):
-        facts.apply({alice.fact_id: alice}, make(alice.fact_id))
+    with pytest.raises(facts.MissingTarget, match="unknown to its user"):
+        facts.apply({facts.key(alice): alice}, make(alice.fact_id))
+
+
+def test_two_users_turns_with_one_event_id_form_two_users_facts():
+    # A host gave both users' turns one event id: their facts have the same ids, and each
+    # user's decisions make and change that user's row only, in one batch or two.
+    ev = new_event_id()
+    added = lambda user, value: FactAdded(  # noqa: E731
+        decision_id=facts.fact_id(ev, 0), source_event_id=ev, source=LogPosition("ev", 0, 1), recorded_at=T,
+        user_id=user, extractor="x", resolver="x", confidence=0.9, explicit=True, fact_id=facts.fact_id(ev, 0),
+        text=f"Lives in {value}", category="location", attribute="home", value=value, valid_from=T, embedding=b"",
+        embedding_model="m", reason="new")
+    seen = FactReinforced(**common("bob"), extractor="x", resolver="x", confidence=1.0, explicit=True, reason="seen",
+                          target=facts.fact_id(ev, 0))
+    together: dict = {}
+    facts.fold(together, [added("alice", "Oslo"), added("bob", "Rome"), seen])
+    apart: dict = {}
+    facts.fold(apart, [added("alice", "Oslo")])
+    facts.fold(apart, [added("bob", "Rome"), seen])
+    assert together == apart
+    assert {(u, r.value, r.observation_count) for (u, _), r in together.items()} == {("alice", "Oslo", 1),
+                                                                                      ("bob", "Rome", 2)}
 
 
 def graph_of(user: str):
@@ -70,9 +91,33 @@ def test_a_graph_decision_naming_another_users_alias_edge_or_entity_is_refused()
     ]
     before = dict(state)
     for d in refused:
-        with pytest.raises(graph.ForeignGraphTarget, match="another user"):
+        with pytest.raises(graph.MissingGraphTarget, match="unknown to its user"):
             graph.apply(state, d)
     assert state == before
+
+
+def test_two_users_turns_with_one_event_id_form_two_users_graphs():
+    ev = new_event_id()
+
+    def turn(user: str, place: str) -> list:
+        c = lambda n: dict(decision_id=uuid.uuid5(ev, f"{user}:{n}"), source_event_id=ev,  # noqa: E731
+                           source=LogPosition("ev", 0, 1), recorded_at=T, user_id=user, extractor="x", reason="r")
+        me, there = uuid.uuid5(ev, "entity:1"), uuid.uuid5(ev, "entity:2")  # as formation derives them
+        return [EntityCreated(**c(1), entity_id=me, name="the user", is_user=True),
+                EntityCreated(**c(2), entity_id=there, name=place, is_user=False),
+                EdgeOpened(**c(3), edge_id=uuid.uuid5(ev, "edge:3"), source_entity_id=me, relation="lives_in",
+                           target_entity_id=there, target_value=None, multi_valued=False, valid_from=T,
+                           fact_sentence=f"The user lives in {place}", confidence=0.9, explicit=True,
+                           embedding=b"", embedding_model="m")]
+
+    together: dict = {}
+    graph.fold(together, turn("alice", "Oslo") + turn("bob", "Rome"))
+    apart: dict = {}
+    graph.fold(apart, turn("alice", "Oslo"))
+    graph.fold(apart, turn("bob", "Rome"))
+    assert together == apart and len(together) == 6
+    assert {(u, r.name) for (u, _), r in together.items() if isinstance(r, graph.EntityRow) and not r.is_user} == {
+        ("alice", "Oslo"), ("bob", "Rome")}
 
 
 def test_the_host_wide_key_takes_only_host_wide_records_and_they_take_no_other_key():

@@ -56,12 +56,12 @@ def test_an_edge_forget_whose_id_is_another_edges_in_the_reform_forgets_the_one_
     asyncio.run(form(0, said))
     edges = {x.relation: x for x in graph.rows.values() if isinstance(x, EdgeRow)}
     work, home = edges["works_at"], next(x for r, x in edges.items() if r != "works_at")
-    place = graph.rows[home.target_entity_id].name if home.target_entity_id else home.target_value
+    place = graph.rows["u", home.target_entity_id].name if home.target_entity_id else home.target_value
     # The first extractor's edge of this id said where the user lives.
     asyncio.run(form(1, EdgeForgotten(event_id=new_event_id(), user_id="u", occurred_at=AT + timedelta(days=1),
                                       actor="user", edge_id=work.edge_id, relation=home.relation,
                                       source="the user", target=place)))
-    assert not graph.rows[work.edge_id].forgotten and graph.rows[home.edge_id].forgotten
+    assert not graph.rows["u", work.edge_id].forgotten and graph.rows["u", home.edge_id].forgotten
 
 
 def test_a_forgotten_turn_on_the_log_again_is_not_formed_again():
