@@ -49,6 +49,7 @@ HOP_LIMIT = 20  # edges pulled in by one-hop expansion, at most
 # What a turn or command changes, each with its position on the events topic: ``after=`` waits for all.
 READ_YOUR_WRITES = ("episodes", "facts", "graph", "commands")
 FIRST_LOOK_S = 0.05  # a read-your-writes wait's first look at the positions, at least
+PROBE_TIMEOUT_S = 2.0  # a readiness check's wait for each store
 
 
 class MemoryReader:
@@ -118,6 +119,23 @@ class MemoryReader:
                    deadline_s=settings.read_deadline_s)
 
     prepare_text_lane = staticmethod(prepare_text_lane)
+
+    async def probe(self) -> dict[str, bool | None]:
+        """Whether Postgres and Redis answer now (Redis None: not configured), for a readiness
+        check. Reads go on without Redis, so only Postgres decides whether a read can be served."""
+        async def answers(check) -> bool:
+            try:
+                await asyncio.wait_for(check(), PROBE_TIMEOUT_S)
+                return True
+            except Exception:  # noqa: BLE001 - any failure is "not now"; the reason is logged
+                log.warning("readiness probe failed", exc_info=True)
+                return False
+
+        postgres = answers(lambda: self._pool.fetchval("SELECT 1"))
+        if self._redis is None:
+            return {"postgres": await postgres, "redis": None}
+        pg, rd = await asyncio.gather(postgres, answers(self._redis.ping))
+        return {"postgres": pg, "redis": rd}
 
     async def close(self) -> None:
         self._closed = True

@@ -124,6 +124,14 @@ class TurnLog:
             await asyncio.sleep(0.25)
         return True
 
+    async def reachable(self, timeout_s: float = 2.0) -> bool:
+        """Whether a broker answers a metadata request now (a readiness check)."""
+        try:
+            return bool(await asyncio.wait_for(self._producer.client.force_metadata_update(), timeout_s))
+        except Exception:  # noqa: BLE001 - any failure is "not now"; the reason is logged
+            log.warning("the log is unreachable", exc_info=True)
+            return False
+
     async def stop(self) -> None:
         if self._started:
             await self._producer.stop()

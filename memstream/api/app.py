@@ -385,7 +385,17 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz():
+        """Liveness: the process serves requests (whatever the stores do: a restart fixes none of them)."""
         return {"ok": True}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz():
+        """Readiness: Postgres (reads) and Kafka (appends) answer now; 503 otherwise. Redis is
+        reported, not required: reads go on without it."""
+        stores, log_ok = await asyncio.gather(state["reader"].probe(), state["log"].reachable())
+        checks = {**stores, "kafka": log_ok}
+        ready = bool(checks["postgres"] and checks["kafka"])
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
     @app.get("/inspector", include_in_schema=False)
     async def inspector():

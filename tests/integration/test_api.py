@@ -249,3 +249,27 @@ async def test_a_tenant_runs_one_export_at_a_time_and_another_tenant_is_not_held
     release.set()
     assert (await first).status_code == 200 and (await other).status_code == 200
     assert (await client.get("/v1/users/acme:bo/export", headers=auth(keys["acme"]))).status_code == 200
+
+
+async def test_readiness_needs_postgres_and_kafka_and_reports_redis(api, settings, dsn, tmp_path):
+    client, _ = api
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200 and ready.json() == {
+        "ready": True, "checks": {"postgres": True, "redis": True, "kafka": True}}
+    assert (await client.get("/healthz")).json() == {"ok": True}
+
+    # Redis gone: reads go on without it, so the API stays ready and says what is missing.
+    no_redis = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    app = create_app(no_redis, keys=ApiKeys(tmp_path / "k.json"), dsn=dsn)
+    async with served(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as other:
+        got = await other.get("/readyz")
+    assert got.status_code == 200 and got.json()["checks"] == {"postgres": True, "redis": False, "kafka": True}
+
+    # No broker answering: not ready (the log's own check, as /readyz asks it).
+    from memstream.streams.producer import TurnLog
+
+    gone = TurnLog(settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"}))
+    try:
+        assert await gone.reachable(timeout_s=0.5) is False
+    finally:
+        await gone.stop()
