@@ -7,6 +7,7 @@ groups with their members and assignments.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -19,6 +20,8 @@ from memstream.projections import db
 from memstream.streams.log_topics import moves
 from memstream.streams.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.topics import step_routes
+
+log = logging.getLogger("memstream.status")
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Status:
     last_dead_letter: dict | None
     groups: dict[str, list[Member]] = field(default_factory=dict)
     moves: list[dict] = field(default_factory=list)  # the log's moves to more partitions (streams.log_topics)
+    unavailable: dict[str, str] = field(default_factory=dict)  # a part of the report that failed, and why
 
     @property
     def max_lag(self) -> int:
@@ -67,6 +71,7 @@ class Status:
             out += [f"  {m.client_id} {m.host}: {' '.join(m.assigned) or '(none)'}" for m in members]
         out += [f"log moved from {m['from_events']} ({m['from_partitions']} partitions) to {m['to_events']} "
                 f"({m['partitions']}): {m['state']}" for m in self.moves]
+        out += [f"{part}: unavailable ({why})" for part, why in self.unavailable.items()]
         return out
 
 
@@ -81,10 +86,22 @@ async def pipeline_status(settings: Settings, dsn: str) -> Status:
                  for m in await moves(pool, settings)]
     finally:
         await pool.close()
+    unavailable: dict[str, str] = {}
+
+    async def part(name: str, default, probe):
+        """A part of the report that may fail on its own: the rest (the lag) is still reported."""
+        try:
+            return await probe
+        except Exception as exc:  # noqa: BLE001 - reported, with the reason, in the status itself
+            log.warning("status: %s unavailable", name, exc_info=True)
+            unavailable[name] = f"{type(exc).__name__}: {exc}"[:300]
+            return default
+
     async with groupless_consumer(settings.kafka_bootstrap) as consumer:
         positions = await _positions(consumer, rows, step_routes(settings))
-        dead, last = await _dead_letters(consumer, settings.dead_letter_topic)
-    return Status(positions, dead, last, await worker_groups(settings), moved)
+        dead, last = await part("dead letters", (0, None), _dead_letters(consumer, settings.dead_letter_topic))
+    groups = await part("groups", {}, worker_groups(settings))
+    return Status(positions, dead, last, groups, moved, unavailable)
 
 
 async def _positions(consumer, rows, routes) -> list[Position]:

@@ -184,3 +184,17 @@ async def test_a_read_records_its_parts_into_the_hosts_registry_and_traces_a_spa
     channels = [s for s in finished.values() if s.name.startswith("memstream.read.")]
     assert channels and all(s.parent is not None and s.parent.span_id == read.context.span_id for s in channels)
     assert read.attributes["memstream.caught_up"] is True and "otel" not in str(dict(read.attributes))  # no ids, no words
+
+
+async def test_a_part_of_the_status_that_fails_is_reported_unavailable_and_the_lag_still_is(settings, dsn, monkeypatch):
+    from memstream.streams import status as status_mod
+
+    async def refused(_settings):
+        raise PermissionError("group describe not authorised")  # e.g. an ACL the monitor's principal lacks
+
+    monkeypatch.setattr(status_mod, "worker_groups", refused)
+    report = await status_mod.pipeline_status(settings, dsn)
+    assert report.positions and report.groups == {}
+    assert report.unavailable == {"groups": "PermissionError: group describe not authorised"}
+    assert "groups: unavailable (PermissionError: group describe not authorised)" in report.lines()
+    assert report.as_dict()["unavailable"] == report.unavailable
