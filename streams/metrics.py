@@ -27,6 +27,7 @@ class WorkerMetrics:
         self.dead_letters = Counter("memstream_dead_letters", "Records dead-lettered", ["stage"], registry=r)
         self.batch = Histogram("memstream_batch_seconds", "Time a step took for one batch", ["step"],
                                buckets=_SECONDS, registry=r)
+        # Every worker reports every partition (the same numbers, from Postgres): max, not sum, over workers.
         self.lag = Gauge("memstream_lag_records", "Records of a partition a step has not applied yet",
                          ["step", "topic", "partition"], registry=r)
         self.decisions = Counter("memstream_decisions", "Decisions formation produced", ["kind"], registry=r)
