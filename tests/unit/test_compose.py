@@ -21,6 +21,11 @@ SERVICES = COMPOSE["services"]
 NOT_SETTINGS = {"MEMSTREAM_CACHE_DIR"}  # read by the embedder itself (README, Configuration)
 
 
+def interpolated(value: str) -> str:
+    """``value`` as compose would pass it, with each ``${NAME...}`` set (to a stand-in)."""
+    return re.sub(r"\$\{\w+(?::?[?-][^}]*)?\}", "set-by-the-operator", value)
+
+
 def image(service: str) -> tuple[str, str]:
     name, _, tag = SERVICES[service]["image"].partition(":")
     return name, tag
@@ -29,7 +34,8 @@ def image(service: str) -> tuple[str, str]:
 def test_every_memstream_variable_it_sets_is_a_setting_and_parses(monkeypatch):
     fields = {f"MEMSTREAM_{name.upper()}" for name in Settings.model_fields}
     for name, service in SERVICES.items():
-        env = {k: str(v) for k, v in (service.get("environment") or {}).items() if k.startswith("MEMSTREAM_")}
+        env = {k: interpolated(str(v)) for k, v in (service.get("environment") or {}).items()
+               if k.startswith("MEMSTREAM_")}
         assert set(env) - NOT_SETTINGS <= fields, (name, sorted(set(env) - NOT_SETTINGS - fields))
         for k, v in env.items():
             monkeypatch.setenv(k, v)
@@ -77,3 +83,16 @@ def test_the_commands_its_services_run_exist_and_their_options_parse():
 def test_the_image_is_built_without_a_checkouts_keys_stores_or_venvs():
     ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".memstream", ".venv*", ".git"} <= ignored  # .memstream holds the local data key and stores
+
+
+def test_no_secret_has_a_default_and_the_services_run_as_they_should_in_production():
+    # The password comes from the operator's environment (or .env), required, with no default.
+    assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    dsn = SERVICES["migrate"]["environment"]["MEMSTREAM_POSTGRES_DSN"]
+    assert "${POSTGRES_PASSWORD:?}" in dsn and interpolated(dsn) != dsn
+    # Postgres' parallel workers need more /dev/shm than Docker's 64 MB.
+    size = re.fullmatch(r"(\d+)([mg])b?", SERVICES["postgres"]["shm_size"].lower())
+    assert size and int(size[1]) * (1024 if size[2] == "g" else 1) >= 1024
+    # The image's processes run as a user of their own, not root.
+    users = re.findall(r"^USER\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M)
+    assert users and users[-1] not in {"root", "0"}
