@@ -397,7 +397,7 @@ class Formation:
 
     async def _views_for(self, partition: int, user: str, before: "_Tail | None") -> "_Views":
         views = self._views.pop(user, None)
-        if views is not None and (views.settle or len(views.facts.rows) > VIEW_ROWS):
+        if views is not None and (views.settle or len(views.facts.rows) > VIEW_ROWS or views.graph.grown > VIEW_ROWS):
             # Read afresh once the store holds what the views overlay: after a forget of some of
             # it, or once they have grown (a busy user's are seldom idle enough to be dropped).
             if before is not None:  # their last part not recorded yet
@@ -816,7 +816,7 @@ VIEWS_KEPT = 2_000  # users whose views formation keeps between their turns (a d
 
 
 RECORDING_GRACE_S = 30.0  # a revoke waits this long for batches being recorded, then the worker stops
-VIEW_ROWS = 1_000  # a user's fact view past this many rows is read afresh
+VIEW_ROWS = 1_000  # a user's fact view past this many rows, or graph view grown by as many, is read afresh
 
 
 class _Views:

@@ -45,6 +45,7 @@ class GraphView:
         self._loader = loader
         self.rows: dict[Key, Row] = {}  # by (user_id, id), as the projection's core keys them
         self._loaded: set[str] = set()
+        self._read = 0  # rows read from the store (the rest: what ``apply`` added)
 
     async def ensure_user(self, user_id: str) -> None:
         if user_id in self._loaded:
@@ -52,7 +53,13 @@ class GraphView:
         self._loaded.add(user_id)
         if self._loader is not None:
             for row in await self._loader(user_id):
+                self._read += key(row) not in self.rows
                 self.rows.setdefault(key(row), row)
+
+    @property
+    def grown(self) -> int:
+        """Rows ``apply`` added since the view was read: what a busy user's view gains between reads."""
+        return len(self.rows) - self._read
 
     def apply(self, decision: Decision) -> None:
         fold(self.rows, [decision])
@@ -60,7 +67,7 @@ class GraphView:
     def fork(self) -> "GraphView":
         """A view that answers as this one does now; what is applied to it later stays its own."""
         other = GraphView(self._loader)
-        other.rows, other._loaded = dict(self.rows), set(self._loaded)  # rows are frozen: shared
+        other.rows, other._loaded, other._read = dict(self.rows), set(self._loaded), self._read  # rows are frozen: shared
         return other
 
     def entity_named(self, user_id: str, name: str) -> EntityRow | None:

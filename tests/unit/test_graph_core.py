@@ -135,3 +135,21 @@ def test_an_old_logs_close_dated_before_the_edge_began_ends_it_at_its_start():
                                           extractor="x", reason="moved last week", edge_id=opened.edge_id,
                                           valid_to=T0 + timedelta(days=3)))
     assert edge.valid_to == edge.valid_from == opened.valid_from
+
+
+def test_a_views_growth_counts_what_was_decided_into_it_not_what_it_read():
+    import asyncio
+
+    said = GraphView(None)
+    decide(said, 0, rel("works_at", "Acme"), rel("lives_in", "Porto"))
+    stored = list(said.rows.values())
+
+    async def load(user):
+        return stored
+
+    view = GraphView(load)
+    asyncio.run(view.ensure_user("u"))
+    assert view.grown == 0 and len(view.rows) == len(stored)
+    decide(view, 1, rel("likes", "jazz"))  # a new entity and its edge
+    fork = view.fork()
+    assert view.grown == fork.grown >= 2
