@@ -654,10 +654,13 @@ class Formation:
                               else f"{old.text}: {e.value}")
             fid = uuid.uuid5(e.event_id, "fact:0")
             [vector] = await self._embed_facts([text])
-            # Explicit and the user's own word: it passes the safety gate by construction.
+            # Explicit and the user's own word: it passes the safety gate by construction. A
+            # correction says the old value was never true, not that it stopped being true: the
+            # new version holds from the old one's start, which ends where it began (system
+            # time still shows what was believed until the correction).
             return [FactUpdated(**common, decision_id=fid, extractor=f"control:{e.actor}", resolver=f"control:{e.actor}",
                                 confidence=1.0, explicit=True, fact_id=fid, text=text, category=old.category,
-                                attribute=old.attribute, value=e.value, valid_from=e.occurred_at,
+                                attribute=old.attribute, value=e.value, valid_from=old.valid_from,
                                 embedding=to_bytes(vector), embedding_model=self._embedder.model_id,
                                 supersedes=old.fact_id, reason=f"corrected{why}")]
         forget = dict(**common, actor=e.actor, reason=e.reason)

@@ -53,6 +53,8 @@ async def test_correct_and_forget_a_fact_an_episode_and_an_edge_then_replay_and_
             history = await reader.fact_history("cam", facts["home"].fact_id)
             assert [(v.value, v.status) for v in history] == [("Porto", "superseded"), ("Braga", "current")]
             assert history[1].reason == "corrected by user: I misspoke" and history[1].explicit
+            # Never true, not true until now: Braga holds from when Porto was said to, Porto not at all.
+            assert history[1].valid_from == history[0].valid_from == history[0].valid_to
 
             pos = await control.forget_fact(log, reader, "cam", facts["likes"].fact_id, reason="private")
             ctx = await reader.read("cam", "c1", "what music do I like?", after=pos, wait_timeout=30)
