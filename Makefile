@@ -15,11 +15,13 @@ PEERS_ARGS ?=
 
 .PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow bench bench-peers clean
 
-# apt packages the local stack needs (Kafka runs on the JDK and is resolved by Maven), and the
-# headless browser the inspector's tests drive.
+# apt packages the local stack needs (Kafka 4 runs on JDK 17 or later and is resolved by Maven),
+# the venv module Debian's python3 lacks without python3-venv, and the headless browser the
+# inspector's tests drive.
 system-deps:
 	@missing=""; \
-	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || missing="$$missing openjdk-17-jre-headless"; \
+	$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
