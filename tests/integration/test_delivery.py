@@ -400,7 +400,7 @@ async def test_a_decision_naming_another_users_fact_is_dead_lettered_and_changes
     await _put_decisions(settings, hostile, key=b"mallory")
     letters = await _read_all(settings, settings.dead_letter_topic, 2)
     assert [m.value for m in letters] == [encode(d) for d in hostile]
-    assert all(b"unknown fact" in dict(m.headers)["memstream.reason"] for m in letters)  # mallory has no such fact
+    assert all(b"unknown to its user" in dict(m.headers)["memstream.reason"] for m in letters)  # mallory has no such fact
     assert await conn.fetch("SELECT * FROM memory_facts WHERE user_id = 'alice'") == before
 
 
