@@ -23,7 +23,7 @@ class NotFound(MemstreamError, LookupError):
 
 
 async def _own(reader, kind: str, user_id: str, memory_id: uuid.UUID) -> dict:
-    row, what = await reader.holder(kind, memory_id), kind[:-1]
+    row, what = await reader.holder(kind, memory_id, user_id), kind[:-1]
     if row is None:
         raise NotFound(f"no {what} {memory_id}")
     if row["user_id"] != user_id:

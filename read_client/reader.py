@@ -439,14 +439,16 @@ class MemoryReader:
         check_user(user_id)
         return await memory_stats(self._pool, user_id)
 
-    async def holder(self, kind: str, memory_id) -> dict | None:
+    async def holder(self, kind: str, memory_id, user_id: str) -> dict | None:
         """Whose fact, episode or edge ``memory_id`` is, with what a control command needs to
-        know of it (a fact's status, slot and value; an episode's source turn): None if no user
-        holds it. For control tools that must tell an unknown id from another user's."""
+        know of it (a fact's status, slot and value; an episode's source turn): ``user_id``'s own
+        when they hold it (a host that gave two users' turns one event id gave them the same
+        ids), else another user's, or None if no user holds it. For control tools that must tell
+        an unknown id from another user's."""
         q = {"facts": facts_q, "episodes": episodes_q, "edges": graph_q}.get(kind)
         if q is None:
             raise InvalidArgument(f"kind must be one of {tuple(memories_kinds)}, not {kind!r}")
-        row = await q.holder(self._pool, memory_id)
+        row = await q.holder(self._pool, memory_id, user_id)
         return None if row is None else dict(row)
 
     async def fact_history(self, user_id: str, fact_id) -> list[FactVersion]:

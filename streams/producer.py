@@ -36,7 +36,8 @@ class TurnLog:
     event is durable and will be projected. Invalid events raise ``InvalidEvent`` before anything
     is sent; ``append_many`` validates the whole batch first, so an invalid event sends none of
     it. An unreachable broker raises ``BrokerUnavailable``; a batch interrupted by the broker may
-    be partly written — retrying it is safe, since projections key rows by ``event_id``.
+    be partly written — retrying it is safe, since projections key rows by ids derived from
+    ``event_id``.
 
     Each event is sealed with its user's data key before it leaves the host (``streams.sealing``;
     a ``UserForgotten`` is stamped with the key generation it ends): the log reaches the key

@@ -79,9 +79,11 @@ async def counts(conn, user_id: str) -> asyncpg.Record:
         "count(DISTINCT conversation_id) AS conversations FROM episodes WHERE user_id = $1", user_id)
 
 
-async def holder(conn, episode_id) -> asyncpg.Record | None:
-    """Whose episode ``episode_id`` is, and the turn it came from (any user's)."""
-    return await conn.fetchrow("SELECT user_id, source_event_id FROM episodes WHERE episode_id = $1", episode_id)
+async def holder(conn, episode_id, user_id: str) -> asyncpg.Record | None:
+    """Whose episode ``episode_id`` is (``user_id``'s own if they hold it, else any user's), and
+    the turn it came from."""
+    return await conn.fetchrow("SELECT user_id, source_event_id FROM episodes WHERE episode_id = $1 "
+                               "ORDER BY user_id = $2 DESC LIMIT 1", episode_id, user_id)
 
 
 # One distinct user id per step of the byte-order index (migration 0014): a page of users costs

@@ -144,10 +144,12 @@ async def counts(conn, user_id: str) -> asyncpg.Record:
         "(SELECT count(*) FROM entities WHERE user_id = $1) AS entities FROM memory_edges WHERE user_id = $1", user_id)
 
 
-async def holder(conn, edge_id: uuid.UUID) -> asyncpg.Record | None:
-    """Whose edge ``edge_id`` is (any user's), and what it says: its relation and the names of its ends."""
+async def holder(conn, edge_id: uuid.UUID, user_id: str) -> asyncpg.Record | None:
+    """Whose edge ``edge_id`` is (``user_id``'s own if they hold it, else any user's), and what it
+    says: its relation and the names of its ends."""
     return await conn.fetchrow(f"SELECT e.user_id, e.valid_to, e.forgotten, e.relation, s.name AS source, "
-                               f"coalesce(t.name, e.target_value) AS target FROM {_JOIN} WHERE e.edge_id = $1", edge_id)
+                               f"coalesce(t.name, e.target_value) AS target FROM {_JOIN} WHERE e.edge_id = $1 "
+                               "ORDER BY e.user_id = $2 DESC LIMIT 1", edge_id, user_id)
 
 
 # Every end of the user's edges, ever (not forgotten): the nodes of a drawing that keeps its

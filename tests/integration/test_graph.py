@@ -149,7 +149,7 @@ async def test_neighbourhoods_walk_one_or_two_hops_over_current_edges(settings, 
         await graph_q.neighbourhood(conn, "mo", me, hops=3)
 
 
-async def test_two_users_turns_with_one_event_id_keep_their_own_graphs_and_facts(settings, conn, dsn, workers):
+async def test_two_users_turns_with_one_event_id_keep_their_own_graphs_and_facts(settings, conn, dsn, workers, reader):
     # A host gave both users' turns one event id, so formation derives the same entity, edge and
     # fact ids for both: the second user's must not overwrite the first's, live or rebuilt.
     import msgspec
@@ -175,6 +175,13 @@ async def test_two_users_turns_with_one_event_id_keep_their_own_graphs_and_facts
     shared = await conn.fetchval("SELECT count(*) FROM entities a JOIN entities b USING (entity_id) "
                                  "WHERE a.user_id = 'kit' AND b.user_id = 'lex'")
     assert shared >= 1  # the same ids, each user's own row
+    # ... which each may see, correct and forget: the control plane finds their own row by the id.
+    for table, kind, id_ in (("memory_facts", "facts", "fact_id"), ("memory_edges", "edges", "edge_id"),
+                             ("episodes", "episodes", "episode_id")):
+        ids = await conn.fetchval(f"SELECT array_agg({id_}) FROM {table} WHERE user_id = 'kit'")
+        for user in ("kit", "lex"):
+            for memory_id in ids:
+                assert (await reader.holder(kind, memory_id, user))["user_id"] == user, (kind, user)
 
     target = settings.postgres_schema + "_same_ids_rebuilt"
     try:
