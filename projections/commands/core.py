@@ -74,20 +74,29 @@ class UserGone:
 Row = ReminderRow | PersonIdentityRow | ExpertIdentityRow | ExpertIdentityGone | UserGone
 
 
-def reminder_targets(logged: Logged) -> list[uuid.UUID]:
+ReminderKey = tuple[str, uuid.UUID]
+
+
+def reminder_key(row: ReminderRow) -> ReminderKey:
+    return row.user_id, row.reminder_id
+
+
+def reminder_targets(logged: Logged) -> list[ReminderKey]:
+    """The ``(user_id, reminder_id)`` keys whose rows ``apply`` needs: a reminder id names the
+    user's own reminder only (a host that gave two users' events one id gave their reminders one id)."""
     e = logged.event
-    return [e.reminder_id] if isinstance(e, (ReminderScheduled, ReminderResolved)) else []
+    return [(e.user_id, e.reminder_id)] if isinstance(e, (ReminderScheduled, ReminderResolved)) else []
 
 
-def apply(reminders: Mapping[uuid.UUID, ReminderRow], logged: Logged) -> list[Row]:
+def apply(reminders: Mapping[ReminderKey, ReminderRow], logged: Logged) -> list[Row]:
     e, at = logged.event, logged.offset
     if isinstance(e, ReminderScheduled):
-        if e.reminder_id in reminders:
+        if (e.user_id, e.reminder_id) in reminders:
             return []
         return [ReminderRow(e.reminder_id, e.user_id, e.text, e.due_at, "pending", e.occurred_at, None, e.event_id)]
     if isinstance(e, ReminderResolved):
-        r = reminders.get(e.reminder_id)
-        if r is None or r.user_id != e.user_id:
+        r = reminders.get((e.user_id, e.reminder_id))
+        if r is None:
             raise UnknownReminder(f"reminder {e.reminder_id} was never scheduled for this user")
         if r.status != "pending":
             return []

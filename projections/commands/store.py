@@ -8,21 +8,24 @@ import asyncpg
 
 from memstream.projections import positions as pos
 from memstream.projections.commands.core import (ExpertIdentityGone, ExpertIdentityRow, Logged, PersonIdentityRow,
-                                                 ReminderRow, Row, UserGone, apply, reminder_targets)
+                                                 ReminderRow, Row, UserGone, apply, reminder_key,
+                                                 reminder_targets)
 
 
-async def _load_reminders(conn, ids) -> dict:
-    if not ids:
+async def _load_reminders(conn, keys) -> dict:
+    if not keys:
         return {}
-    rows = await conn.fetch("SELECT * FROM reminders WHERE reminder_id = ANY($1::uuid[])", list(set(ids)))
-    return {r["reminder_id"]: ReminderRow(**dict(r)) for r in rows}
+    users, ids = zip(*set(keys))
+    rows = await conn.fetch("SELECT r.* FROM unnest($1::text[], $2::uuid[]) k(user_id, reminder_id) "
+                            "JOIN reminders r USING (user_id, reminder_id)", list(users), list(ids))
+    return {reminder_key(row): row for row in (ReminderRow(**dict(r)) for r in rows)}
 
 
 async def _write(conn, row: Row) -> None:
     if isinstance(row, ReminderRow):
         await conn.execute(
             """INSERT INTO reminders VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-               ON CONFLICT (reminder_id) DO UPDATE SET status = EXCLUDED.status, resolved_at = EXCLUDED.resolved_at""",
+               ON CONFLICT (user_id, reminder_id) DO UPDATE SET status = EXCLUDED.status, resolved_at = EXCLUDED.resolved_at""",
             row.reminder_id, row.user_id, row.text, row.due_at, row.status, row.scheduled_at, row.resolved_at,
             row.source_event_id)
     elif isinstance(row, PersonIdentityRow):
@@ -71,7 +74,7 @@ class CommandStore:
             for e in events:
                 for row in apply(state, e):
                     if isinstance(row, ReminderRow):
-                        state[row.reminder_id] = row
+                        state[reminder_key(row)] = row
                     elif isinstance(row, UserGone):
                         state = {k: r for k, r in state.items() if r.user_id != row.user_id}
                     await _write(conn, row)

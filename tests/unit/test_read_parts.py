@@ -5,6 +5,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 from memstream.projections.commands.core import Logged, UnknownReminder
@@ -78,13 +79,16 @@ def test_reminders_resolve_once_and_unknown_ones_are_refused():
     (row,) = apply({}, s)
     assert row.status == "pending" and row.due_at == T
     done = ReminderResolved(event_id=new_event_id(), user_id="u", occurred_at=T, reminder_id=s.reminder_id, status="done")
-    (closed,) = apply({s.reminder_id: row}, done)
-    assert closed.status == "done" and apply({s.reminder_id: closed}, done) == []
+    (closed,) = apply({("u", s.reminder_id): row}, done)
+    assert closed.status == "done" and apply({("u", s.reminder_id): closed}, done) == []
     with pytest.raises(UnknownReminder):
         apply({}, ReminderResolved(event_id=new_event_id(), user_id="u", occurred_at=T, reminder_id=uuid.uuid4(), status="dismissed"))
     with pytest.raises(UnknownReminder):  # another user's reminder
-        apply({s.reminder_id: row}, ReminderResolved(event_id=new_event_id(), user_id="v", occurred_at=T,
-                                                     reminder_id=s.reminder_id, status="done"))
+        apply({("u", s.reminder_id): row}, ReminderResolved(event_id=new_event_id(), user_id="v", occurred_at=T,
+                                                            reminder_id=s.reminder_id, status="done"))
+    # The same reminder id scheduled by another user (one event id for both) is theirs, not a repeat.
+    (theirs,) = apply({("u", s.reminder_id): row}, msgspec.structs.replace(s, user_id="v"))
+    assert (theirs.user_id, theirs.reminder_id) == ("v", s.reminder_id)
     assert apply({}, ExpertIdentityDeleted(event_id=new_event_id(), user_id="__memstream__", occurred_at=T, identity_id="x"))
 
 
