@@ -1,14 +1,16 @@
 """Facts, the pure core: fold fact decisions into versioned fact rows.
 
 ``apply(state, decision)`` returns the rows the decision creates or changes; ``state`` must hold
-every row the decision targets (``targets(decision)``), keyed by ``key`` — ``(user_id, fact_id)``:
-a decision looks up rows under its own user only, so it can never touch another user's, even
-when a host gave two users' turns one event id (and so the same fact ids). No clock, no I/O: system time is the
-decision's ``recorded_at`` (the source event's log timestamp). A version never ends before it
-began (``valid_to >= valid_from``), whatever the decision says; only the current version of a
-fact is changed (``EndedTarget`` for an ended one; a forgotten one changes no more). Every decision is idempotent:
-re-applying a FactAdded or FactUpdated whose version exists, a FactDeleted of a deleted fact,
-or a FactReinforced / FactChangeDeferred already counted, changes nothing.
+every row the decision targets (``targets(decision)``) and, for an update, every version of the
+fact it supersedes (``lineages``), keyed by ``key`` — ``(user_id, fact_id)``: a decision looks up rows under
+its own user only, so it can never touch another user's, even when a host gave two users' turns
+one event id (and so the same fact ids). No clock, no I/O: system time is the decision's
+``recorded_at`` (the source event's log timestamp). A version never ends before it began
+(``valid_to >= valid_from``), whatever the decision says, and the versions of a fact never
+overlap in world time; only the current version of a fact is changed (``EndedTarget`` for an
+ended one; a forgotten one changes no more). Every decision is idempotent: re-applying a
+FactAdded or FactUpdated whose version exists, a FactDeleted of a deleted fact, or a
+FactReinforced / FactChangeDeferred already counted, changes nothing.
 
 Formation uses the same ``apply`` on an in-memory overlay, so within one batch a turn sees the
 decisions of the turns before it exactly as the projection will.
@@ -107,6 +109,13 @@ def turn_decisions(event_id: uuid.UUID) -> list[uuid.UUID]:
     return [fact_id(event_id, n) for n in range(MAX_CANDIDATES)]
 
 
+def lineages(state: Mapping[Key, FactRow], decision: Decision) -> list[tuple[str, uuid.UUID]]:
+    """``(user_id, lineage_id)`` whose every version ``apply`` needs in ``state`` as well, once
+    ``targets`` are there: an update ends the older versions of its fact it overlaps."""
+    old = state.get((decision.user_id, decision.supersedes)) if isinstance(decision, FactUpdated) else None
+    return [(old.user_id, old.lineage_id)] if old is not None else []
+
+
 def sources(decision: Decision) -> list[tuple[str, uuid.UUID]]:
     """``(user_id, turn event id)`` whose facts ``apply`` needs in ``state`` as well (a forgotten
     turn: the facts it created or observed)."""
@@ -188,10 +197,17 @@ def apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
         if (old := _live(state, d.supersedes, d)) is None:
             return []
         # An update dated before the old version began ("I moved to Lisbon last week", a minute
-        # after "I live in Porto") ends the old one at its own start: an empty interval, never a negative one.
+        # after "I live in Porto") ends the old one at its own start: an empty interval, never a
+        # negative one. Older versions it overlaps ("since March", after Porto until June, then
+        # Lisbon) end where it begins too: the latest word on a time holds, one version at a time.
         ended = replace(old, status="superseded", superseded_at=d.recorded_at, superseded_by=d.fact_id,
                         valid_to=old.valid_to or max(d.valid_from, old.valid_from), end_reason=d.reason)
-        return [ended, _new(d, old.lineage_id, old.version + 1)]
+        # (Older versions that held for a while ended by the old one's start: only an update dated before it looks.)
+        overlapped = [] if d.valid_from >= old.valid_from else [
+            replace(r, valid_to=max(d.valid_from, r.valid_from)) for r in state.values()
+            if r.lineage_id == old.lineage_id and r.user_id == d.user_id and r.status == "superseded"
+            and r.valid_to is not None and r.valid_to > max(d.valid_from, r.valid_from)]
+        return [*overlapped, ended, _new(d, old.lineage_id, old.version + 1)]
     if isinstance(d, FactDeleted):
         if _target(state, d.target, d).status == "deleted" or (old := _live(state, d.target, d)) is None:
             return []

@@ -31,7 +31,8 @@ class FactView(Protocol):
 
     ``rows`` maps ``(user_id, fact id)`` -> ``FactRow`` (the core's ``key``), each in its current state exactly as the facts
     projection's core folds it (``projections.facts.core.fold``): a version superseded or
-    deleted since the view was made reads as such. It holds every fact this view's ``apply`` changed and
+    deleted since the view was made reads as such (but an older version a backdated update ends
+    early keeps its end here unless it was ensured: formation reads no ended version's times). It holds every fact this view's ``apply`` changed and
     every fact ``ensure`` found; it may hold others (``MemoryView`` holds all of them), so a fact
     missing from ``rows`` is not thereby unknown — ``ensure`` it first.
 

@@ -4,7 +4,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from memstream.projections.facts.core import EndedTarget, MissingTarget, apply, fold
+from msgspec.structs import replace
+
+from memstream.projections.facts.core import EndedTarget, MissingTarget, apply, fold, lineages
 from memstream.schemas import (FactAdded, FactChangeDeferred, FactDeleted, FactReinforced, FactUpdated, MemoryForgotten,
                                LogPosition)
 from memstream.schemas.events import new_event_id
@@ -81,6 +83,33 @@ def test_an_update_dated_before_the_old_version_began_ends_the_old_one_at_its_ow
     old, new = state["u", a.fact_id], state["u", u.fact_id]
     assert u.valid_from < a.valid_from
     assert old.valid_to == old.valid_from == a.valid_from and new.valid_from == u.valid_from
+
+
+def test_an_update_dated_before_older_versions_ended_ends_them_where_it_begins():
+    # Porto, then Lisbon from June; then "I have lived in Madrid since March": Porto ends in
+    # March and Lisbon never held, so no two versions of the fact hold at one time.
+    porto = added(1, "Porto")
+    lisbon = replace(updated(2000, porto.fact_id, "Lisbon"), valid_from=T0 + timedelta(days=150))
+    madrid = replace(updated(4000, lisbon.fact_id, "Madrid"), valid_from=T0 + timedelta(days=60))
+    state = {}
+    fold(state, [porto, lisbon])
+    assert lineages(state, madrid) == [("u", porto.fact_id)]
+    fold(state, [madrid])
+    versions = sorted(state.values(), key=lambda r: r.version)
+    assert [(r.value, r.valid_from, r.valid_to) for r in versions] == [
+        ("Porto", porto.valid_from, madrid.valid_from), ("Lisbon", lisbon.valid_from, lisbon.valid_from),
+        ("Madrid", madrid.valid_from, None)]
+    assert versions[0].superseded_by == lisbon.fact_id  # what ended it is still what it was
+    assert fold(state, [madrid]) == {}  # delivered again: nothing changes
+
+
+def test_an_update_dated_after_every_version_began_leaves_the_older_ones_as_they_ended():
+    porto = added(1, "Porto")
+    lisbon = updated(100, porto.fact_id, "Lisbon")
+    state = {}
+    fold(state, [porto, lisbon])
+    madrid = updated(200, lisbon.fact_id, "Madrid")
+    assert set(fold(state, [madrid])) == {("u", lisbon.fact_id), ("u", madrid.fact_id)}  # Porto unchanged
 
 
 def test_a_deletion_dated_before_the_version_began_ends_it_at_its_own_start():
