@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from memstream.config import Settings
 from memstream.llm.clients import llm_clients
-from memstream.schemas.errors import MemstreamError
+from memstream.schemas.errors import MemstreamError, Refused
 from memstream.embedding import default_embedder
 from memstream.projections import db
 from memstream.schemas import FactDecision, GraphDecision, InvalidEvent, decode_decision
@@ -52,7 +52,7 @@ class ReformReport:
     seconds: float
     shredded: int = 0  # records sealed with a destroyed key (forgotten users): skipped
     refused_events: int = 0  # commands naming what their user does not hold, turns the model refused (episode only)
-    skipped_decisions: int = 0  # undecodable, not copied (dead-lettered live)
+    skipped_decisions: int = 0  # undecodable or refused by a projection, not copied (dead-lettered live)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,7 +61,7 @@ class ReformReport:
         return (f"reformed with {self.extractor} into {self.topic}: copied {self.copied_decisions} decisions, "
                 f"formed {self.reformed_events} events -> {self.new_decisions} decisions "
                 f"({self.skipped_events} undecodable skipped, {self.refused_events} refused, {self.shredded} shredded"
-                f"{f', {self.skipped_decisions} undecodable decisions not copied' if self.skipped_decisions else ''}) "
+                f"{f', {self.skipped_decisions} undecodable or refused decisions not copied' if self.skipped_decisions else ''}) "
                 f"in {self.seconds:.1f}s")
 
 
@@ -111,11 +111,15 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                         continue
                     if d.source.offset >= await start_of(TopicPartition(d.source.topic, d.source.partition)):
                         continue  # formed again below
-                    if isinstance(d, FactDecision):
-                        view.apply(d)
-                    elif isinstance(d, GraphDecision):
-                        await graph.ensure_user(d.user_id)
-                        graph.apply(d)
+                    try:
+                        if isinstance(d, FactDecision):
+                            view.apply(d)
+                        elif isinstance(d, GraphDecision):
+                            await graph.ensure_user(d.user_id)
+                            graph.apply(d)
+                    except Refused:  # dead-lettered live (it names what its user does not hold): so here
+                        counts["uncopied"] += 1
+                        continue
                     # A decision written before sealing existed is sealed now; a sealed one is copied as it is.
                     value = r.sealed_value if r.sealed_value is not None else await sealer.seal(d)
                     futures.append(await producer.send(topic, value, key=r.key, partition=r.partition))
