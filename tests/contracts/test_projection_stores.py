@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
+from datetime import timedelta
 
 import asyncpg
 import msgspec
@@ -18,6 +19,7 @@ from memstream.projections.commands.store import CommandStore
 from memstream.projections.compare import TABLES
 from memstream.projections.episodes import core as episodes
 from memstream.projections.episodes.store import EpisodeStore
+from memstream.projections.facts import core as facts
 from memstream.projections.facts.core import MissingTarget
 from memstream.projections.facts.store import FactStore
 from memstream.projections.graph.core import MissingGraphTarget
@@ -157,6 +159,20 @@ class TestFactStore(ProjectionStoreContract):
             return [*changes, items.updated(items.added(), "swing")], MissingTarget
         return [*changes, items.added(value="bad \x00 byte")], asyncpg.CharacterNotInRepertoireError
 
+    async def test_an_update_backdated_past_stored_versions_ends_them_as_the_core_does(self, conn):
+        porto = items.added(attribute="home", value="Porto", category="location")
+        lisbon = items.updated(porto, "Lisbon")
+        madrid = msgspec.structs.replace(items.updated(lisbon, "Madrid"),
+                                         valid_from=porto.valid_from + timedelta(seconds=30))
+        await self.store.apply_batch(conn, [porto, lisbon], {})
+        await self.store.apply_batch(conn, [madrid], {})  # Porto's version is read back from Postgres
+        folded = facts.fold({}, [porto, lisbon, madrid])
+        rows = await conn.fetch("SELECT fact_id, valid_from, valid_to FROM memory_facts WHERE user_id = 'ana' "
+                                "AND lineage_id = $1 ORDER BY version", porto.fact_id)
+        assert [tuple(r) for r in rows] == [(r.fact_id, r.valid_from, r.valid_to)
+                                            for r in sorted(folded.values(), key=lambda r: r.version)]
+        assert rows[0]["valid_to"] == madrid.valid_from  # Porto ends where Madrid begins
+
 
 class TestGraphStore(ProjectionStoreContract):
     store, tables = GraphStore(), TABLES["graph"]
@@ -200,6 +216,14 @@ class TestCommandStore(ProjectionStoreContract):
             return logged(len(batch), [*changes, items.resolved(items.scheduled("ana", "never on the log"))]), UnknownReminder
         bad = Unchecked(**msgspec.structs.asdict(items.scheduled("bo", "ok")) | {"text": "bad \x00 byte"})
         return logged(len(batch), [*changes, bad]), asyncpg.CharacterNotInRepertoireError
+
+    async def test_two_users_reminders_with_one_id_are_each_their_own(self, conn):
+        # A host that gave two users' events one id gave their reminders one id.
+        call = items.scheduled("ana", "call mum")
+        plants = msgspec.structs.replace(items.scheduled("bo", "water the plants"), reminder_id=call.reminder_id)
+        await self.store.apply_batch(conn, logged(0, [call, plants, items.resolved(plants)]), {})
+        rows = await conn.fetch("SELECT user_id, text, status FROM reminders ORDER BY user_id")
+        assert [tuple(r) for r in rows] == [("ana", "call mum", "pending"), ("bo", "water the plants", "done")]
 
 
 class Unchecked(ReminderScheduled, kw_only=True, frozen=True):
