@@ -12,7 +12,7 @@ from pgvector.asyncpg import register_vector
 log = logging.getLogger("memstream.projections")
 
 
-def _quote(schema: str) -> str:
+def quote(schema: str) -> str:
     # Schema names are validated by Settings (lower-case identifiers), quoting is belt and braces.
     return '"' + schema.replace('"', '""') + '"'
 
@@ -42,7 +42,7 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
     bounds each call on the client (the statement timeout is the server's: a server that stops
     answering never sends it), ``connect_timeout_s`` each new connection."""
     settings = {
-        "search_path": f"{_quote(schema)}, public",
+        "search_path": f"{quote(schema)}, public",
         "hnsw.iterative_scan": "relaxed_order",
         # Candidate list per HNSW scan: 100 instead of 40 raised recall@20 vs exact search from
         # 0.47 to 0.56 for a 10k-row user at 1M rows for +0.1 ms (BENCHMARKS.md).
@@ -89,8 +89,8 @@ async def migrate(dsn: str, schema: str) -> list[str]:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext('memstream.migrate'))")
             await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}")
-            await conn.execute(f"SET LOCAL search_path = {_quote(schema)}, public")
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
+            await conn.execute(f"SET LOCAL search_path = {quote(schema)}, public")
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations "
                 "(version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
@@ -111,6 +111,6 @@ async def migrate(dsn: str, schema: str) -> list[str]:
 async def drop_schema(dsn: str, schema: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {_quote(schema)} CASCADE")
+        await conn.execute(f"DROP SCHEMA IF EXISTS {quote(schema)} CASCADE")
     finally:
         await conn.close()

@@ -418,6 +418,8 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
             await conn.execute(
                 f'INSERT INTO "{schema}".projection_positions SELECT * FROM "{live}".projection_positions p '
                 f'WHERE NOT EXISTS (SELECT FROM "{schema}".projection_positions q WHERE q.projection = p.projection)')
+            # The deployment's registry of reforms is not a projection either: it goes on.
+            await conn.execute(f'INSERT INTO "{schema}".reforms SELECT * FROM "{live}".reforms ON CONFLICT DO NOTHING')
             epoch = await _next_epoch(conn, settings.keys_schema, live, schema)
             await conn.execute(f'ALTER SCHEMA "{live}" RENAME TO "{old}"')
             await conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{live}"')

@@ -29,6 +29,7 @@ from memstream.streams.formation.graph import GraphView
 from memstream.streams.formation.forming import Formation, decode_turns, nothing_decided
 from memstream.streams.formation.views import MemoryView
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
+from memstream.streams import reform_marks
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record
 from memstream.streams.sealing import RecordSealer
@@ -79,7 +80,8 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
         sealer = RecordSealer(await data_keys(settings, pool), seal=settings.seal_records)
         async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest", max_poll_records=256) as c:
             partitions = await partitions_of(c, settings.events_topic)
-            await _create_version_topic(settings, topic, len(partitions), c)
+            await _create_version_topic(settings, topic, len(partitions), c, pool)
+            await reform_marks.started(pool, topic, extraction.model_id, since)
             events = [TopicPartition(settings.events_topic, p) for p in partitions]
             decisions = [TopicPartition(settings.decisions_topic, p) for p in partitions]
             c.assign(events + decisions)
@@ -158,17 +160,18 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
             for tp in events:
                 c.seek(tp, start[tp])
             await drain(c, events, high, form)
+        report = ReformReport(topic, extraction.model_id, counts["copied"], counts["events"], counts["new"],
+                              counts["skipped"], time.perf_counter() - t0, sealer.shredded, counts["refused"],
+                              counts["uncopied"])
+        await reform_marks.finished(pool, topic, report.as_dict())
     finally:
         await producer.stop()
         await pool.close()
-    report = ReformReport(topic, extraction.model_id, counts["copied"], counts["events"], counts["new"],
-                          counts["skipped"], time.perf_counter() - t0, sealer.shredded, counts["refused"],
-                          counts["uncopied"])
     log.info(report.render())
     return report
 
 
-async def _create_version_topic(settings: Settings, topic: str, partitions: int, consumer) -> None:
+async def _create_version_topic(settings: Settings, topic: str, partitions: int, consumer, pool) -> None:
     if topic in (settings.events_topic, settings.decisions_topic, settings.ingress_topic, settings.dead_letter_topic):
         raise ReformError(f"the new decisions version needs a topic of its own, not {topic} (one of the log's)")
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
@@ -177,6 +180,9 @@ async def _create_version_topic(settings: Settings, topic: str, partitions: int,
         if topic in set(await admin.list_topics()):
             tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
             if any((await consumer.end_offsets(tps)).values()):
+                if (begun := await reform_marks.unfinished(pool, settings.postgres_schema, topic)) is not None:
+                    raise ReformError(f"topic {topic} holds what a reform started {begun.isoformat()} left unfinished; "
+                                      "delete the topic and run the reform again")
                 raise ReformError(f"topic {topic} already holds decisions; pick a new version name")
         else:
             await admin.create_topics([NewTopic(topic, partitions, settings.replication_factor, topic_configs=FOREVER)])

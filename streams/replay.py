@@ -22,7 +22,7 @@ from memstream.sealing import data_keys
 from memstream.streams.sealing import RecordSealer
 from memstream.streams.dead_letter import DeadLetterSink
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
-from memstream.streams import switch_lock
+from memstream.streams import reform_marks, switch_lock
 from memstream.streams.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
 
 log = logging.getLogger("memstream.replay")
@@ -100,6 +100,15 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
         raise ReplayError("refusing to replay into the live schema; pick a fresh one")
     if into == settings.keys_schema:
         raise ReplayError("refusing to replay into the key store's schema; pick a fresh one")
+    if topic:
+        live = await db.create_pool(dsn, settings.postgres_schema, min_size=0, max_size=1)
+        try:
+            begun = await reform_marks.unfinished(live, settings.postgres_schema, topic)
+        finally:
+            await live.close()
+        if begun is not None:
+            raise ReplayError(f"topic {topic} holds what a reform started {begun.isoformat()} left unfinished: its "
+                              "projections would miss whatever it never formed; run the reform again into a new topic")
     async with switch_lock.building(dsn, into):
         return await _replay_into(settings, dsn, into, projections, topic, batch_size, on_progress)
 

@@ -149,11 +149,13 @@ async def test_memstream_rebuild_builds_beside_the_live_schema_and_switches_with
         await log.append_many(turns(20, users=2, prefix="rb"))
     await wait_until(lambda: conn.fetchval("SELECT count(*) = 20 FROM episodes"), what="20 episodes")
     built = settings.postgres_schema + "_rebuild"
+    await conn.execute("INSERT INTO reforms VALUES ('a.reform', 'offline', NULL, now(), NULL, NULL)")
     try:
         done = cli("rebuild", "--drop-old", "--json")
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["live"] == settings.postgres_schema
         assert await conn.fetchval("SELECT count(*) FROM episodes") == 20
+        assert await conn.fetchval("SELECT topic FROM reforms") == "a.reform"  # the registry went on with it
         assert await schemas_named(dsn, built) == set() and await schemas_named(dsn, f"{settings.postgres_schema}_old") == set()
         async with TurnLog(settings) as log:  # the workers went on, on the rebuilt schema
             await log.append(turns(1, users=1, prefix="rb2")[0])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import timedelta
 
@@ -11,9 +12,10 @@ from memstream.projections.compare import TABLES, diff_counts
 from memstream.projections.db import drop_schema
 from memstream.schemas import FactReinforced, LogPosition
 from memstream.streams.reform import ReformError, reform
-from memstream.streams.replay import replay
+from memstream.streams.replay import ReplayError, replay
 
 from .test_delivery import _decided, _put_decisions
+from .helpers import schemas_named
 from .test_formation import append_and_wait, turn
 
 pytestmark = pytest.mark.asyncio
@@ -72,3 +74,25 @@ async def test_reform_versions_rebuild_to_comparable_projections(settings, conn,
     finally:
         for schema in (same, strict, later):
             await drop_schema(dsn, schema)
+
+
+async def test_a_reform_stopped_partway_is_refused_by_replay_and_named_by_the_next_reform(settings, conn, dsn, workers):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn(u, m, i * 60, answer=a) for i, (u, m, a) in enumerate(SCRIPT)])
+    w.stop()
+    topic, into = settings.decisions_topic + ".crashed", settings.postgres_schema + "_crashed"
+
+    def crash(done, total):  # after the first batch's decisions are on the topic
+        raise RuntimeError("the reform's host went away")
+
+    with pytest.raises(RuntimeError):
+        await reform(settings, extractor="offline", topic=topic, on_progress=crash)
+    with pytest.raises(ReplayError, match="left unfinished"):
+        await replay(settings, dsn, into, ["facts"], topic=topic)
+    assert await schemas_named(dsn, into) == set()  # refused before anything was built
+    with pytest.raises(ReformError, match="left unfinished; delete the topic"):
+        await reform(settings, extractor="offline", topic=topic)
+    whole = await reform(settings, extractor="offline", topic=settings.decisions_topic + ".whole")
+    row = await conn.fetchrow("SELECT finished_at, report FROM reforms WHERE topic = $1", whole.topic)
+    assert row["finished_at"] is not None and json.loads(row["report"])["reformed_events"] == len(SCRIPT)
