@@ -72,6 +72,18 @@ def text_array(values) -> str:
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
+async def fetch_by_keys(conn, table: str, columns, id_column: str, keys) -> list[asyncpg.Record]:
+    """``columns`` of the rows of ``table`` whose ``(user_id, id_column)`` is one of ``keys``: every
+    projection loads by user and id, so a row is found only under its own user (another user's
+    with the same id is not theirs)."""
+    if not keys:
+        return []
+    users, ids = zip(*set(keys))
+    return await conn.fetch(f"SELECT {', '.join('r.' + c for c in columns)} FROM unnest($1::text[], $2::uuid[]) "
+                            f"k(user_id, id) JOIN {table} r ON r.user_id = k.user_id AND r.{id_column} = k.id",
+                            list(users), list(ids))
+
+
 def _migrations() -> list[tuple[int, str, str]]:
     found = []
     for item in resources.files("memstream.projections").joinpath("migrations").iterdir():

@@ -7,17 +7,17 @@ from typing import Sequence
 import asyncpg
 
 from memstream.projections import positions as pos
+from memstream.projections.db import fetch_by_keys
 from memstream.projections.commands.core import (ExpertIdentityGone, ExpertIdentityRow, Logged, PersonIdentityRow,
                                                  ReminderRow, Row, UserGone, apply, reminder_key,
                                                  reminder_targets)
 
 
+REMINDER_COLUMNS = tuple(ReminderRow.__dataclass_fields__)
+
+
 async def _load_reminders(conn, keys) -> dict:
-    if not keys:
-        return {}
-    users, ids = zip(*set(keys))
-    rows = await conn.fetch("SELECT r.* FROM unnest($1::text[], $2::uuid[]) k(user_id, reminder_id) "
-                            "JOIN reminders r USING (user_id, reminder_id)", list(users), list(ids))
+    rows = await fetch_by_keys(conn, "reminders", REMINDER_COLUMNS, "reminder_id", keys)
     return {reminder_key(row): row for row in (ReminderRow(**dict(r)) for r in rows)}
 
 

@@ -10,21 +10,13 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
-from memstream.projections.db import text_array
+from memstream.projections.db import fetch_by_keys, text_array
 from memstream.projections.batches import forgets_user, runs
 from memstream.projections.facts.core import (COLUMNS, FactRow, Key, fold, key, lineages, sources, targets,
                                               turn_decisions)
 from memstream.projections.profile import store as profile_store
 from memstream.schemas import Decision
 
-
-def _by(column: str) -> str:
-    # By (user, id), like every load: a decision naming another user's fact finds nothing to change.
-    return (f"SELECT {', '.join('f.' + c for c in COLUMNS)} FROM unnest($1::text[], $2::uuid[]) k(user_id, {column}) "
-            f"JOIN memory_facts f ON f.user_id = k.user_id AND f.{column} = k.{column}")
-
-
-_BY_ID, _BY_LINEAGE = _by("fact_id"), _by("lineage_id")
 
 _CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "version": "int", "user_id": "text", "text": "text", "category": "text",
           "attribute": "text", "value": "text", "confidence": "real", "explicit": "boolean", "status": "text",
@@ -76,21 +68,11 @@ async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[Key, F
     return {key(r): r for r in rows}
 
 
-async def _load(conn, sql: str, keys: Sequence[tuple[str, uuid.UUID]]) -> dict[Key, FactRow]:
-    if not keys:
-        return {}
-    users, ids = zip(*set(keys))
-    return {key(r): r for r in map(from_record, await conn.fetch(sql, list(users), list(ids)))}
-
-
-async def load(conn, keys: Sequence[Key]) -> dict[Key, FactRow]:
-    """The fact rows of these ``(user_id, fact_id)`` keys."""
-    return await _load(conn, _BY_ID, keys)
-
-
-async def load_lineages(conn, keys: Sequence[tuple[str, uuid.UUID]]) -> dict[Key, FactRow]:
-    """Every version of these ``(user_id, lineage_id)`` facts."""
-    return await _load(conn, _BY_LINEAGE, keys)
+async def load(conn, keys: Sequence[Key], by: str = "fact_id") -> dict[Key, FactRow]:
+    """The fact rows of these ``(user_id, fact_id)`` keys (or, ``by="lineage_id"``, every version
+    of these facts): a decision naming another user's fact finds nothing to change."""
+    rows = await fetch_by_keys(conn, "memory_facts", COLUMNS, by, keys)
+    return {key(r): r for r in map(from_record, rows)}
 
 
 async def upsert(conn, rows: Sequence[FactRow]) -> None:
@@ -111,7 +93,7 @@ class FactStore:
                 state = await load(conn, [(d.user_id, t) for d in run for t in targets(d)])
                 for user, event_id in {s for d in run for s in sources(d)}:
                     state.update(await load_by_source(conn, user, event_id))
-                for k, row in (await load_lineages(conn, [ln for d in run for ln in lineages(state, d)])).items():
+                for k, row in (await load(conn, [ln for d in run for ln in lineages(state, d)], "lineage_id")).items():
                     state.setdefault(k, row)
                 changed = fold(state, run)
                 await upsert(conn, list(changed.values()))

@@ -9,7 +9,7 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.projections import positions as pos
-from memstream.projections.db import text_array
+from memstream.projections.db import fetch_by_keys, text_array
 from memstream.projections.batches import forgets_user, runs
 from memstream.projections.graph.core import (EDGE_COLUMNS, ENTITY_COLUMNS, EdgeRow, EntityRow, Key, Row, fold, key,
                                              sources, targets)
@@ -50,23 +50,13 @@ def edge_from(r) -> EdgeRow:
     return EdgeRow(**values)
 
 
-_BY_KEY = ("SELECT {cols} FROM unnest($1::text[], $2::uuid[]) k(user_id, id) "
-           "JOIN {table} r ON r.{id} = k.id AND r.user_id = k.user_id")
-
-
 async def load(conn, keys: Sequence[Key]) -> dict[Key, Row]:
     """The entities and edges of these ``(user_id, id)`` keys: a row is found only under its own
     user, so a decision naming another user's row finds nothing to change."""
-    if not keys:
-        return {}
-    users, ids = zip(*set(keys))
     out: dict[Key, Row] = {}
-    cols = lambda names: ", ".join(f"r.{c}" for c in names)  # noqa: E731
-    for r in await conn.fetch(_BY_KEY.format(cols=cols(ENTITY_COLUMNS), table="entities", id="entity_id"),
-                              list(users), list(ids)):
+    for r in await fetch_by_keys(conn, "entities", ENTITY_COLUMNS, "entity_id", keys):
         out[r["user_id"], r["entity_id"]] = entity_from(r)
-    for r in await conn.fetch(_BY_KEY.format(cols=cols(EDGE_COLUMNS), table="memory_edges", id="edge_id"),
-                              list(users), list(ids)):
+    for r in await fetch_by_keys(conn, "memory_edges", EDGE_COLUMNS, "edge_id", keys):
         out[r["user_id"], r["edge_id"]] = edge_from(r)
     return out
 

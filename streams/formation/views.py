@@ -32,8 +32,8 @@ class FactView(Protocol):
     ``rows`` maps ``(user_id, fact id)`` -> ``FactRow`` (the core's ``key``), each in its current state exactly as the facts
     projection's core folds it (``projections.facts.core.fold``): a version superseded or
     deleted since the view was made reads as such (but an older version a backdated update ends
-    early keeps its end here unless it was ensured: formation reads no ended version's times). It holds every fact this view's ``apply`` changed and
-    every fact ``ensure`` found; it may hold others (``MemoryView`` holds all of them), so a fact
+    early keeps its end here unless it was ensured: formation reads no ended version's times). It
+    holds every fact this view's ``apply`` changed and every fact ``ensure`` found; it may hold others (``MemoryView`` holds all of them), so a fact
     missing from ``rows`` is not thereby unknown — ``ensure`` it first.
 
     ``ensure(user_id, fact_ids)``: afterwards ``rows`` holds each of ``user_id``'s ``fact_ids``
