@@ -97,6 +97,12 @@ async def test_a_turn_appended_again_after_later_turns_changes_no_fact_and_no_ed
     async with TurnLog(settings) as log:
         await log.append_many(said)
         await wait_until(lambda: count_is(conn, 2), what="both turns formed")
+
+        async def applied():  # by the facts and graph projections too, which episodes do not wait for
+            facts, edges = await now()
+            return [f[1] for f in facts if f[2] == "current"] == ["Beta"] and len(edges) == 2
+
+        await wait_until(applied, what="Beta current in facts and graph")
         before = await now()
         assert [f for f in before[0] if f[2] == "current"][0][1] == "Beta", before
         # A host's retry of the first turn, after the second: the same event, later in the log.
