@@ -55,8 +55,11 @@ async def test_the_same_records_delivered_again_leave_the_tables_unchanged(setti
     async with TurnLog(settings) as log:
         await log.append_many(batch)
         await wait_until(lambda: count_is(conn, len(batch)), what="every episode")
-        await wait_until(lambda: conn.fetchval("SELECT count(*) = 3 FROM memory_edges WHERE valid_to IS NOT NULL "
-                                               "AND relation = 'works_at'"), what="Acme closed for each user")
+        # Each user's last decisions (Beta, as a fact and an edge) applied by the facts and graph projections.
+        await wait_until(lambda: conn.fetchval("SELECT count(*) = 3 FROM memory_facts WHERE status = 'current' "
+                                               "AND value = 'Beta'"), what="Beta current for each user")
+        await wait_until(lambda: conn.fetchval("SELECT count(*) = 3 FROM memory_edges WHERE valid_to IS NULL "
+                                               "AND fact_sentence LIKE '%Beta'"), what="Beta opened for each user")
         before = await every_row(conn)
         assert {r["status"] for r in await conn.fetch("SELECT status FROM memory_facts")} >= {"superseded", "current"}
         # A host retry after a lost ack: the very same events appended again.
