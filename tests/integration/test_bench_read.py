@@ -13,6 +13,7 @@ from .helpers import schemas_named
 pytestmark = pytest.mark.asyncio
 
 
+@pytest.mark.slow  # a benchmark's own run: `make test-slow` (or `memstream bench read`)
 async def test_bench_read_reports_every_figure_on_a_small_corpus(stack, dsn):
     before = await schemas_named(dsn, "benchr_")
     report = await run_read_bench(Settings(home=HOME), rows=30_000, readers=2, reads=12)

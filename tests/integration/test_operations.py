@@ -25,6 +25,7 @@ async def test_a_worker_stops_with_a_clear_error_when_partitions_are_added_under
     assert "Operations" in w.log()  # where to read what to do
 
 
+@pytest.mark.slow  # a load test (the longest of the suite); the switch itself is covered by the tests below
 async def test_a_rebuilt_schema_is_switched_in_under_read_and_write_load_and_the_workers_continue_on_it(
         settings, conn, dsn, workers):
     """Rebuild into a side schema while the live one serves, then switch with the workers running:
