@@ -5,7 +5,10 @@ the rows it targets (``targets``), keyed by ``key`` — ``(user_id, id)``: a dec
 rows under its own user only, so it can never change, or link to, another user's graph, even
 when a host gave two users' turns one event id (and so the same entity and edge ids). Idempotent: an existing entity, alias or edge is not created
 twice, and closing a closed edge changes nothing. System time is the decision's
-``recorded_at``; a close never ends an edge before it began (``valid_to >= valid_from``).
+``recorded_at``; a close never ends an edge before it began (``valid_to >= valid_from``). A
+single-valued edge opened dated before an earlier edge of its (source, relation) ended ends that
+one where it begins (``spans``: the store loads them): the latest word on a time holds, and the
+intervals never overlap, as the database's exclusion constraint requires.
 """
 from __future__ import annotations
 
@@ -86,6 +89,14 @@ def targets(d: Decision) -> list[uuid.UUID]:
     return []
 
 
+def spans(d: Decision) -> list[tuple[str, uuid.UUID, str, datetime]]:
+    """``(user_id, source entity, relation, from)``: the closed edges of that single-valued
+    (source, relation) ending after ``from`` are the ones ``apply`` needs in ``state`` as well."""
+    if isinstance(d, EdgeOpened) and not d.multi_valued:
+        return [(d.user_id, d.source_entity_id, d.relation, d.valid_from)]
+    return []
+
+
 def sources(d: Decision) -> list[tuple[str, uuid.UUID]]:
     """``(user_id, turn event id)`` whose edges ``apply`` needs in ``state`` as well."""
     if isinstance(d, MemoryForgotten) and d.kind == "episode":
@@ -127,7 +138,14 @@ def apply(state: dict[Key, Row], d: Decision) -> list[Row]:
         if (d.user_id, d.edge_id) in state:
             _own(state, d.edge_id, EdgeRow, d)
             return []
-        return [EdgeRow(
+        # "I have lived in Madrid since March", after Porto until June and then Lisbon: formation
+        # closed Lisbon at its own start; Porto ends in March. (A current edge is formation's to close.)
+        overlapped = [] if d.multi_valued else [
+            replace(r, valid_to=max(d.valid_from, r.valid_from)) for r in state.values()
+            if isinstance(r, EdgeRow) and r.user_id == d.user_id and r.source_entity_id == d.source_entity_id
+            and r.relation == d.relation and not r.multi_valued and r.valid_to is not None
+            and r.valid_to > max(d.valid_from, r.valid_from)]
+        return [*overlapped, EdgeRow(
             edge_id=d.edge_id, user_id=d.user_id, source_entity_id=d.source_entity_id, relation=d.relation,
             target_entity_id=d.target_entity_id, target_value=d.target_value, multi_valued=d.multi_valued,
             valid_from=d.valid_from, valid_to=None, recorded_at=d.recorded_at, closed_at=None,

@@ -12,7 +12,7 @@ from memstream.projections import positions as pos
 from memstream.projections.db import fetch_by_keys, text_array
 from memstream.projections.batches import forgets_user, runs
 from memstream.projections.graph.core import (EDGE_COLUMNS, ENTITY_COLUMNS, EdgeRow, EntityRow, Key, Row, fold, key,
-                                             sources, targets)
+                                             sources, spans, targets)
 from memstream.schemas import Decision
 
 _ENTITY_CASTS = {"entity_id": "uuid", "user_id": "text", "name": "text", "aliases": "text", "is_user": "boolean",
@@ -91,6 +91,18 @@ async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[Key, R
     return {key(e): e for e in map(edge_from, rows)}
 
 
+async def load_spans(conn, wanted: Sequence[tuple[str, uuid.UUID, str, object]]) -> dict[Key, Row]:
+    """The closed single-valued edges of each ``(user_id, source entity, relation, from)`` ending after ``from``."""
+    if not wanted:
+        return {}
+    rows = await conn.fetch(
+        f"SELECT {', '.join('e.' + c for c in EDGE_COLUMNS)} FROM unnest($1::text[], $2::uuid[], $3::text[], "
+        "$4::timestamptz[]) AS s(user_id, source_entity_id, relation, since) JOIN memory_edges e "
+        "ON e.user_id = s.user_id AND e.source_entity_id = s.source_entity_id AND e.relation = s.relation "
+        "WHERE NOT e.multi_valued AND e.valid_to > s.since", *map(list, zip(*wanted)))
+    return {key(e): e for e in map(edge_from, rows)}
+
+
 class GraphStore:
     name = "graph"
 
@@ -99,6 +111,7 @@ class GraphStore:
             for run, forget in runs(decisions, forgets_user):
                 forgotten = forget.user_id if forget else None
                 state = await load(conn, [(d.user_id, t) for d in run for t in targets(d)])
+                state = {**await load_spans(conn, sorted({s for d in run for s in spans(d)})), **state}
                 for user, event_id in {s for d in run for s in sources(d)}:
                     state.update(await load_by_source(conn, user, event_id))
                 await upsert(conn, list(fold(state, run).values()))

@@ -6,8 +6,9 @@ target entities by exact, case-insensitive name or alias within the user (the us
 edge of (source, relation) when its target differs and open the new one; for a multi-valued one,
 open unless that exact edge is current; a negated candidate closes its edge.
 
-Intervals of a single-valued (source, relation) stay sequential by construction: a new edge never
-begins before the last one ended, which the database also enforces (exclusion constraint).
+Intervals of a single-valued (source, relation) never overlap, which the database also enforces
+(exclusion constraint): a new edge dated before the current one began closes it at its own start,
+and ends the earlier ones it overlaps where it begins (the projection's core does that).
 """
 from __future__ import annotations
 
@@ -158,10 +159,6 @@ class EdgeDecider:
             for e in current:
                 self._emit(EdgeClosed(**self._base(f"{relation} changed to {c.target!r}"), edge_id=e.edge_id,
                                       valid_to=max(when, e.valid_from)))
-            # Sequential intervals: never begin before the previous edge ended.
-            ended = [e.valid_to for e in self.view.edges(self.ctx.turn.user_id, source.entity_id, relation)
-                     if e.valid_to is not None]
-            when = max([when, *ended])
         source_name = source.aliases[0] if source.is_user and source.aliases else ("The user" if source.is_user else source.name)
         target_name = (target.aliases[0] if target.is_user and target.aliases else target.name) if target else c.target
         fields = dict(

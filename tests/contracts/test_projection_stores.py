@@ -22,7 +22,8 @@ from memstream.projections.episodes.store import EpisodeStore
 from memstream.projections.facts import core as facts
 from memstream.projections.facts.core import MissingTarget
 from memstream.projections.facts.store import FactStore
-from memstream.projections.graph.core import MissingGraphTarget
+from memstream.projections.graph import core as graph
+from memstream.projections.graph.core import EdgeRow, MissingGraphTarget
 from memstream.projections.graph.store import GraphStore
 from memstream.schemas import EdgeOpened, EntityCreated, FactAdded, FactUpdated, MemoryForgotten, ReminderScheduled
 from memstream.schemas.errors import Refused
@@ -195,6 +196,25 @@ class TestGraphStore(ProjectionStoreContract):
         if name == "a close of an unknown edge":
             return [*changes, items.closed(items.edge(ana, "owns", value="a car"), days=41)], MissingGraphTarget
         return [*changes, items.edge(ana, "lives_in", value="Faro", days=40)], asyncpg.ExclusionViolationError
+
+    async def test_an_edge_backdated_past_stored_edges_ends_them_as_the_core_does(self, conn):
+        # Porto until day 150, Lisbon since; then "I have lived in Madrid since day 60" (formation
+        # closes Lisbon at its own start): Porto, read back from Postgres, ends on day 60.
+        ana = items.entity("ana", "Ana", is_user=True)
+        porto = items.edge(ana, "lives_in", value="Porto")
+        lisbon = items.edge(ana, "lives_in", value="Lisbon", days=150)
+        said = [ana, porto, items.closed(porto, days=150), lisbon]
+        madrid = [items.closed(lisbon, days=150), items.edge(ana, "lives_in", value="Madrid", days=60)]
+        await self.store.apply_batch(conn, said, {})
+        await self.store.apply_batch(conn, madrid, {})  # commits: the overlap constraint holds
+        folded = graph.fold({}, [*said, *madrid])
+        rows = await conn.fetch("SELECT target_value, valid_from, valid_to FROM memory_edges WHERE user_id = 'ana' "
+                                "ORDER BY valid_from, valid_to NULLS LAST")
+        assert [tuple(r) for r in rows] == sorted(
+            ((r.target_value, r.valid_from, r.valid_to) for r in folded.values() if isinstance(r, EdgeRow)),
+            key=lambda r: (r[1], r[2] is None, r[2]))
+        assert [tuple(r) for r in rows] == [("Porto", items.T0, madrid[1].valid_from), ("Madrid", madrid[1].valid_from, None),
+                                            ("Lisbon", lisbon.valid_from, lisbon.valid_from)]
 
 
 class TestCommandStore(ProjectionStoreContract):

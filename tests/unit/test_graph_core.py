@@ -78,14 +78,38 @@ def test_a_negation_closes_only_its_edge():
     assert [c[0] for c in current(view)] == ["lives_in"]
 
 
-def test_a_backdated_edge_never_starts_before_the_previous_one_ended():
+def test_a_backdated_edge_begins_when_it_was_said_to_and_ends_the_edges_it_overlaps_there():
     view = GraphView(None)
     decide(view, 0, rel("works_at", "Acme"))
     decide(view, 10, rel("works_at", "Globex"))
-    decide(view, 20, rel("works_at", "Hooli", valid_at=T0 + timedelta(days=2)))  # "I joined Hooli in January"
-    edges = sorted((r for r in view.rows.values() if isinstance(r, EdgeRow)), key=lambda e: e.valid_from)
-    for a, b in zip(edges, edges[1:]):
-        assert a.valid_to is not None and a.valid_to <= b.valid_from
+    out = decide(view, 20, rel("works_at", "Hooli", valid_at=T0 + timedelta(days=2)))  # "I joined Hooli on Jan 3"
+    assert [type(d) for d in out] == [EntityCreated, EdgeClosed, EdgeOpened]  # the log says only what was said
+    edges = {view.rows["u", r.target_entity_id].name: (r.valid_from, r.valid_to)
+             for r in view.rows.values() if isinstance(r, EdgeRow)}
+    day = lambda n: T0 + timedelta(days=n)
+    # The latest word on a time holds: Acme ends where Hooli begins, Globex at its own start.
+    assert edges == {"Acme": (day(0), day(2)), "Globex": (day(10), day(10)), "Hooli": (day(2), None)}
+
+
+def test_an_edge_opened_ends_only_the_earlier_edges_of_its_own_single_valued_source_and_relation():
+    def edge(relation, days_from, days_to, multi=False, user="u", source=None):
+        return EdgeRow(uuid.uuid4(), user, source or user_entity_id(user), relation, None, relation, multi,
+                       T0 + timedelta(days=days_from), T0 + timedelta(days=days_to), T0, T0, "s", 0.9, True,
+                       uuid.uuid4(), "x", "r", "r", b"", "m")
+    kept = [edge("works_at", 0, 10, user="v"), edge("lives_in", 0, 10), edge("friend_of", 0, 10, multi=True),
+            edge("works_at", 0, 2), edge("works_at", 0, 10, source=uuid.uuid4())]
+    ended = edge("works_at", 4, 10)
+    state = {(r.user_id, r.edge_id): r for r in [*kept, ended]}
+    state["u", user_entity_id("u")] = EntityRow(user_entity_id("u"), "u", "user", (), True, T0, uuid.uuid4())
+    opened = EdgeOpened(decision_id=uuid.uuid4(), source_event_id=uuid.uuid4(), source=LogPosition("d", 0, 1), recorded_at=T0 + timedelta(days=20),
+                        user_id="u", reason="r", edge_id=uuid.uuid4(), source_entity_id=user_entity_id("u"),
+                        relation="works_at", target_entity_id=None, target_value="Hooli", multi_valued=False,
+                        valid_from=T0 + timedelta(days=2), fact_sentence="s", confidence=0.9, explicit=True,
+                        extractor="x", embedding=b"", embedding_model="m")
+    rows = apply(state, opened)
+    assert [(r.edge_id, r.valid_from, r.valid_to) for r in rows[:-1]] == [(ended.edge_id, ended.valid_from, ended.valid_from)]
+    assert rows[-1].edge_id == opened.edge_id and rows[-1].valid_from == opened.valid_from
+    assert apply({**state, **{(r.user_id, r.edge_id): r for r in rows}}, opened) == []  # a redelivery changes nothing
 
 
 def test_inferred_low_confidence_candidates_do_not_commit():
@@ -153,3 +177,4 @@ def test_a_views_growth_counts_what_was_decided_into_it_not_what_it_read():
     decide(view, 1, rel("likes", "jazz"))  # a new entity and its edge
     fork = view.fork()
     assert view.grown == fork.grown >= 2
+
