@@ -772,6 +772,21 @@ def bench_read(ctx: click.Context, rows: int, readers: int, reads: int, keep: bo
     click.echo(json.dumps(report, indent=2, default=str) if as_json else _render_report(report))
 
 
+@bench.command("reform")
+@click.option("--turns", default=20_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--users", default=2000, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def bench_reform(ctx: click.Context, turns: int, users: int, as_json: bool) -> None:
+    """Form a log of N turns of M users again (`memstream reform`, offline extractor): events/s,
+    overall and over its first and last tenth. Self-contained, like `bench rebuild`."""
+    from memstream.bench.reform import run_reform_bench
+
+    with progress("reform", unit="events") as on_progress:
+        report = asyncio.run(run_reform_bench(_settings(ctx), turns=turns, users=users, on_progress=on_progress))
+    click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
+
+
 @bench.command("formation")
 @click.option("--turns", default=3000, show_default=True, type=click.IntRange(min=1))
 @click.option("--users", default=50, show_default=True, type=click.IntRange(min=1))

@@ -685,12 +685,12 @@ class Formation:
                                     target=t) for n, t in enumerate(targets)]
         if isinstance(e, EdgeForgotten):
             await graph.ensure_user(e.user_id)
-            edge = graph.rows.get((e.user_id, e.edge_id))
+            edge = graph.of(e.user_id).get((e.user_id, e.edge_id))
             if isinstance(edge, EdgeRow) and _says(graph, edge, e):
                 targets = [e.edge_id]
             else:  # re-formed with another extractor: the same relation between the same ends
-                targets = sorted(x.edge_id for x in graph.rows.values() if isinstance(x, EdgeRow)
-                                 and x.user_id == e.user_id and not x.forgotten and e.relation is not None
+                targets = sorted(x.edge_id for x in graph.of(e.user_id).values() if isinstance(x, EdgeRow)
+                                 and not x.forgotten and e.relation is not None
                                  and _says(graph, x, e))
                 if not targets:
                     raise CommandRefused(f"EdgeForgotten names {e.edge_id}, not an edge of this user")
@@ -731,8 +731,8 @@ class Formation:
         if not candidates:
             return []
         await graph.ensure_user(turn.user_id)
-        if any(isinstance(row, EdgeRow) and row.user_id == turn.user_id and row.source_event_id == turn.event_id
-               for row in graph.rows.values()):
+        if any(isinstance(row, EdgeRow) and row.source_event_id == turn.event_id
+               for row in graph.of(turn.user_id).values()):
             return []  # formed before: deciding again would close what later turns said and reopen its edges
         ctx = GraphContext(turn=turn, extractor=model, common=dict(
             source_event_id=turn.event_id, source=LogPosition(r.topic, r.partition, r.offset),
@@ -889,7 +889,7 @@ def _says(graph: GraphView, edge: EdgeRow, forget: EdgeForgotten) -> bool:
         return True
 
     def named(entity_id, value, name) -> bool:  # an entity by its name or an alias, else the value
-        entity = graph.rows.get((edge.user_id, entity_id)) if entity_id is not None else None
+        entity = graph.of(edge.user_id).get((edge.user_id, entity_id)) if entity_id is not None else None
         said = (name or "").casefold()
         return said in entity.names() if isinstance(entity, EntityRow) else said == (value or "").casefold()
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 from memstream.llm.relations import USER, RelationCandidate
 from memstream.schemas.vocabulary import MULTI_VALUED, canonical, fact_sentence
 from memstream.projections.graph.core import EdgeRow, EntityRow, Key, Row, fold, key
+from memstream.streams.formation.by_user import ByUser
 from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated, TurnRecorded
 
 log = logging.getLogger("memstream.formation")
@@ -38,15 +39,19 @@ Loader = Callable[[str], Awaitable[list[Row]]]  # user -> entities and edges (cu
 
 
 class GraphView:
-    """One user's entities and edges as the graph projection will hold them after this batch's
-    decisions: loaded once per user (from Postgres, or nothing for an in-memory backfill), then
-    folded with the projection's own pure core."""
+    """Users' entities and edges as the graph projection will hold them after this batch's
+    decisions: each user's loaded once (from Postgres, or nothing for an in-memory backfill),
+    then folded with the projection's own pure core, kept by user (``ByUser``)."""
 
     def __init__(self, loader: Loader | None):
         self._loader = loader
-        self.rows: dict[Key, Row] = {}  # by (user_id, id), as the projection's core keys them
+        self.rows: ByUser[Key, Row] = ByUser()  # by (user_id, id), as the projection's core keys them
         self._loaded: set[str] = set()
         self._read = 0  # rows read from the store (the rest: what ``apply`` added)
+
+    def of(self, user_id: str) -> Mapping[Key, Row]:
+        """One user's rows."""
+        return self.rows.of(user_id)
 
     async def ensure_user(self, user_id: str) -> None:
         if user_id in self._loaded:
@@ -54,8 +59,9 @@ class GraphView:
         self._loaded.add(user_id)
         if self._loader is not None:
             for row in await self._loader(user_id):
-                self._read += key(row) not in self.rows
-                self.rows.setdefault(key(row), row)
+                rows = self.rows.mine(row.user_id)
+                self._read += key(row) not in rows
+                rows.setdefault(key(row), row)
 
     @property
     def grown(self) -> int:
@@ -63,21 +69,21 @@ class GraphView:
         return len(self.rows) - self._read
 
     def apply(self, decision: Decision) -> None:
-        fold(self.rows, [decision])
+        fold(self.rows.mine(decision.user_id), [decision])
 
     def fork(self) -> "GraphView":
         """A view that answers as this one does now; what is applied to it later stays its own."""
         other = GraphView(self._loader)
-        other.rows, other._loaded, other._read = dict(self.rows), set(self._loaded), self._read  # rows are frozen: shared
+        other.rows, other._loaded, other._read = self.rows.fork(), set(self._loaded), self._read
         return other
 
     def entity_named(self, user_id: str, name: str) -> EntityRow | None:
         folded = name.casefold()
-        found = [r for r in self.rows.values() if isinstance(r, EntityRow) and r.user_id == user_id and folded in r.names()]
+        found = [r for r in self.of(user_id).values() if isinstance(r, EntityRow) and folded in r.names()]
         return min(found, key=lambda r: (r.recorded_at, r.entity_id)) if found else None
 
     def edges(self, user_id: str, source: uuid.UUID, relation: str) -> list[EdgeRow]:
-        return [r for r in self.rows.values() if isinstance(r, EdgeRow) and r.user_id == user_id
+        return [r for r in self.of(user_id).values() if isinstance(r, EdgeRow)
                 and r.source_entity_id == source and r.relation == relation]
 
 
@@ -112,9 +118,9 @@ class EdgeDecider:
     def _user(self) -> EntityRow:
         uid = self.ctx.turn.user_id
         eid = user_entity_id(uid)
-        if (uid, eid) not in self.view.rows:
+        if (uid, eid) not in self.view.of(uid):
             self._emit(EntityCreated(**self._base("the user"), entity_id=eid, name="the user", is_user=True))
-        return self.view.rows[uid, eid]  # type: ignore[return-value]
+        return self.view.of(uid)[uid, eid]  # type: ignore[return-value]
 
     def _entity(self, name: str) -> EntityRow:
         if name.casefold() in _USER_WORDS:

@@ -17,6 +17,7 @@ from memstream.projections.facts import query as facts_q
 from memstream.projections.facts import store as facts_store
 from memstream.projections.facts.core import FactRow, Key, fold
 from memstream.schemas import Decision
+from memstream.streams.formation.by_user import ByUser
 
 NEIGHBOURS = 10  # nearest current facts shown to the resolver, besides same-attribute facts
 
@@ -127,28 +128,26 @@ class PostgresView(FactView):
 
 
 class MemoryView(FactView):
-    """Every fact in memory, for backfills that run formation over the whole log (``reform``)."""
+    """Every fact in memory, for backfills that run formation over the whole log (``reform``),
+    kept by user (``ByUser``)."""
 
     def __init__(self, model_id: str):
         self._model = model_id
-        self.rows: dict[Key, FactRow] = {}
-        self._by_user: dict[str, set[Key]] = {}
+        self.rows: ByUser[Key, FactRow] = ByUser()
 
     async def ensure(self, user_id: str, fact_ids) -> None:
         pass
 
     def apply(self, decision: Decision) -> None:
-        for k, row in fold(self.rows, [decision]).items():
-            self._by_user.setdefault(row.user_id, set()).add(k)
+        fold(self.rows.mine(decision.user_id), [decision])
 
     def fork(self) -> "MemoryView":
         other = MemoryView(self._model)
-        other.rows, other._by_user = dict(self.rows), {u: set(f) for u, f in self._by_user.items()}
+        other.rows = self.rows.fork()
         return other
 
     async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
-        current = [self.rows[f] for f in self._by_user.get(user_id, ()) if self.rows[f].current
-                   and self.rows[f].embedding_model == self._model]
+        current = [r for r in self.rows.of(user_id).values() if r.current and r.embedding_model == self._model]
         scored = sorted((_existing(r, vector) for r in current), key=lambda f: (-f.similarity, f.fact_id))
         near = scored[:NEIGHBOURS]
         return near + [f for f in scored[NEIGHBOURS:] if f.attribute == attribute]

@@ -151,6 +151,9 @@ class FactViewContract:
         assert ids(await view.neighbours("ana", "home", QUERY)) == before
         await view.ensure("ana", [old.fact_id])
         assert view.rows["ana", old.fact_id].current and ("ana", new.fact_id) not in view.rows
+        later = added(value="jazz", similarity=0.5)
+        view.apply(later)  # and what the view is given after the fork stays the view's
+        assert ("ana", later.fact_id) in view.rows and ("ana", later.fact_id) not in fork.rows
 
     async def test_the_store_catching_up_with_applied_decisions_changes_nothing(self):
         # Formation carries a user's view across batches while the projection applies what it

@@ -33,9 +33,9 @@ def rel(relation, target, source="I", **kw):
     return RelationCandidate(source, relation, target, True, kw.pop("confidence", 0.9), kw.pop("explicit", True), **kw)
 
 
-def current(view):
-    return sorted((r.relation, r.target_entity_id and view.rows["u", r.target_entity_id].name, r.valid_from.date().isoformat())
-                  for r in view.rows.values() if isinstance(r, EdgeRow) and r.current)
+def current(view, user="u"):
+    return sorted((r.relation, r.target_entity_id and view.rows[user, r.target_entity_id].name, r.valid_from.date().isoformat())
+                  for r in view.of(user).values() if isinstance(r, EdgeRow) and r.current)
 
 
 def test_synonymous_phrasings_map_to_one_canonical_relation():
@@ -178,3 +178,20 @@ def test_a_views_growth_counts_what_was_decided_into_it_not_what_it_read():
     fork = view.fork()
     assert view.grown == fork.grown >= 2
 
+
+def test_a_fork_and_its_view_each_keep_what_is_decided_into_them_and_each_user_reads_only_their_own():
+    view = GraphView(None)
+    decide(view, 0, rel("works_at", "Acme"))
+    t = TurnRecorded.new(user_id="v", conversation_id="c", user_message="x", assistant_message="y", occurred_at=T0)
+    other = EdgeDecider(GraphContext(turn=t, extractor="x", common=dict(
+        source_event_id=t.event_id, source=LogPosition("e", 0, 99), recorded_at=T0, user_id="v")), view)
+    other.add(rel("works_at", "Acme"))
+    other.finish({s: b"\0" * 1536 for s in other.sentences()}, "m")
+    fork = view.fork()
+    decide(fork, 5, rel("works_at", "Globex"))
+    decide(view, 6, rel("lives_in", "Oslo"))
+    assert current(fork) == [("works_at", "Globex", "2026-01-06")]
+    assert current(view) == [("lives_in", "Oslo", "2026-01-07"), ("works_at", "Acme", "2026-01-01")]
+    assert current(view, "v") == current(fork, "v") == [("works_at", "Acme", "2026-01-01")]
+    assert {r.user_id for r in view.of("v").values()} == {"v"} and view.entity_named("v", "Acme").user_id == "v"
+    assert view.entity_named("u", "Acme").user_id == "u" and view.entity_named("v", "Globex") is None

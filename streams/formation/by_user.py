@@ -1,0 +1,55 @@
+"""Rows keyed by ``(user_id, id)``, held per user and copied on write.
+
+Formation's in-memory views (``MemoryView``, ``GraphView``) hold every user of a backfill and
+decide each turn on a fork of themselves (a turn that fails half way is retried as if never
+begun). A decision reads and changes its own user's rows only, so a fork shares every user's
+rows and copies one user's only when they change: a turn costs what its user holds, not what the
+whole view holds.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Mapping, TypeVar
+
+K = TypeVar("K", bound=tuple)
+V = TypeVar("V")
+
+
+class ByUser(Mapping[K, V]):
+    def __init__(self) -> None:
+        self._users: dict[str, dict[K, V]] = {}
+        self._own: set[str] = set()  # users whose rows no fork shares: changed in place
+
+    def __getitem__(self, key: K) -> V:
+        rows = self._users.get(key[0])
+        if rows is None:
+            raise KeyError(key)
+        return rows[key]
+
+    def __contains__(self, key: object) -> bool:
+        rows = self._users.get(key[0]) if isinstance(key, tuple) and key else None
+        return rows is not None and key in rows
+
+    def __iter__(self) -> Iterator[K]:
+        for rows in self._users.values():
+            yield from rows
+
+    def __len__(self) -> int:
+        return sum(map(len, self._users.values()))
+
+    def of(self, user_id: str) -> Mapping[K, V]:
+        """One user's rows."""
+        return self._users.get(user_id, {})
+
+    def mine(self, user_id: str) -> dict[K, V]:
+        """One user's rows, to change: copied first if a fork shares them."""
+        if user_id not in self._own:
+            self._users[user_id] = dict(self._users.get(user_id, {}))
+            self._own.add(user_id)
+        return self._users[user_id]
+
+    def fork(self) -> "ByUser[K, V]":
+        """The same rows, shared (rows are frozen) until either side changes a user's."""
+        other: ByUser[K, V] = ByUser()
+        other._users = dict(self._users)
+        self._own.clear()
+        return other
