@@ -1,17 +1,19 @@
 """Rows keyed by ``(user_id, id)``, held per user and copied on write.
 
-Formation's in-memory views (``MemoryView``, ``GraphView``) hold every user of a backfill and
-decide each turn on a fork of themselves (a turn that fails half way is retried as if never
-begun). A decision reads and changes its own user's rows only, so a fork shares every user's
-rows and copies one user's only when they change: a turn costs what its user holds, not what the
-whole view holds.
+Formation's in-memory views (``MemoryView``, ``GraphView``) hold every user of a backfill
+(``reform``), and live formation decides each turn on a fork of its views (a turn that fails half
+way is retried as if never begun). A decision reads and changes its own user's rows only, so its
+lookups and its fold see that user's rows alone, and a fork shares every user's rows and copies
+one user's only when they change: a turn costs what its user holds, not what the whole view holds.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Iterator, Mapping, TypeVar
 
 K = TypeVar("K", bound=tuple)
 V = TypeVar("V")
+_NONE: dict = {}
 
 
 class ByUser(Mapping[K, V]):
@@ -20,7 +22,7 @@ class ByUser(Mapping[K, V]):
         self._own: set[str] = set()  # users whose rows no fork shares: changed in place
 
     def __getitem__(self, key: K) -> V:
-        rows = self._users.get(key[0])
+        rows = self._users.get(key[0]) if isinstance(key, tuple) and key else None
         if rows is None:
             raise KeyError(key)
         return rows[key]
@@ -37,8 +39,8 @@ class ByUser(Mapping[K, V]):
         return sum(map(len, self._users.values()))
 
     def of(self, user_id: str) -> Mapping[K, V]:
-        """One user's rows."""
-        return self._users.get(user_id, {})
+        """One user's rows, read-only (a fork may share them)."""
+        return MappingProxyType(self._users.get(user_id, _NONE))
 
     def mine(self, user_id: str) -> dict[K, V]:
         """One user's rows, to change: copied first if a fork shares them."""
