@@ -43,6 +43,15 @@ def fact_turns(n: int, users: int, tag: str, seed: int = 7) -> list[TurnRecorded
                              occurred_at=base + timedelta(minutes=i)) for i in range(n)]
 
 
+async def append_backlog(settings: Settings, turns: list[TurnRecorded]) -> None:
+    """Append ``turns`` (a backlog, such as ``fact_turns``) to ``settings``' events topic."""
+    from memstream.streams.producer import TurnLog
+
+    async with TurnLog(settings) as log:
+        for i in range(0, len(turns), 500):
+            await log.append_many(turns[i:i + 500])
+
+
 def calls_before(turns: list[TurnRecorded]) -> int:
     """LLM calls the formation of these turns made before one call per turn extracted both facts
     and relations and one resolved all of a turn's candidates: an extraction, a relation
@@ -192,7 +201,6 @@ async def run_formation_bench(base: Settings, *, turns: int, users: int, llm_lat
                               paced: bool = True, on_progress=None) -> dict:
     from memstream.projections.db import create_pool
     from memstream.stack.worker_process import WorkerProcess
-    from memstream.streams.producer import TurnLog
 
     settings, tag, dsn = await prepared(base, "benchf")
     port = _free_port()
@@ -206,9 +214,7 @@ async def run_formation_bench(base: Settings, *, turns: int, users: int, llm_lat
     settings = settings.model_copy(update=update)
     pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
     batch = fact_turns(turns, users, tag)
-    async with TurnLog(settings) as log:
-        for i in range(0, len(batch), 500):
-            await log.append_many(batch[i:i + 500])
+    await append_backlog(settings, batch)
 
     async def formed() -> int:
         return await pool.fetchval("SELECT coalesce(sum(next_offset), 0)::bigint FROM projection_positions "

@@ -12,20 +12,16 @@ from __future__ import annotations
 import time
 
 from memstream.bench import discarded, prepared
-from memstream.bench.formation import fact_turns
+from memstream.bench.formation import append_backlog, fact_turns
 from memstream.config import Settings
 
 
 async def run_reform_bench(base: Settings, *, turns: int, users: int, on_progress=None) -> dict:
-    from memstream.streams.producer import TurnLog
     from memstream.streams.reform import reform
 
     settings, tag, dsn = await prepared(base, "benchrf")
     try:
-        said = fact_turns(turns, users, tag)
-        async with TurnLog(settings) as log:
-            for i in range(0, len(said), 500):
-                await log.append_many(said[i:i + 500])
+        await append_backlog(settings, fact_turns(turns, users, tag))
         marks: list[tuple[float, int]] = []
 
         def progress(done: int, total: int) -> None:

@@ -21,15 +21,15 @@ class ByUser(Mapping[K, V]):
         self._users: dict[str, dict[K, V]] = {}
         self._own: set[str] = set()  # users whose rows no fork shares: changed in place
 
+    def _holding(self, key: object) -> dict[K, V]:
+        """The rows of the user ``key`` names (none for a key that is no ``(user_id, id)``)."""
+        return self._users.get(key[0], _NONE) if isinstance(key, tuple) and key else _NONE
+
     def __getitem__(self, key: K) -> V:
-        rows = self._users.get(key[0]) if isinstance(key, tuple) and key else None
-        if rows is None:
-            raise KeyError(key)
-        return rows[key]
+        return self._holding(key)[key]
 
     def __contains__(self, key: object) -> bool:
-        rows = self._users.get(key[0]) if isinstance(key, tuple) and key else None
-        return rows is not None and key in rows
+        return key in self._holding(key)
 
     def __iter__(self) -> Iterator[K]:
         for rows in self._users.values():

@@ -685,7 +685,7 @@ class Formation:
                                     target=t) for n, t in enumerate(targets)]
         if isinstance(e, EdgeForgotten):
             await graph.ensure_user(e.user_id)
-            edge = graph.of(e.user_id).get((e.user_id, e.edge_id))
+            edge = graph.rows.get((e.user_id, e.edge_id))
             if isinstance(edge, EdgeRow) and _says(graph, edge, e):
                 targets = [e.edge_id]
             else:  # re-formed with another extractor: the same relation between the same ends
@@ -889,7 +889,7 @@ def _says(graph: GraphView, edge: EdgeRow, forget: EdgeForgotten) -> bool:
         return True
 
     def named(entity_id, value, name) -> bool:  # an entity by its name or an alias, else the value
-        entity = graph.of(edge.user_id).get((edge.user_id, entity_id)) if entity_id is not None else None
+        entity = graph.rows.get((edge.user_id, entity_id)) if entity_id is not None else None
         said = (name or "").casefold()
         return said in entity.names() if isinstance(entity, EntityRow) else said == (value or "").casefold()
 

@@ -118,9 +118,9 @@ class EdgeDecider:
     def _user(self) -> EntityRow:
         uid = self.ctx.turn.user_id
         eid = user_entity_id(uid)
-        if (uid, eid) not in self.view.of(uid):
+        if (uid, eid) not in self.view.rows:
             self._emit(EntityCreated(**self._base("the user"), entity_id=eid, name="the user", is_user=True))
-        return self.view.of(uid)[uid, eid]  # type: ignore[return-value]
+        return self.view.rows[uid, eid]  # type: ignore[return-value]
 
     def _entity(self, name: str) -> EntityRow:
         if name.casefold() in _USER_WORDS:
