@@ -4,13 +4,15 @@ One sorted set per conversation, scored by ``occurred_at``; members are the turn
 JSON, so re-adding a redelivered turn is a no-op (one written before members were canonical in
 UTC is added once more). Keys carry the schema and the projection epoch, so a rebuild or a
 second deployment never reads another's cache. Losing Redis loses nothing: the read client
-falls back to Postgres.
+falls back to Postgres, and a conversation's key that is missing when its next turn arrives (a
+flush, a restart, a switch's new epoch) is seeded from the store first (``push_turns``), so a
+key that exists always holds the conversation's last turns, not only the ones since.
 """
 from __future__ import annotations
 
 import json
 from datetime import timezone
-from typing import Iterable, Sequence
+from typing import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from memstream.projections import cache_keys
 from memstream.projections.episodes.core import EpisodeRow
@@ -32,16 +34,41 @@ def member(episode_id, occurred_at, user_message: str, assistant_message: str) -
                       sort_keys=True, separators=(",", ":"))
 
 
-async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow], keep: int) -> None:
-    pipe = redis.pipeline(transaction=False)
-    touched = set()
+History = Callable[[Sequence[tuple[str, str]], int], Awaitable[Mapping[tuple[str, str], Sequence[Mapping]]]]
+
+
+async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow], keep: int,
+                     history: History | None = None, stale: Iterable[tuple[str, str]] = ()) -> None:
+    """Adds ``rows`` to their conversations' keys, each trimmed to its last ``keep`` turns.
+    ``history`` gives the last ``keep`` stored turns of each ``(user_id, conversation_id)`` asked
+    (``rows`` already stored among them): it seeds the keys that do not exist yet, which would
+    otherwise hold only the turns from here on, and rebuilds those of ``stale``, conversations
+    whose keys may lack turns (an earlier push that failed). One transaction: a reader never sees
+    a key half seeded."""
+    rows = list(rows)
+    keys = {c: tier0_key(schema, epoch, *c) for c in [*((r.user_id, r.conversation_id) for r in rows), *stale]}
+    pipe = redis.pipeline(transaction=True)
+    if history is not None:
+        stale = set(stale)
+        seed = [c for c, there in zip(keys, await _exist(redis, keys.values())) if not there or c in stale]
+        for c in stale:
+            pipe.delete(keys[c])
+        for conversation, turns in (await history(seed, keep) if seed else {}).items():
+            for t in turns:
+                pipe.zadd(keys[conversation], {member(t["episode_id"], t["occurred_at"], t["user_message"],
+                                                      t["assistant_message"]): t["occurred_at"].timestamp()})
     for row in rows:
-        key = tier0_key(schema, epoch, row.user_id, row.conversation_id)
-        pipe.zadd(key, {turn_member(row): row.occurred_at.timestamp()})
-        touched.add(key)
-    for key in touched:
+        pipe.zadd(keys[row.user_id, row.conversation_id], {turn_member(row): row.occurred_at.timestamp()})
+    for key in keys.values():
         pipe.zremrangebyrank(key, 0, -(keep + 1))
     await pipe.execute()
+
+
+async def _exist(redis, keys: Iterable[str]) -> list[bool]:
+    pipe = redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.exists(key)
+    return [bool(n) for n in await pipe.execute()]
 
 
 async def recent_turns(redis, schema: str, epoch: int, user_id: str, conversation_id: str, n: int) -> Sequence[dict]:

@@ -13,6 +13,7 @@ import asyncpg
 
 from memstream.projections import cache_keys, session_cache
 from memstream.projections.episodes import core as episodes
+from memstream.projections.episodes import query as episodes_query
 from memstream.projections.positions import epoch, events_covered
 from memstream.projections.episodes.store import EpisodeStore, Forgotten
 from memstream.projections.facts.store import FactStore
@@ -29,6 +30,8 @@ from memstream.streams.dead_letter import InputRefused
 from memstream.streams.records import Record, next_offsets
 
 log = logging.getLogger("memstream.projections")
+
+STALE_KEPT = 10_000  # conversations whose Tier 0 push failed, seeded again once Redis answers
 
 
 def _refused_by_server(exc: BaseException) -> bool:
@@ -83,6 +86,9 @@ class EpisodesProjection:
         self._dead, self._keep = dead_letters, tier0_turns
         self._store = EpisodeStore()
         self._epoch: int | None = None
+        # Conversations whose Tier 0 push failed, in the order they failed: seeded again from
+        # Postgres by the next push that succeeds, or their keys would lack those turns.
+        self._stale: dict[tuple[str, str], None] = {}
 
     async def process(self, records: list[Record]) -> None:
         rows, letters, decided = [], [], []
@@ -137,12 +143,22 @@ class EpisodesProjection:
                     refused = await _one_by_one(conn, self._dead, self.name, rows, exc, apply=one, finish=finish)
                     rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
         turns = [t for t in _not_forgotten_after(rows) if (t.user_id, t.episode_id) not in forgotten.kept_out]
-        if self._redis is None or not turns:
+        if self._redis is None or not (turns or self._stale):
             return
         try:
-            await session_cache.push_turns(self._redis, self._schema, self._epoch, turns, self._keep)
+            await session_cache.push_turns(self._redis, self._schema, self._epoch, turns, self._keep,
+                                           self._history, stale=self._stale)
+            self._stale.clear()
         except Exception:  # a derived cache: the read path falls back to Postgres
             log.exception("tier 0 cache update failed for %d turns", len(turns))
+            self._stale.update(dict.fromkeys((t.user_id, t.conversation_id) for t in turns))
+            while len(self._stale) > STALE_KEPT:  # Redis long gone: the oldest are left as they are
+                del self._stale[next(iter(self._stale))]
+
+
+    async def _history(self, conversations, n: int):
+        async with self._pool.acquire() as conn:
+            return await episodes_query.recent_of(conn, conversations, n)
 
 
 def _not_forgotten_after(rows) -> list:

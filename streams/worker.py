@@ -32,6 +32,8 @@ from typing import Callable, Sequence
 
 import faust
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from faust.types import TP
 
 from memstream.config import Settings
@@ -87,7 +89,10 @@ class Runtime:
             # topic says nothing of where another topic stands).
             self.sealers = {t: RecordSealer(keys, seal=s.seal_records) for t in (s.events_topic, s.decisions_topic)}
             self.sealer = RecordSealer(keys, seal=s.seal_records)  # for what this role produces
-            self.redis = aioredis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2)
+            # Retried once: after a Redis restart every pooled connection is dead, and without a
+            # retry each one's next write fails, so Tier 0 would miss that batch's turns.
+            self.redis = aioredis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2,
+                                           retry=Retry(NoBackoff(), 1))
             self.producer = idempotent_producer(s.kafka_bootstrap)
             await self.producer.start()
             dead = DeadLetters(self.producer, s.dead_letter_topic, s.max_dead_letters_per_1000,

@@ -42,6 +42,13 @@ SELECT {_COLS} FROM (
 ORDER BY occurred_at, episode_id
 """
 
+_RECENT_OF = f"""
+SELECT c.user_id, t.* FROM unnest($1::text[], $2::text[]) AS c(user_id, conversation_id)
+CROSS JOIN LATERAL (
+    SELECT {_COLS} FROM episodes WHERE user_id = c.user_id AND conversation_id = c.conversation_id
+    ORDER BY occurred_at DESC, episode_id DESC LIMIT $3) t
+"""
+
 
 async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str) -> Sequence[asyncpg.Record]:
     return await conn.fetch(_NEAREST, user_id, embedding, k, model)
@@ -60,6 +67,14 @@ async def neighbours(conn, user_id: str, anchors: Sequence) -> Sequence[asyncpg.
 
 async def recent(conn, user_id: str, conversation_id: str, n: int) -> Sequence[asyncpg.Record]:
     return await conn.fetch(_RECENT, user_id, conversation_id, n)
+
+
+async def recent_of(conn, conversations: Sequence[tuple[str, str]], n: int) -> dict[tuple[str, str], list[asyncpg.Record]]:
+    """The last ``n`` turns of each ``(user_id, conversation_id)``, newest first."""
+    out: dict[tuple[str, str], list[asyncpg.Record]] = {}
+    for r in await conn.fetch(_RECENT_OF, [u for u, _ in conversations], [c for _, c in conversations], n):
+        out.setdefault((r["user_id"], r["conversation_id"]), []).append(r)
+    return out
 
 
 _PAGE = f"""

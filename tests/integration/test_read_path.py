@@ -210,11 +210,67 @@ async def test_stopping_redis_mid_session_falls_back_to_postgres_with_the_same_c
             assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
             async with aioredis.from_url(own_redis.address) as fresh:  # probe's pooled connection died with the server
                 assert await fresh.get(t1) is not None  # the reader reconnected: a profile miss is written back
+
+                # The next turn finds its conversation's key gone with the restart: the worker seeds
+                # it from Postgres first, so Tier 0 holds the conversation's turns, not only this one.
+                await append_and_wait(settings, conn, [turn("pat", "My sister visits in May.", 120)])
+                await wait_until(lambda: _holds(fresh, t0, 3), what="tier 0 seeded and the new turn added")
+            later = await reader.read("pat", "c1", "ok")
+            assert [t.user_message for t in later.recent_turns] == [t.user_message for t in up.recent_turns] + [
+                "My sister visits in May."]
         finally:
             await reader.close()
     finally:
         await probe.aclose()
         await shared.aclose()
+
+
+async def _holds(redis, key: str, n: int) -> bool:
+    return await redis.zcard(key) == n
+
+
+async def test_turns_a_failed_tier0_push_missed_are_seeded_again_once_redis_answers(settings, dsn, caplog):
+    """Redis unreachable for one batch while the conversation's key stays: the next push that
+    succeeds, even of another conversation, gives that key the turns it missed."""
+    from memstream.projections.session_cache import recent_turns
+    from memstream.schemas import EpisodeRecorded, encode
+    from memstream.streams.projecting import EpisodesProjection
+    from memstream.streams.records import Record
+
+    from .test_delivery import UNIT, _decided
+
+    class Letters:  # none expected
+        async def send(self, letters):
+            assert not letters
+
+        def observe(self, n_ok):
+            pass
+
+    said = [EpisodeRecorded(**_decided(settings, i, "kim", "episode"), conversation_id=conv, user_message=text,
+                            occurred_at=NOW + timedelta(minutes=i), assistant_message="ok", embedding=UNIT,
+                            embedding_model="test")
+            for i, (conv, text) in enumerate([("c1", "first"), ("c1", "second"), ("c2", "elsewhere")])]
+    records = [Record(settings.decisions_topic, 0, i, b"kim", encode(d), (), 1_700_000_000_000)
+               for i, d in enumerate(said)]
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
+    up, down = aioredis.from_url(settings.redis_url), aioredis.from_url("redis://127.0.0.1:9", socket_connect_timeout=1)
+    schema = settings.postgres_schema
+    try:
+        projection = EpisodesProjection(pool=pool, redis=up, schema=schema, dead_letters=Letters(), tier0_turns=20)
+        await projection.process(records[:1])
+        epoch = projection._epoch
+        projection._redis = down  # this batch's push fails, as when Redis times out
+        await projection.process(records[1:2])
+        assert "tier 0 cache update failed for 1 turns" in caplog.text
+        assert [t["user_message"] for t in await recent_turns(up, schema, epoch, "kim", "c1", 20)] == ["first"]
+        projection._redis = up
+        await projection.process(records[2:])
+        assert [t["user_message"] for t in await recent_turns(up, schema, epoch, "kim", "c1", 20)] == ["first", "second"]
+        assert [t["user_message"] for t in await recent_turns(up, schema, epoch, "kim", "c2", 20)] == ["elsewhere"]
+    finally:
+        await up.aclose()
+        await down.aclose()
+        await pool.close()
 
 
 async def test_budgets_bound_each_section_in_real_tokens(settings, conn, dsn, workers, embedder):
