@@ -142,23 +142,33 @@ class EpisodesProjection:
 
                     refused = await _one_by_one(conn, self._dead, self.name, rows, exc, apply=one, finish=finish)
                     rows = [(r, row) for r, row in rows if id(r) not in refused]  # not in Tier 0 either
-        turns = [t for t in _not_forgotten_after(rows) if (t.user_id, t.episode_id) not in forgotten.kept_out]
-        if self._redis is None or not (turns or self._stale):
-            return
-        try:
-            await session_cache.push_turns(self._redis, self._schema, self._epoch, turns, self._keep,
-                                           self._history, stale=self._stale)
+                # Before the commit, as a forget's erasure: a worker killed before the commit leaves
+                # turns in Tier 0 that Postgres gets when the batch is applied again; one killed
+                # after it would have left them out of Tier 0 for good.
+                pushed = await self._push(conn, [t for t in _not_forgotten_after(rows)
+                                                 if (t.user_id, t.episode_id) not in forgotten.kept_out])
+        if pushed:
             self._stale.clear()
-        except Exception:  # a derived cache: the read path falls back to Postgres
+
+    async def _push(self, conn, turns: list) -> bool:
+        """Tier 0 given ``turns`` (the keys it lacks or that went stale seeded from ``conn``'s
+        view of the store); a failure is logged and remembered, not raised: a derived cache."""
+        if self._redis is None or not (turns or self._stale):
+            return False
+        try:
+            async def history(conversations, n: int):
+                async with conn.transaction():  # a savepoint: its failure must not fail the batch
+                    return await episodes_query.recent_of(conn, conversations, n)
+
+            await session_cache.push_turns(self._redis, self._schema, self._epoch, turns, self._keep, history,
+                                           stale=self._stale)
+            return True
+        except Exception:  # the read path falls back to Postgres for a conversation with no key
             log.exception("tier 0 cache update failed for %d turns", len(turns))
             self._stale.update(dict.fromkeys((t.user_id, t.conversation_id) for t in turns))
             while len(self._stale) > STALE_KEPT:  # Redis long gone: the oldest are left as they are
                 del self._stale[next(iter(self._stale))]
-
-
-    async def _history(self, conversations, n: int):
-        async with self._pool.acquire() as conn:
-            return await episodes_query.recent_of(conn, conversations, n)
+            return False
 
 
 def _not_forgotten_after(rows) -> list:
