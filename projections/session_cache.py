@@ -36,6 +36,15 @@ def member(episode_id, occurred_at, user_message: str, assistant_message: str) -
 
 History = Callable[[Sequence[tuple[str, str]], int], Awaitable[Mapping[tuple[str, str], Sequence[Mapping]]]]
 
+# Adds the turns (ARGV: keep, then score, member pairs) only to a key that exists, and trims it;
+# 1 if it did. One key per call: a Redis cluster takes it.
+_ADD_IF_KEPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+for i = 2, #ARGV, 2 do redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[1]) + 1))
+return 1
+"""
+
 
 async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow], keep: int,
                      history: History | None = None, stale: Iterable[tuple[str, str]] = ()) -> None:
@@ -43,32 +52,39 @@ async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow],
     ``history`` gives the last ``keep`` stored turns of each ``(user_id, conversation_id)`` asked
     (``rows`` already stored among them): it seeds the keys that do not exist yet, which would
     otherwise hold only the turns from here on, and rebuilds those of ``stale``, conversations
-    whose keys may lack turns (an earlier push that failed). One transaction: a reader never sees
-    a key half seeded."""
-    rows = list(rows)
-    keys = {c: tier0_key(schema, epoch, *c) for c in [*((r.user_id, r.conversation_id) for r in rows), *stale]}
-    pipe = redis.pipeline(transaction=True)
-    if history is not None:
-        stale = set(stale)
-        seed = [c for c, there in zip(keys, await _exist(redis, keys.values())) if not there or c in stale]
-        for c in stale:
-            pipe.delete(keys[c])
-        for conversation, turns in (await history(seed, keep) if seed else {}).items():
-            for t in turns:
-                pipe.zadd(keys[conversation], {member(t["episode_id"], t["occurred_at"], t["user_message"],
-                                                      t["assistant_message"]): t["occurred_at"].timestamp()})
+    whose keys may lack turns (an earlier push that failed). A key is written whole by one
+    command, so a reader sees it without those turns, or gone, never half seeded."""
+    turns: dict[tuple[str, str], dict[str, float]] = {c: {} for c in stale}
     for row in rows:
-        pipe.zadd(keys[row.user_id, row.conversation_id], {turn_member(row): row.occurred_at.timestamp()})
-    for key in keys.values():
-        pipe.zremrangebyrank(key, 0, -(keep + 1))
-    await pipe.execute()
-
-
-async def _exist(redis, keys: Iterable[str]) -> list[bool]:
+        turns.setdefault((row.user_id, row.conversation_id), {})[turn_member(row)] = row.occurred_at.timestamp()
+    key = {c: tier0_key(schema, epoch, *c) for c in turns}
+    if history is None:
+        pipe = redis.pipeline(transaction=False)
+        for c, members in turns.items():
+            pipe.zadd(key[c], members)
+            pipe.zremrangebyrank(key[c], 0, -(keep + 1))
+        await pipe.execute()
+        return
+    stale = set(stale)
+    add = redis.register_script(_ADD_IF_KEPT)
     pipe = redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.exists(key)
-    return [bool(n) for n in await pipe.execute()]
+    kept = [c for c in turns if c not in stale]
+    for c in kept:
+        await add(keys=[key[c]], args=[keep, *(x for m, score in turns[c].items() for x in (score, m))], client=pipe)
+    seed = [c for c, added in zip(kept, await pipe.execute() if kept else []) if not added] + list(stale)
+    if not seed:
+        return
+    stored = await history(seed, keep)
+    pipe = redis.pipeline(transaction=False)
+    for c in seed:
+        members = {member(t["episode_id"], t["occurred_at"], t["user_message"], t["assistant_message"]):
+                   t["occurred_at"].timestamp() for t in stored.get(c, ())}
+        if c in stale:
+            pipe.delete(key[c])
+        if members := {**members, **turns[c]}:
+            pipe.zadd(key[c], members)
+            pipe.zremrangebyrank(key[c], 0, -(keep + 1))
+    await pipe.execute()
 
 
 async def recent_turns(redis, schema: str, epoch: int, user_id: str, conversation_id: str, n: int) -> Sequence[dict]:
