@@ -54,6 +54,9 @@ async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow],
     otherwise hold only the turns from here on, and rebuilds those of ``stale``, conversations
     whose keys may lack turns (an earlier push that failed). A key is written whole by one
     command, so a reader sees it without those turns, or gone, never half seeded."""
+    stale = set(stale)
+    if stale and history is None:
+        raise ValueError("rebuilding stale keys needs the history to rebuild them from")
     turns: dict[tuple[str, str], dict[str, float]] = {c: {} for c in stale}
     for row in rows:
         turns.setdefault((row.user_id, row.conversation_id), {})[turn_member(row)] = row.occurred_at.timestamp()
@@ -65,7 +68,6 @@ async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow],
             pipe.zremrangebyrank(key[c], 0, -(keep + 1))
         await pipe.execute()
         return
-    stale = set(stale)
     add = redis.register_script(_ADD_IF_KEPT)
     pipe = redis.pipeline(transaction=False)
     kept = [c for c in turns if c not in stale]

@@ -31,7 +31,8 @@ from memstream.streams.records import Record, next_offsets
 
 log = logging.getLogger("memstream.projections")
 
-STALE_KEPT = 10_000  # conversations whose Tier 0 push failed, seeded again once Redis answers
+STALE_KEPT = 10_000  # conversations whose Tier 0 push failed, rebuilt once Redis answers
+STALE_PER_PUSH = 256  # of them rebuilt by one push: one write too big to make would fail them all
 
 
 def _refused_by_server(exc: BaseException) -> bool:
@@ -86,9 +87,10 @@ class EpisodesProjection:
         self._dead, self._keep = dead_letters, tier0_turns
         self._store = EpisodeStore()
         self._epoch: int | None = None
-        # Conversations whose Tier 0 push failed, in the order they failed: seeded again from
-        # Postgres by the next push that succeeds, or their keys would lack those turns.
-        self._stale: dict[tuple[str, str], None] = {}
+        # Conversations whose Tier 0 push failed, in the order they failed, with their partition:
+        # rebuilt from Postgres by a later push of that partition (its owner: another worker
+        # may be forgetting them), or their keys would lack those turns.
+        self._stale: dict[tuple[str, str], int] = {}
 
     async def process(self, records: list[Record]) -> None:
         rows, letters, decided = [], [], []
@@ -145,30 +147,36 @@ class EpisodesProjection:
                 # Before the commit, as a forget's erasure: a worker killed before the commit leaves
                 # turns in Tier 0 that Postgres gets when the batch is applied again; one killed
                 # after it would have left them out of Tier 0 for good.
-                pushed = await self._push(conn, [t for t in _not_forgotten_after(rows)
-                                                 if (t.user_id, t.episode_id) not in forgotten.kept_out])
-        if pushed:
-            self._stale.clear()
+                partition = {(row.user_id, row.conversation_id): r.partition for r, row in rows
+                             if not isinstance(row, MemoryForgotten)}
+                rebuilt = await self._push(conn, [t for t in _not_forgotten_after(rows)
+                                                  if (t.user_id, t.episode_id) not in forgotten.kept_out],
+                                           partition, {r.partition for r in records})
+        for c in rebuilt:
+            del self._stale[c]
 
-    async def _push(self, conn, turns: list) -> bool:
-        """Tier 0 given ``turns`` (the keys it lacks or that went stale seeded from ``conn``'s
-        view of the store); a failure is logged and remembered, not raised: a derived cache."""
-        if self._redis is None or not (turns or self._stale):
-            return False
+    async def _push(self, conn, turns: list, partition: dict, partitions: set[int]) -> list:
+        """Tier 0 given ``turns`` (the keys it lacks, and up to ``STALE_PER_PUSH`` stale ones of
+        ``partitions``, seeded from ``conn``'s view of the store); returns the stale ones it
+        rebuilt. A failure is logged and remembered, not raised: a derived cache."""
+        due = [c for c, p in self._stale.items() if p in partitions][:STALE_PER_PUSH]
+        if self._redis is None or not (turns or due):
+            return []
         try:
             async def history(conversations, n: int):
                 async with conn.transaction():  # a savepoint: its failure must not fail the batch
                     return await episodes_query.recent_of(conn, conversations, n)
 
             await session_cache.push_turns(self._redis, self._schema, self._epoch, turns, self._keep, history,
-                                           stale=self._stale)
-            return True
+                                           stale=due)
+            return due
         except Exception:  # the read path falls back to Postgres for a conversation with no key
             log.exception("tier 0 cache update failed for %d turns", len(turns))
-            self._stale.update(dict.fromkeys((t.user_id, t.conversation_id) for t in turns))
+            for t in turns:
+                self._stale.setdefault((t.user_id, t.conversation_id), partition[t.user_id, t.conversation_id])
             while len(self._stale) > STALE_KEPT:  # Redis long gone: the oldest are left as they are
                 del self._stale[next(iter(self._stale))]
-            return False
+            return []
 
 
 def _not_forgotten_after(rows) -> list:

@@ -230,8 +230,8 @@ async def _holds(redis, key: str, n: int) -> bool:
 
 
 async def test_turns_a_failed_tier0_push_missed_are_seeded_again_once_redis_answers(settings, dsn, caplog):
-    """Redis unreachable for one batch while the conversation's key stays: the next push that
-    succeeds, even of another conversation, gives that key the turns it missed."""
+    """Redis unreachable for one batch while the conversation's key stays: the next push of its
+    partition that succeeds, even of another conversation, gives that key the turns it missed."""
     from memstream.projections.session_cache import recent_turns
     from memstream.schemas import EpisodeRecorded, encode
     from memstream.streams.projecting import EpisodesProjection
@@ -249,9 +249,11 @@ async def test_turns_a_failed_tier0_push_missed_are_seeded_again_once_redis_answ
     said = [EpisodeRecorded(**_decided(settings, i, "kim", "episode"), conversation_id=conv, user_message=text,
                             occurred_at=NOW + timedelta(minutes=i), assistant_message="ok", embedding=UNIT,
                             embedding_model="test")
-            for i, (conv, text) in enumerate([("c1", "first"), ("c1", "second"), ("c2", "elsewhere")])]
-    records = [Record(settings.decisions_topic, 0, i, b"kim", encode(d), (), 1_700_000_000_000)
-               for i, d in enumerate(said)]
+            for i, (conv, text) in enumerate([("c1", "first"), ("c1", "second"), ("c2", "elsewhere"), ("c3", "later")])]
+    # "elsewhere" on another decisions partition: a push of that partition leaves c1 to its owner
+    # (once a rebalance moved c1's partition away, another worker may be forgetting it).
+    records = [Record(settings.decisions_topic, p, o, b"kim", encode(d), (), 1_700_000_000_000)
+               for (p, o), d in zip([(0, 0), (0, 1), (1, 0), (0, 2)], said)]
     pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
     up, down = aioredis.from_url(settings.redis_url), aioredis.from_url("redis://127.0.0.1:9", socket_connect_timeout=1)
     schema = settings.postgres_schema
@@ -264,9 +266,12 @@ async def test_turns_a_failed_tier0_push_missed_are_seeded_again_once_redis_answ
         assert "tier 0 cache update failed for 1 turns" in caplog.text
         assert [t["user_message"] for t in await recent_turns(up, schema, epoch, "kim", "c1", 20)] == ["first"]
         projection._redis = up
-        await projection.process(records[2:])
-        assert [t["user_message"] for t in await recent_turns(up, schema, epoch, "kim", "c1", 20)] == ["first", "second"]
+        await projection.process(records[2:3])
         assert [t["user_message"] for t in await recent_turns(up, schema, epoch, "kim", "c2", 20)] == ["elsewhere"]
+        assert [t["user_message"] for t in await recent_turns(up, schema, epoch, "kim", "c1", 20)] == ["first"]
+        await projection.process(records[3:])
+        assert [t["user_message"] for t in await recent_turns(up, schema, epoch, "kim", "c1", 20)] == ["first", "second"]
+        assert [t["user_message"] for t in await recent_turns(up, schema, epoch, "kim", "c3", 20)] == ["later"]
     finally:
         await up.aclose()
         await down.aclose()
