@@ -13,7 +13,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from memstream.embedding import Embedder, default_embedder
-from memstream.projections import positions, session_cache
+from memstream.projections import positions, redis_client, session_cache
 from memstream.projections.cache_keys import EPOCH_FRESH_S
 from memstream.projections.episodes import query as episodes_q
 from memstream.projections.facts import query as facts_q
@@ -111,7 +111,7 @@ class MemoryReader:
         redact_logs()
         dsn = dsn or settings.dsn()
         pool, text_pool = await connect_pools(dsn, settings.postgres_schema, settings.read_deadline_s)
-        redis = aioredis.from_url(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        redis = redis_client.connect(settings.redis_url, timeout_s=0.5)
         return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool,
                    fact_weights=settings.read_fact_weights, episode_weights=settings.read_episode_weights,

@@ -466,12 +466,10 @@ async def _drop_stale_caches(settings: Settings, live: str, epochs: dict[str, in
     """The old build's Redis keys, dropped once no reader can still be reading them (a reader
     trusts the epochs it read for ``EPOCH_FRESH_S``, and may fill a key of them until then):
     none of them expires, and they hold what the old build held."""
-    import redis.asyncio as aioredis
-
-    from memstream.projections import cache_keys
+    from memstream.projections import cache_keys, redis_client
 
     await asyncio.sleep(cache_keys.EPOCH_FRESH_S + 4)  # and a read begun just before then
-    redis = aioredis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
+    redis = redis_client.connect(settings.redis_url, timeout_s=5, connect_timeout_s=2)
     try:
         return await cache_keys.drop_stale(redis, live, epochs)
     except Exception:  # a user's forget still deletes theirs, of every epoch

@@ -31,16 +31,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import faust
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from faust.types import TP
 
 from memstream.config import Settings
 from memstream.embedding import default_embedder
 from memstream.llm.clients import llm_clients
-from memstream.projections import db
+from memstream.projections import db, redis_client
 from memstream.projections import positions as pos
 from memstream.projections.redaction import redact_logs
 from memstream.streams.dead_letter import DeadLetters
@@ -90,11 +86,7 @@ class Runtime:
             # topic says nothing of where another topic stands).
             self.sealers = {t: RecordSealer(keys, seal=s.seal_records) for t in (s.events_topic, s.decisions_topic)}
             self.sealer = RecordSealer(keys, seal=s.seal_records)  # for what this role produces
-            # A lost connection retried once: after a Redis restart every pooled one is dead, and
-            # each one's next write would fail. Not a timeout: a hung Redis would hold each batch
-            # (its transaction open, as Tier 0 is written before the commit) twice as long.
-            self.redis = aioredis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2,
-                                           retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
+            self.redis = redis_client.connect(s.redis_url, timeout_s=2)
             self.producer = idempotent_producer(s.kafka_bootstrap)
             await self.producer.start()
             dead = DeadLetters(self.producer, s.dead_letter_topic, s.max_dead_letters_per_1000,

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from memstream.embedding import default_embedder
 from memstream.projections.compare import diff_counts
 from memstream.projections.db import create_pool, drop_schema
+from memstream.projections import redis_client
 from memstream.projections.profile.core import profile_key
 from memstream.projections.session_cache import tier0_key
 from memstream.read_client import Budgets, MemoryReader, render_prompt
@@ -56,7 +57,7 @@ async def make_reader(dsn, settings, embedder, *, redis_port=None, **kw):
                                prepare=MemoryReader.prepare_text_lane if generic else None)
              for generic in (False, True)]  # as MemoryReader.connect makes them
     return MemoryReader(pool=pools[0], text_pool=pools[1],
-                        redis=aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5),
+                        redis=redis_client.connect(url, timeout_s=0.5),
                         embedder=embedder, schema=settings.postgres_schema, **kw)
 
 
@@ -218,6 +219,13 @@ async def test_stopping_redis_mid_session_falls_back_to_postgres_with_the_same_c
             later = await reader.read("pat", "c1", "ok")
             assert [t.user_message for t in later.recent_turns] == [t.user_message for t in up.recent_turns] + [
                 "My sister visits in May."]
+
+            own_redis.down()  # restarted between two reads: the reader's pooled connection is dead
+            own_redis.up()
+            caplog.clear()
+            after_restart = await reader.read("pat", "c1", "ok")
+            assert after_restart.recent_turns == later.recent_turns and after_restart.degraded == []
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # a new connection, no fallback
         finally:
             await reader.close()
     finally:
