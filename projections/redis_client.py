@@ -1,7 +1,9 @@
 """The Redis client of workers and readers: a lost connection is retried once, on a new one.
 
-After a Redis restart every pooled connection is dead, and without the retry each one's next
-command fails: a worker's Tier 0 write would be remembered as stale, a reader's read degraded.
+After a Redis restart a pooled connection whose close the client has not noticed yet fails its
+next command without the retry: a worker's Tier 0 write would be remembered as stale, a read
+degraded (both seen in tests). The pool's own reconnect on checkout covers only the closes it
+noticed.
 A timeout is not retried: a hung Redis would hold a worker's batch, or a read, twice as long.
 """
 from __future__ import annotations

@@ -5,8 +5,9 @@ JSON, so re-adding a redelivered turn is a no-op (one written before members wer
 UTC is added once more). Keys carry the schema and the projection epoch, so a rebuild or a
 second deployment never reads another's cache. Losing Redis loses nothing: the read client
 falls back to Postgres, and a conversation's key that is missing when its next turn arrives (a
-flush, a restart, a switch's new epoch) is seeded from the store first (``push_turns``), so a
-key that exists always holds the conversation's last turns, not only the ones since.
+flush, a restart, a switch's new epoch) is seeded from the store first (``push_turns``), so it
+holds the conversation's last turns, not only the ones since. (A Redis restored from an older
+snapshot, or a replica promoted without the last writes, keeps keys short of those turns.)
 """
 from __future__ import annotations
 
@@ -62,31 +63,33 @@ async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow],
         turns.setdefault((row.user_id, row.conversation_id), {})[turn_member(row)] = row.occurred_at.timestamp()
     key = {c: tier0_key(schema, epoch, *c) for c in turns}
     if history is None:
-        pipe = redis.pipeline(transaction=False)
-        for c, members in turns.items():
-            pipe.zadd(key[c], members)
-            pipe.zremrangebyrank(key[c], 0, -(keep + 1))
-        await pipe.execute()
+        async with redis.pipeline(transaction=False) as pipe:
+            for c, members in turns.items():
+                pipe.zadd(key[c], members)
+                pipe.zremrangebyrank(key[c], 0, -(keep + 1))
+            await pipe.execute()
         return
-    add = redis.register_script(_ADD_IF_KEPT)
-    pipe = redis.pipeline(transaction=False)
     kept = [c for c in turns if c not in stale]
-    for c in kept:
-        await add(keys=[key[c]], args=[keep, *(x for m, score in turns[c].items() for x in (score, m))], client=pipe)
-    seed = [c for c, added in zip(kept, await pipe.execute() if kept else []) if not added] + list(stale)
+    # EVAL, not a registered script: a pipeline's SCRIPT EXISTS check that fails keeps its
+    # connection from the pool (redis-py 8.1), and Redis caches the script by its digest anyway.
+    async with redis.pipeline(transaction=False) as pipe:
+        for c in kept:
+            pipe.eval(_ADD_IF_KEPT, 1, key[c], keep, *(x for m, score in turns[c].items() for x in (score, m)))
+        added = await pipe.execute() if kept else []
+    seed = [c for c, there in zip(kept, added) if not there] + list(stale)
     if not seed:
         return
     stored = await history(seed, keep)
-    pipe = redis.pipeline(transaction=False)
-    for c in seed:
-        members = {member(t["episode_id"], t["occurred_at"], t["user_message"], t["assistant_message"]):
-                   t["occurred_at"].timestamp() for t in stored.get(c, ())}
-        if c in stale:
-            pipe.delete(key[c])
-        if members := {**members, **turns[c]}:
-            pipe.zadd(key[c], members)
-            pipe.zremrangebyrank(key[c], 0, -(keep + 1))
-    await pipe.execute()
+    async with redis.pipeline(transaction=False) as pipe:
+        for c in seed:
+            members = {member(t["episode_id"], t["occurred_at"], t["user_message"], t["assistant_message"]):
+                       t["occurred_at"].timestamp() for t in stored.get(c, ())}
+            if c in stale:
+                pipe.delete(key[c])
+            if members := {**members, **turns[c]}:
+                pipe.zadd(key[c], members)
+                pipe.zremrangebyrank(key[c], 0, -(keep + 1))
+        await pipe.execute()
 
 
 async def recent_turns(redis, schema: str, epoch: int, user_id: str, conversation_id: str, n: int) -> Sequence[dict]:

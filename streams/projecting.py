@@ -171,7 +171,9 @@ class EpisodesProjection:
                                            stale=due)
             return due
         except Exception:  # the read path falls back to Postgres for a conversation with no key
-            log.exception("tier 0 cache update failed for %d turns", len(turns))
+            log.exception("tier 0 cache update failed for %d turns and %d stale conversations", len(turns), len(due))
+            for c in due:  # last in line: a rebuild that always fails must not hold back the others
+                self._stale[c] = self._stale.pop(c)
             for t in turns:
                 self._stale.setdefault((t.user_id, t.conversation_id), partition[t.user_id, t.conversation_id])
             while len(self._stale) > STALE_KEPT:  # Redis long gone: the oldest are left as they are
