@@ -120,6 +120,7 @@ async def test_a_turn_appended_again_after_later_turns_changes_no_fact_and_no_ed
     assert await now() == before
 
 
+@pytest.mark.slow  # `make test-slow`: the kill loop there kills four times; a kill stays in `make test` (test_control)
 async def test_a_worker_killed_mid_stream_ends_with_every_turn_projected_exactly_once(settings, conn, workers):
     n = 600  # the kill comes after 200: most of them are formed after the restart
     w = workers()
