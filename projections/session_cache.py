@@ -48,7 +48,7 @@ return 1
 
 
 async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow], keep: int,
-                     history: History | None = None, stale: Iterable[tuple[str, str]] = ()) -> None:
+                     history: History, stale: Iterable[tuple[str, str]] = ()) -> None:
     """Adds ``rows`` to their conversations' keys, each trimmed to its last ``keep`` turns.
     ``history`` gives the last ``keep`` stored turns of each ``(user_id, conversation_id)`` asked
     (``rows`` already stored among them): it seeds the keys that do not exist yet, which would
@@ -56,19 +56,10 @@ async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow],
     whose keys may lack turns (an earlier push that failed). A key is written whole by one
     command, so a reader sees it without those turns, or gone, never half seeded."""
     stale = set(stale)
-    if stale and history is None:
-        raise ValueError("rebuilding stale keys needs the history to rebuild them from")
     turns: dict[tuple[str, str], dict[str, float]] = {c: {} for c in stale}
     for row in rows:
         turns.setdefault((row.user_id, row.conversation_id), {})[turn_member(row)] = row.occurred_at.timestamp()
     key = {c: tier0_key(schema, epoch, *c) for c in turns}
-    if history is None:
-        async with redis.pipeline(transaction=False) as pipe:
-            for c, members in turns.items():
-                pipe.zadd(key[c], members)
-                pipe.zremrangebyrank(key[c], 0, -(keep + 1))
-            await pipe.execute()
-        return
     kept = [c for c in turns if c not in stale]
     # EVAL, not a registered script: a pipeline's SCRIPT EXISTS check that fails keeps its
     # connection from the pool (redis-py 8.1), and Redis caches the script by its digest anyway.

@@ -157,16 +157,13 @@ async def ongoing_conversation(pool, redis, schema: str, user: str, keep: int) -
     projection leaves them for a conversation in progress; reads then find them in Redis."""
     from memstream.projections import positions, session_cache
     from memstream.projections.episodes import query as episodes_q
-    from memstream.projections.episodes.core import EpisodeRow
 
     conversation = await pool.fetchval("SELECT conversation_id FROM episodes WHERE user_id = $1 "
                                        "ORDER BY occurred_at DESC, episode_id DESC LIMIT 1", user)
-    rows = await episodes_q.recent(pool, user, conversation, keep)
-    await session_cache.push_turns(redis, schema, await positions.epoch(pool, "episodes"), [
-        EpisodeRow(episode_id=r["episode_id"], source_event_id=r["episode_id"], user_id=user, conversation_id=conversation,
-                   occurred_at=r["occurred_at"], recorded_at=r["occurred_at"], source_partition=0, source_offset=0,
-                   user_message=r["user_message"], assistant_message=r["assistant_message"], metadata=None,
-                   embedding=b"", embedding_model="") for r in rows], keep)
+    # Its key rebuilt from the store, as the projection rebuilds one whose write failed.
+    await session_cache.push_turns(redis, schema, await positions.epoch(pool, "episodes"), [], keep,
+                                   lambda conversations, n: episodes_q.recent_of(pool, conversations, n),
+                                   stale=[(user, conversation)])
     return conversation
 
 
