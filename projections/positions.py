@@ -10,6 +10,7 @@ from typing import Iterable, Mapping, Sequence
 import asyncpg
 
 from memstream.schemas import Decision, EpisodeRecorded, NothingDecided
+from memstream.schemas.errors import MemstreamError
 
 Positions = Mapping[tuple[str, int], int]  # (topic, partition) -> next offset to apply
 
@@ -45,6 +46,39 @@ async def save(conn: asyncpg.Connection, projection: str, positions: Positions) 
            DO UPDATE SET next_offset = GREATEST(projection_positions.next_offset, EXCLUDED.next_offset)""",
         [(projection, topic, partition, offset) for (topic, partition), offset in positions.items()],
     )
+
+
+class PositionMoved(MemstreamError):
+    """Another process applied or recorded a topic partition past the records this one is about to:
+    it is not the partition's owner any more (its group dropped it without its knowing, after a
+    pause longer than the session timeout). Neither passing nor a record's fault: the worker stops."""
+
+
+# How long a claim outlives a writer that stops answering while it holds it (a process frozen
+# mid-record): Postgres ends the session then, and the next owner's claim goes through.
+CLAIM_IDLE_S = 30
+
+
+async def claim(conn: asyncpg.Connection, projection: str, firsts: Positions) -> None:
+    """Lock ``projection``'s positions on the partitions of ``firsts`` until ``conn``'s
+    transaction ends, or raise ``PositionMoved`` if one is already past its first offset (the
+    first record about to be applied or recorded there). What is written under the claim, before
+    ``save`` moves the positions in the same transaction, is written by the partitions' one
+    owner: a second writer's claim waits for the first's transaction to end, then finds the
+    position moved past its records. The transaction must not wait on anything else holding
+    ``conn``'s pool."""
+    await conn.execute(f"SET LOCAL idle_in_transaction_session_timeout = '{CLAIM_IDLE_S}s'")
+    keys = sorted(firsts)  # locked in one order: two claimants never deadlock
+    rows = await conn.fetch(
+        """INSERT INTO projection_positions (projection, topic, partition, next_offset)
+           SELECT $1, topic, partition, 0 FROM unnest($2::text[], $3::int[]) AS k (topic, partition)
+           ORDER BY topic, partition
+           ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = projection_positions.next_offset
+           RETURNING topic, partition, next_offset""", projection, [t for t, _ in keys], [p for _, p in keys])
+    for r in rows:
+        if r["next_offset"] > (first := firsts[r["topic"], r["partition"]]):
+            raise PositionMoved(f"{projection}'s position on {r['topic']}/{r['partition']} is at {r['next_offset']}, "
+                                f"past {first}: another worker got there first (this one was dropped from its group)")
 
 
 def events_covered(decisions: Iterable[Decision]) -> dict[tuple[str, int], int]:

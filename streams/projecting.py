@@ -14,7 +14,7 @@ import asyncpg
 from memstream.projections import cache_keys, session_cache
 from memstream.projections.episodes import core as episodes
 from memstream.projections.episodes import query as episodes_query
-from memstream.projections.positions import epoch, events_covered
+from memstream.projections.positions import claim, epoch, events_covered
 from memstream.projections.episodes.store import EpisodeStore, Forgotten
 from memstream.projections.facts.store import FactStore
 from memstream.projections.graph.store import GraphStore
@@ -27,7 +27,7 @@ from memstream.schemas.errors import Refused, Retryable
 from memstream.schemas.events import COMMAND_TYPES
 from memstream.streams.admission import admit
 from memstream.streams.dead_letter import InputRefused
-from memstream.streams.records import Record, next_offsets
+from memstream.streams.records import Record, first_offsets, next_offsets
 
 log = logging.getLogger("memstream.projections")
 
@@ -118,6 +118,8 @@ class EpisodesProjection:
             if self._epoch is None:
                 self._epoch = await epoch(conn, "episodes")
             async with conn.transaction():
+                await claim(conn, self.name, first_offsets(records))
+
                 async def erase() -> None:
                     if self._redis is not None and (forgotten.episodes or forgotten.users):
                         await _erased("tier 0", session_cache.forget(self._redis, self._schema, self._epoch,
@@ -239,6 +241,7 @@ class _DecisionProjection:
         positions = {**next_offsets(records), **events_covered(d for _, d in decoded)}
         async with self._pool.acquire() as conn:
             async with conn.transaction():
+                await claim(conn, self.name, first_offsets(records))
                 try:
                     async with _checked(conn):
                         result = await self._store.apply_batch(conn, [d for _, d in decisions], positions)

@@ -51,6 +51,14 @@ def from_faust(event) -> Record:
                   int(round((m.timestamp or 0) * 1000)))
 
 
+def first_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
+    """The offset of the first of ``records`` per ``(topic, partition)``."""
+    out: dict[tuple[str, int], int] = {}
+    for r in records:
+        out[(r.topic, r.partition)] = min(out.get((r.topic, r.partition), r.offset), r.offset)
+    return out
+
+
 def next_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
     """The position after ``records``: the next offset to apply per ``(topic, partition)``."""
     out: dict[tuple[str, int], int] = {}

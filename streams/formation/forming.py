@@ -49,7 +49,7 @@ from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphVi
 from memstream.streams.formation.slots import OldestFirst
 from memstream.streams.formation.views import FactView, MemoryView, PostgresView
 from memstream.streams.errors import BrokerUnavailable, retried
-from memstream.streams.records import Record, next_offsets
+from memstream.streams.records import Record, first_offsets, next_offsets
 from memstream.sealing.keys import Shredded
 from memstream.streams.sealing import RecordSealer
 
@@ -197,7 +197,11 @@ class Formation:
                  sealer: RecordSealer | None = None, ends_keys: bool = False, decided=None,
                  turn_extractor: TurnExtractionClient | None = None, concurrency: int = 16,
                  in_flight: int = 1024, on_fatal: Callable[[BaseException], None] | None = None,
-                 timed: Callable[[float], None] | None = None, model_attempts: int = 5):
+                 timed: Callable[[float], None] | None = None, model_attempts: int = 5,
+                 positions: asyncpg.Pool | None = None):
+        """``positions``: the pool this formation's position is claimed and saved on, a connection
+        held while a part is produced; apart from ``pool`` (the default) wherever a part's
+        production reads through ``pool`` (a forget destroying a key in the same database)."""
         self._relations, self._partitions = relations, partitions
         self._model_attempts = model_attempts  # a turn's extraction, or resolution, asked at most this often
         self._answered_at: dict[int, float] = {}  # per client: when a call of it last succeeded (monotonic)
@@ -211,6 +215,7 @@ class Formation:
         self._producer, self._topic, self._embedder = producer, decisions_topic, embedder
         self._extractor, self._resolver = extractor, resolver
         self._dead, self._pool, self._barrier = dead_letters, pool, barrier
+        self._positions = positions or pool
         self._gate_observations, self._record_position = gate_observations, record_position
         # Fact texts repeat ("Lives in Berlin"); vectors are a pure function of (model, text).
         self._fact_vectors: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
@@ -466,16 +471,28 @@ class Formation:
                 self._room.notify_all()
 
     async def _record(self, records: list[Record], decisions: list[tuple[Record, Decision]], letters: list) -> None:
-        """Produce a batch's decisions, dead letters and position (idempotent: retried whole)."""
+        """Produce a part's decisions, dead letters and position (idempotent: retried whole), all
+        under a claim of the partition's position (``positions.claim``): a worker the group
+        dropped without its knowing records nothing once the partition's next owner has."""
         decisions = decisions + nothing_decided(records, decisions)
-        futures, sent = [], []
-        for r, d in decisions:
+        sealed = []
+        for r, d in decisions:  # first: sealing may read keys through ``pool``, which the claim must not wait on
             try:
-                value = await self._sealer.seal(d, r.generation)
+                sealed.append((r, d, await self._sealer.seal(d, r.generation)))
             except Shredded:
                 continue  # its record's key is gone (forgotten since, and this a retry): nothing to keep
-            futures.append(await self._producer.send(self._topic, value, key=r.key, partition=r.partition))
-            sent.append(d)
+        if not self._record_position:
+            return await self._produce(records, decisions, sealed, letters)
+        async with self._positions.acquire() as conn, conn.transaction():
+            await pos.claim(conn, self.name, first_offsets(records))
+            await self._produce(records, decisions, sealed, letters)
+            await pos.save(conn, self.name, next_offsets(records))
+
+    async def _produce(self, records: list[Record], decisions: list[tuple[Record, Decision]], sealed: list,
+                       letters: list) -> None:
+        futures = [await self._producer.send(self._topic, value, key=r.key, partition=r.partition)
+                   for r, _, value in sealed]
+        sent = [d for _, d, _ in sealed]
         metas = await asyncio.gather(*futures)
         self._decided(sent)
         if self._ends_keys:
@@ -487,9 +504,6 @@ class Formation:
                 self._barrier.produced(m.partition, m.offset + 1, d.user_id)
         await self._dead.send(letters)
         self._dead.observe(len(records) - len(letters))
-        if self._record_position:
-            async with self._pool.acquire() as conn, conn.transaction():
-                await pos.save(conn, self.name, next_offsets(records))
 
     async def decide(self, turns: list[tuple[Record, Event]], view: FactView | None = None,
                      graph: GraphView | None = None, letters: list | None = None) -> list[tuple[Record, Decision]]:

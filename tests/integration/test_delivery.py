@@ -472,3 +472,39 @@ async def test_a_batch_with_two_overlapping_edges_dead_letters_the_second_and_ap
     assert sorted(r["target_value"] for r in await conn.fetch("SELECT target_value FROM memory_edges")) == ["Porto", "jazz"]
     assert await conn.fetchval("SELECT next_offset FROM projection_positions WHERE projection = 'graph' AND topic = $1",
                                settings.decisions_topic) == 4
+
+
+async def test_a_projection_another_worker_applied_past_applies_nothing_of_its_batch(settings, conn, dsn):
+    """A worker its group dropped (a pause past the session timeout) still holds a batch the
+    partition's next owner has applied since: it must not apply it again, whole or in part."""
+    from memstream.projections.db import create_pool
+    from memstream.projections.positions import PositionMoved
+    from memstream.streams.projecting import EpisodesProjection, GraphProjection
+    from memstream.streams.records import Record
+    from memstream.streams.replay import SkippedLetters
+    from tests.contracts import items
+
+    ana = items.entity("ana", "Ana", is_user=True)
+    decisions = [ana, items.edge(ana, "lives_in", value="Porto"), items.edge(ana, "likes", value="jazz", multi_valued=True)]
+    episode = EpisodeRecorded(**_decided(settings, 0, "bo", "episode"), conversation_id="c", occurred_at=datetime(
+        2026, 1, 1, tzinfo=timezone.utc), user_message="hi", assistant_message="ok", embedding=UNIT, embedding_model="test")
+    records = [Record(settings.decisions_topic, 0, n, b"ana", encode(d), (), 0) for n, d in enumerate(decisions)]
+    said = [Record(settings.decisions_topic, 1, 0, b"bo", encode(episode), (), 0)]
+    pool, sink = await create_pool(dsn, settings.postgres_schema, max_size=1), SkippedLetters()
+    try:
+        graph = GraphProjection(pool=pool, dead_letters=sink)
+        episodes = EpisodesProjection(pool=pool, redis=None, schema=settings.postgres_schema, dead_letters=sink,
+                                      tier0_turns=20)
+        await graph.process(records)
+        await episodes.process(said)
+        edges, applied = await every_row(conn), await conn.fetch("SELECT * FROM projection_positions ORDER BY 1, 2, 3")
+        await conn.execute("DELETE FROM memory_edges WHERE target_value = 'jazz'")  # what a second apply would bring back
+        with pytest.raises(PositionMoved, match="at 3, past 1"):
+            await graph.process(records[1:])
+        with pytest.raises(PositionMoved, match="at 1, past 0"):
+            await episodes.process(said)
+    finally:
+        await pool.close()
+    edges["memory_edges"] = [e for e in edges["memory_edges"] if '"jazz"' not in e]
+    assert await every_row(conn) == edges
+    assert await conn.fetch("SELECT * FROM projection_positions ORDER BY 1, 2, 3") == applied

@@ -2,7 +2,8 @@
 held back for one user: a user's later batches are decided while an earlier batch waits on
 another user; each partition's decisions are produced, and its position stored, in log order;
 what is abandoned is never produced; a turn that fails half way is retried as if never begun; a
-turn the model cannot answer is given up, its episode kept, without holding up its partition."""
+turn the model cannot answer is given up, its episode kept, without holding up its partition; a
+worker its group dropped records nothing once another has recorded its partition."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +19,7 @@ from memstream.dead_letters import Letter, letters
 from memstream.llm.protocols import MalformedOutput, Throttled
 from memstream.projections import positions as pos
 from memstream.projections.db import create_pool
+from memstream.projections.positions import PositionMoved
 from memstream.projections.facts.store import FactStore
 from memstream.schemas import TurnRecorded, UserForgotten
 from memstream.schemas.events import new_event_id
@@ -259,6 +261,47 @@ async def test_a_turn_the_model_cannot_answer_is_given_up_without_holding_up_its
         assert [(x.stage, x.source) for x in got] == [("formation", f"{settings.events_topic}/0/{o}") for o in (0, 2, 4)]
         assert "in 2 attempts" in got[0].reason and "content_filtered" in got[1].reason
         assert "in 2 attempts" in got[2].reason and "classify_facts" in got[2].reason
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+async def test_a_worker_dropped_from_its_group_records_nothing_once_the_next_owner_has(settings, dsn):
+    """A pause past the session timeout: the group hands the partition on, and its next owner forms
+    it again from the stored position while the dropped worker's turns are still with the model."""
+    n = settings.partitions
+    user = user_on(0, n, "ana")
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=4)
+    producer = idempotent_producer(settings.kafka_bootstrap)
+    await producer.start()
+    turn = Log(settings.events_topic)
+    try:
+        said = [turn(user, "I live in Oslo.", n), turn(user, "I work at Acme.", n)]
+        slow = HeldBack()
+        slow.held.add(user)
+        dropped = formation_on(settings, producer, pool, turn_extractor=slow)
+        await dropped.admit(said)
+        await formation_on(settings, producer, pool, turn_extractor=OfflineTurnExtractor()).process(said)
+        before = await produced(settings)
+        assert len(before[0]) > 2 and (await pos.load(pool, "formation", settings.events_topic)) == {0: 2}
+        slow.go.set()  # the dropped worker's model answers, after the next owner recorded
+        with pytest.raises(PositionMoved, match="at 2, past 0"):
+            await dropped.drain()
+        assert await produced(settings) == before
+
+        # Both at once: the one whose claim comes second waits for the first's to end, then
+        # finds the position moved (held here by a claim that records one turn, as an owner would).
+        more = [turn(user, "I live in Rome.", n)]
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                await pos.claim(conn, "formation", {(settings.events_topic, 0): 2})
+                late = asyncio.ensure_future(formation_on(settings, producer, pool, turn_extractor=OfflineTurnExtractor()).process(more))
+                await asyncio.sleep(1.0)
+                assert not late.done() and await produced(settings) == before
+                await pos.save(conn, "formation", {(settings.events_topic, 0): 3})
+            with pytest.raises(PositionMoved, match="at 3, past 2"):
+                await asyncio.wait_for(late, 10)
+        assert await produced(settings) == before
     finally:
         await producer.stop()
         await pool.close()
