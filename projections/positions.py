@@ -67,14 +67,15 @@ async def claim(conn: asyncpg.Connection, projection: str, firsts: Positions) ->
     owner: a second writer's claim waits for the first's transaction to end, then finds the
     position moved past its records. The transaction must not wait on anything else holding
     ``conn``'s pool."""
-    await conn.execute(f"SET LOCAL idle_in_transaction_session_timeout = '{CLAIM_IDLE_S}s'")
     keys = sorted(firsts)  # locked in one order: two claimants never deadlock
     rows = await conn.fetch(
-        """INSERT INTO projection_positions (projection, topic, partition, next_offset)
-           SELECT $1, topic, partition, 0 FROM unnest($2::text[], $3::int[]) AS k (topic, partition)
-           ORDER BY topic, partition
+        """WITH bounded AS MATERIALIZED (SELECT set_config('idle_in_transaction_session_timeout', $4, true))
+           INSERT INTO projection_positions (projection, topic, partition, next_offset)
+           SELECT $1, k.topic, k.partition, 0 FROM unnest($2::text[], $3::int[]) AS k (topic, partition), bounded
+           ORDER BY k.topic, k.partition
            ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = projection_positions.next_offset
-           RETURNING topic, partition, next_offset""", projection, [t for t, _ in keys], [p for _, p in keys])
+           RETURNING topic, partition, next_offset""",
+        projection, [t for t, _ in keys], [p for _, p in keys], f"{CLAIM_IDLE_S}s")
     for r in rows:
         if r["next_offset"] > (first := firsts[r["topic"], r["partition"]]):
             raise PositionMoved(f"{projection}'s position on {r['topic']}/{r['partition']} is at {r['next_offset']}, "

@@ -508,3 +508,30 @@ async def test_a_projection_another_worker_applied_past_applies_nothing_of_its_b
     edges["memory_edges"] = [e for e in edges["memory_edges"] if '"jazz"' not in e]
     assert await every_row(conn) == edges
     assert await conn.fetch("SELECT * FROM projection_positions ORDER BY 1, 2, 3") == applied
+
+
+async def test_a_claim_whose_holder_stopped_answering_is_let_go_after_the_idle_bound(settings, dsn, monkeypatch):
+    """A worker frozen while it holds a claim must not hold its partition's successor up for good."""
+    import asyncpg
+
+    from memstream.projections import positions as pos
+    from memstream.projections.db import create_pool
+
+    monkeypatch.setattr(pos, "CLAIM_IDLE_S", 1)
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
+    frozen, successor = await pool.acquire(), await pool.acquire()
+    try:
+        held = frozen.transaction()
+        await held.start()
+        await pos.claim(frozen, "graph", {(settings.decisions_topic, 0): 0})
+        started = asyncio.get_running_loop().time()
+        async with successor.transaction():  # waits until Postgres ends the frozen one's session
+            await pos.claim(successor, "graph", {(settings.decisions_topic, 0): 0})
+            await pos.save(successor, "graph", {(settings.decisions_topic, 0): 1})
+        assert 0.9 < asyncio.get_running_loop().time() - started < 10
+        with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError)):
+            await frozen.fetchval("SELECT 1")
+    finally:
+        await pool.release(successor)
+        await pool.release(frozen)
+        await pool.close()
