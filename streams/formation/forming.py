@@ -200,8 +200,9 @@ class Formation:
                  timed: Callable[[float], None] | None = None, model_attempts: int = 5,
                  positions: asyncpg.Pool | None = None):
         """``positions``: the pool this formation's position is claimed and saved on, a connection
-        held while a part is produced; apart from ``pool`` (the default) wherever a part's
-        production reads through ``pool`` (a forget destroying a key in the same database)."""
+        held while a part is produced; apart from ``pool`` (the default) wherever producing reads
+        or writes through ``pool`` (sealing with keys in the same database, a forget destroying
+        its key), else claims waiting on ``pool`` while holding its connections could leave none."""
         self._relations, self._partitions = relations, partitions
         self._model_attempts = model_attempts  # a turn's extraction, or resolution, asked at most this often
         self._answered_at: dict[int, float] = {}  # per client: when a call of it last succeeded (monotonic)
@@ -474,25 +475,23 @@ class Formation:
         """Produce a part's decisions, dead letters and position (idempotent: retried whole), all
         under a claim of the partition's position (``positions.claim``): a worker the group
         dropped without its knowing records nothing once the partition's next owner has."""
-        decisions = decisions + nothing_decided(records, decisions)
-        sealed = []
-        for r, d in decisions:  # first: sealing may read keys through ``pool``, which the claim must not wait on
-            try:
-                sealed.append((r, d, await self._sealer.seal(d, r.generation)))
-            except Shredded:
-                continue  # its record's key is gone (forgotten since, and this a retry): nothing to keep
         if not self._record_position:
-            return await self._produce(records, decisions, sealed, letters)
+            return await self._produce(records, decisions, letters)
         async with self._positions.acquire() as conn, conn.transaction():
             await pos.claim(conn, self.name, first_offsets(records))
-            await self._produce(records, decisions, sealed, letters)
+            await self._produce(records, decisions, letters)
             await pos.save(conn, self.name, next_offsets(records))
 
-    async def _produce(self, records: list[Record], decisions: list[tuple[Record, Decision]], sealed: list,
-                       letters: list) -> None:
-        futures = [await self._producer.send(self._topic, value, key=r.key, partition=r.partition)
-                   for r, _, value in sealed]
-        sent = [d for _, d, _ in sealed]
+    async def _produce(self, records: list[Record], decisions: list[tuple[Record, Decision]], letters: list) -> None:
+        decisions = decisions + nothing_decided(records, decisions)
+        futures, sent = [], []
+        for r, d in decisions:
+            try:
+                value = await self._sealer.seal(d, r.generation)
+            except Shredded:
+                continue  # its record's key is gone (forgotten since, and this a retry): nothing to keep
+            futures.append(await self._producer.send(self._topic, value, key=r.key, partition=r.partition))
+            sent.append(d)
         metas = await asyncio.gather(*futures)
         self._decided(sent)
         if self._ends_keys:
