@@ -59,13 +59,16 @@ class PositionMoved(MemstreamError):
 CLAIM_IDLE_S = 30
 
 
-async def claim(conn: asyncpg.Connection, projection: str, firsts: Positions) -> None:
+async def claim(conn: asyncpg.Connection, projection: str, firsts: Positions, nexts: Positions | None = None) -> bool:
     """Lock ``projection``'s positions on the partitions of ``firsts`` until ``conn``'s
     transaction ends, or raise ``PositionMoved`` if one is already past its first offset (the
-    first record about to be applied or recorded there). What is written under the claim, before
-    ``save`` moves the positions in the same transaction, is written by the partitions' one
-    owner: a second writer's claim waits for the first's transaction to end, then finds the
-    position moved past its records. The transaction must not wait on anything else holding
+    first record about to be applied or recorded there) — but return True, with nothing to
+    apply, where ``nexts`` (the positions after those records) is given and every position has
+    reached it (a deterministic step's batch applied already: its own retry after a commit whose
+    answer was lost, or a dropped worker's batch that its successor applied). What is written
+    under the claim, before ``save`` moves the positions in the same transaction, is written by
+    the partitions' one owner: a second writer's claim waits for the first's transaction to end,
+    then finds the positions moved. The transaction must not wait on anything else holding
     ``conn``'s pool."""
     keys = sorted(firsts)  # locked in one order: two claimants never deadlock
     rows = await conn.fetch(
@@ -76,10 +79,14 @@ async def claim(conn: asyncpg.Connection, projection: str, firsts: Positions) ->
            ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = projection_positions.next_offset
            RETURNING topic, partition, next_offset""",
         projection, [t for t, _ in keys], [p for _, p in keys], f"{CLAIM_IDLE_S}s")
-    for r in rows:
-        if r["next_offset"] > (first := firsts[r["topic"], r["partition"]]):
-            raise PositionMoved(f"{projection}'s position on {r['topic']}/{r['partition']} is at {r['next_offset']}, "
-                                f"past {first}: another worker got there first (this one was dropped from its group)")
+    stored = {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+    if nexts is not None and stored and all(stored[tp] >= nexts[tp] for tp in stored):
+        return True
+    for tp, at in stored.items():
+        if at > firsts[tp]:
+            raise PositionMoved(f"{projection}'s position on {tp[0]}/{tp[1]} is at {at}, past {firsts[tp]}: "
+                                "another worker got there first (this one was dropped from its group)")
+    return False
 
 
 def events_covered(decisions: Iterable[Decision]) -> dict[tuple[str, int], int]:

@@ -118,7 +118,8 @@ class EpisodesProjection:
             if self._epoch is None:
                 self._epoch = await epoch(conn, "episodes")
             async with conn.transaction():
-                await claim(conn, self.name, first_offsets(records))
+                if await claim(conn, self.name, first_offsets(records), next_offsets(records)):
+                    return  # applied already
 
                 async def erase() -> None:
                     if self._redis is not None and (forgotten.episodes or forgotten.users):
@@ -241,7 +242,8 @@ class _DecisionProjection:
         positions = {**next_offsets(records), **events_covered(d for _, d in decoded)}
         async with self._pool.acquire() as conn:
             async with conn.transaction():
-                await claim(conn, self.name, first_offsets(records))
+                if await claim(conn, self.name, first_offsets(records), next_offsets(records)):
+                    return  # applied already
                 try:
                     async with _checked(conn):
                         result = await self._store.apply_batch(conn, [d for _, d in decisions], positions)

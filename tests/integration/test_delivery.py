@@ -485,28 +485,37 @@ async def test_a_projection_another_worker_applied_past_applies_nothing_of_its_b
     from tests.contracts import items
 
     ana = items.entity("ana", "Ana", is_user=True)
-    decisions = [ana, items.edge(ana, "lives_in", value="Porto"), items.edge(ana, "likes", value="jazz", multi_valued=True)]
-    episode = EpisodeRecorded(**_decided(settings, 0, "bo", "episode"), conversation_id="c", occurred_at=datetime(
-        2026, 1, 1, tzinfo=timezone.utc), user_message="hi", assistant_message="ok", embedding=UNIT, embedding_model="test")
+    decisions = [ana, items.edge(ana, "lives_in", value="Porto"), items.edge(ana, "likes", value="jazz", multi_valued=True),
+                 items.edge(ana, "likes", value="chess", multi_valued=True)]
+
+    def episode(i: int) -> EpisodeRecorded:
+        return EpisodeRecorded(**_decided(settings, i, "bo", "episode"), conversation_id="c", occurred_at=datetime(
+            2026, 1, 1, 0, i, tzinfo=timezone.utc), user_message="hi", assistant_message="ok", embedding=UNIT,
+            embedding_model="test")
+
     records = [Record(settings.decisions_topic, 0, n, b"ana", encode(d), (), 0) for n, d in enumerate(decisions)]
-    said = [Record(settings.decisions_topic, 1, 0, b"bo", encode(episode), (), 0)]
+    said = [Record(settings.decisions_topic, 1, n, b"bo", encode(episode(n)), (), 0) for n in range(2)]
     pool, sink = await create_pool(dsn, settings.postgres_schema, max_size=1), SkippedLetters()
     try:
         graph = GraphProjection(pool=pool, dead_letters=sink)
         episodes = EpisodesProjection(pool=pool, redis=None, schema=settings.postgres_schema, dead_letters=sink,
                                       tier0_turns=20)
-        await graph.process(records)
-        await episodes.process(said)
-        edges, applied = await every_row(conn), await conn.fetch("SELECT * FROM projection_positions ORDER BY 1, 2, 3")
+        await graph.process(records[:3])
+        await episodes.process(said[:1])
+        rows, applied = await every_row(conn), await conn.fetch("SELECT * FROM projection_positions ORDER BY 1, 2, 3")
         await conn.execute("DELETE FROM memory_edges WHERE target_value = 'jazz'")  # what a second apply would bring back
+        # Its batch wholly applied by the next owner: nothing to do.
+        await graph.process(records[1:3])
+        await episodes.process(said[:1])
+        # Straddling what the next owner applied and what it has not yet: refused whole.
         with pytest.raises(PositionMoved, match="at 3, past 1"):
             await graph.process(records[1:])
         with pytest.raises(PositionMoved, match="at 1, past 0"):
             await episodes.process(said)
     finally:
         await pool.close()
-    edges["memory_edges"] = [e for e in edges["memory_edges"] if '"jazz"' not in e]
-    assert await every_row(conn) == edges
+    rows["memory_edges"] = [e for e in rows["memory_edges"] if '"jazz"' not in e]
+    assert await every_row(conn) == rows
     assert await conn.fetch("SELECT * FROM projection_positions ORDER BY 1, 2, 3") == applied
 
 
