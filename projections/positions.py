@@ -49,28 +49,29 @@ async def save(conn: asyncpg.Connection, projection: str, positions: Positions) 
 
 
 class PositionMoved(MemstreamError):
-    """Another process applied or recorded a topic partition past the records this one is about to:
-    it is not the partition's owner any more (its group dropped it without its knowing, after a
-    pause longer than the session timeout). Neither passing nor a record's fault: the worker stops."""
+    """Another process recorded a topic partition past the records this one is about to: it is
+    not the partition's owner any more (its group dropped it without its knowing, after a pause
+    longer than the session timeout). Neither passing nor a record's fault: the worker stops."""
 
 
-# How long a claim outlives a writer that stops answering while it holds it (a process frozen
-# mid-record): Postgres ends the session then, and the next owner's claim goes through.
+# How long a claim outlives a holder that stops answering (a process frozen while it holds one):
+# Postgres ends the session then, and the next owner's claim goes through. A live holder that
+# waits longer on something else keeps its transaction busy meanwhile (``Formation._record``).
 CLAIM_IDLE_S = 30
 
 
-async def claim(conn: asyncpg.Connection, projection: str, firsts: Positions, nexts: Positions | None = None) -> bool:
-    """Lock ``projection``'s positions on the partitions of ``firsts`` until ``conn``'s
-    transaction ends, or raise ``PositionMoved`` if one is already past its first offset (the
-    first record about to be applied or recorded there) — but return True, with nothing to
-    apply, where ``nexts`` (the positions after those records) is given and every position has
-    reached it (a deterministic step's batch applied already: its own retry after a commit whose
-    answer was lost, or a dropped worker's batch that its successor applied). What is written
-    under the claim, before ``save`` moves the positions in the same transaction, is written by
-    the partitions' one owner: a second writer's claim waits for the first's transaction to end,
-    then finds the positions moved. The transaction must not wait on anything else holding
-    ``conn``'s pool."""
-    keys = sorted(firsts)  # locked in one order: two claimants never deadlock
+async def claim(conn: asyncpg.Connection, projection: str,
+                partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Lock ``projection``'s positions on ``partitions`` (``(topic, partition)``) until
+    ``conn``'s transaction ends, and return them (0 where none was stored). Until then no other
+    claimant of them writes: a second one's claim waits for the first's transaction to end, then
+    finds the positions where the first left them. So what is written under a claim from the
+    returned positions on, and ``save``d in the same transaction, is written once, in order —
+    whichever worker the group thinks owns the partitions, even one it dropped without its knowing
+    (a pause past the session timeout). A claimant must not wait on anything else holding
+    ``conn``'s pool, and must keep its transaction busy while it waits longer than
+    ``CLAIM_IDLE_S`` on anything: Postgres ends a claim idle that long."""
+    keys = sorted(set(partitions))  # locked in one order: two claimants never deadlock
     rows = await conn.fetch(
         """WITH bounded AS MATERIALIZED (SELECT set_config('idle_in_transaction_session_timeout', $4, true))
            INSERT INTO projection_positions (projection, topic, partition, next_offset)
@@ -79,14 +80,7 @@ async def claim(conn: asyncpg.Connection, projection: str, firsts: Positions, ne
            ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = projection_positions.next_offset
            RETURNING topic, partition, next_offset""",
         projection, [t for t, _ in keys], [p for _, p in keys], f"{CLAIM_IDLE_S}s")
-    stored = {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
-    if nexts is not None and stored and all(stored[tp] >= nexts[tp] for tp in stored):
-        return True
-    for tp, at in stored.items():
-        if at > firsts[tp]:
-            raise PositionMoved(f"{projection}'s position on {tp[0]}/{tp[1]} is at {at}, past {firsts[tp]}: "
-                                "another worker got there first (this one was dropped from its group)")
-    return False
+    return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
 
 def events_covered(decisions: Iterable[Decision]) -> dict[tuple[str, int], int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import Callable
 
 import asyncpg
 
@@ -27,7 +28,7 @@ from memstream.schemas.errors import Refused, Retryable
 from memstream.schemas.events import COMMAND_TYPES
 from memstream.streams.admission import admit
 from memstream.streams.dead_letter import InputRefused
-from memstream.streams.records import Record, first_offsets, next_offsets
+from memstream.streams.records import Record, next_offsets
 
 log = logging.getLogger("memstream.projections")
 
@@ -104,7 +105,7 @@ class EpisodesProjection:
             except InvalidEvent as exc:
                 letters.append((r, self.name, f"undecodable decision: {exc}"))
                 continue
-            decided.append(decision)
+            decided.append((r, decision))
             if isinstance(decision, EpisodeRecorded):
                 rows.append((r, episodes.apply(decision)))
             elif isinstance(decision, MemoryForgotten) and decision.kind in ("episode", "user"):
@@ -112,14 +113,14 @@ class EpisodesProjection:
         # Dead letters first: the position must not pass a record before its letter is durable.
         await self._dead.send(letters)
         self._dead.observe(len(records) - len(letters))
-        positions = {**next_offsets(records), **events_covered(decided)}
         forgotten = Forgotten([], [], set())
         async with self._pool.acquire() as conn:
             if self._epoch is None:
                 self._epoch = await epoch(conn, "episodes")
             async with conn.transaction():
-                if await claim(conn, self.name, first_offsets(records), next_offsets(records)):
-                    return  # applied already
+                unapplied = await _claimed(conn, self.name, records)
+                rows = [(r, row) for r, row in rows if unapplied(r)]
+                positions = {**next_offsets(records), **events_covered(d for r, d in decided if unapplied(r))}
 
                 async def erase() -> None:
                     if self._redis is not None and (forgotten.episodes or forgotten.users):
@@ -200,6 +201,15 @@ def _not_forgotten_after(rows) -> list:
     return out[::-1]
 
 
+async def _claimed(conn, name: str, records: list[Record]) -> Callable[[Record], bool]:
+    """Claim ``name``'s positions on ``records``' partitions (``positions.claim``) and say which
+    of them are not applied yet: a batch begun before a rebalance may reach its commit after the
+    partitions' next owner (this worker again, or a worker the group dropped and its successor)
+    applied part of it; projections are functions of the log, so the rest is applied, once."""
+    stored = await claim(conn, name, next_offsets(records))
+    return lambda r: r.offset >= stored[r.topic, r.partition]
+
+
 @contextlib.asynccontextmanager
 async def _checked(conn):
     """A savepoint whose deferred constraints are checked at its end, where a violation can still
@@ -238,12 +248,12 @@ class _DecisionProjection:
 
     async def process(self, records: list[Record]) -> None:
         decoded = self.decoded(records)
-        decisions = [(r, self.item(r, d)) for r, d in decoded if isinstance(d, self.kinds)]
-        positions = {**next_offsets(records), **events_covered(d for _, d in decoded)}
         async with self._pool.acquire() as conn:
             async with conn.transaction():
-                if await claim(conn, self.name, first_offsets(records), next_offsets(records)):
-                    return  # applied already
+                unapplied = await _claimed(conn, self.name, records)
+                decoded = [(r, d) for r, d in decoded if unapplied(r)]
+                decisions = [(r, self.item(r, d)) for r, d in decoded if isinstance(d, self.kinds)]
+                positions = {**next_offsets(records), **events_covered(d for _, d in decoded)}
                 try:
                     async with _checked(conn):
                         result = await self._store.apply_batch(conn, [d for _, d in decisions], positions)

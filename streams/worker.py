@@ -111,7 +111,9 @@ class Runtime:
                 steps.append(Formation(producer=self.producer, decisions_topic=s.decisions_topic,
                                        embedder=embedder, extractor=extractor, resolver=resolver,
                                        dead_letters=dead, pool=self.pool, barrier=self.barrier,
-                                       positions=await db.create_pool(self.dsn, s.postgres_schema, max_size=4),
+                                       # A connection per part being recorded (up to one a partition).
+                                       positions=await db.create_pool(self.dsn, s.postgres_schema,
+                                                                      max_size=min(16, partitions or 4)),
                                        relations=relations, gate_observations=s.gate_observations,
                                        partitions=partitions, sealer=self.sealer, ends_keys=True,
                                        decided=self.metrics.decided, turn_extractor=turn,

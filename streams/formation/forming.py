@@ -473,13 +473,19 @@ class Formation:
 
     async def _record(self, records: list[Record], decisions: list[tuple[Record, Decision]], letters: list) -> None:
         """Produce a part's decisions, dead letters and position (idempotent: retried whole), all
-        under a claim of the partition's position (``positions.claim``): a worker the group
-        dropped without its knowing records nothing once the partition's next owner has."""
+        under a claim of the partition's position (``positions.claim``): a part whose first record
+        the position has passed was formed and recorded by another worker too (the partition's
+        next owner: this one was dropped from its group without its knowing), on views this one
+        never saw, so this one records nothing and stops."""
         if not self._record_position:
             return await self._produce(records, decisions, letters)
+        firsts = first_offsets(records)
         async with self._positions.acquire() as conn, conn.transaction():
-            await pos.claim(conn, self.name, first_offsets(records))
-            await self._produce(records, decisions, letters)
+            for (topic, partition), at in (await pos.claim(conn, self.name, firsts)).items():
+                if at > firsts[topic, partition]:
+                    raise pos.PositionMoved(f"{self.name}'s position on {topic}/{partition} is at {at}, past "
+                                            f"{firsts[topic, partition]}: another worker recorded it")
+            await _busy(conn, self._produce(records, decisions, letters))
             await pos.save(conn, self.name, next_offsets(records))
 
     async def _produce(self, records: list[Record], decisions: list[tuple[Record, Decision]], letters: list) -> None:
@@ -908,6 +914,18 @@ def _says(graph: GraphView, edge: EdgeRow, forget: EdgeForgotten) -> bool:
 
     return (edge.relation == forget.relation and named(edge.source_entity_id, None, forget.source)
             and named(edge.target_entity_id, edge.target_value, forget.target))
+
+
+async def _busy(conn: asyncpg.Connection, work: Awaitable) -> None:
+    """``await work``, keeping ``conn``'s transaction from looking idle meanwhile: a claim's bound
+    (``positions.CLAIM_IDLE_S``) is for a holder that stopped answering, not one waiting on Kafka."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not (await asyncio.wait([task], timeout=pos.CLAIM_IDLE_S / 3))[0]:
+            await conn.execute("SELECT 1")
+        task.result()
+    finally:
+        task.cancel()  # nothing once done
 
 
 def _by_user(turns: list[tuple[Record, Event]]) -> dict[str, list[int]]:

@@ -295,13 +295,49 @@ async def test_a_worker_dropped_from_its_group_records_nothing_once_the_next_own
         async with pool.acquire() as conn:
             async with conn.transaction():
                 await pos.claim(conn, "formation", {(settings.events_topic, 0): 2})
-                late = asyncio.ensure_future(formation_on(settings, producer, pool, turn_extractor=OfflineTurnExtractor()).process(more))
+                second = formation_on(settings, producer, pool, turn_extractor=OfflineTurnExtractor())
+                late = asyncio.ensure_future(second.process(more))
                 await asyncio.sleep(1.0)
                 assert not late.done() and await produced(settings) == before
                 await pos.save(conn, "formation", {(settings.events_topic, 0): 3})
             with pytest.raises(PositionMoved, match="at 3, past 2"):
                 await asyncio.wait_for(late, 10)
         assert await produced(settings) == before
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+class Acknowledged:
+    """A producer whose sends Kafka acknowledges ``after`` seconds late (a broker under load)."""
+
+    def __init__(self, producer, after: float):
+        self._producer, self._after = producer, after
+
+    async def send(self, *args, **kwargs):
+        sent = await self._producer.send(*args, **kwargs)
+
+        async def late():
+            await asyncio.sleep(self._after)
+            return await sent
+        return asyncio.ensure_future(late())
+
+
+async def test_a_part_acknowledged_later_than_a_claims_idle_bound_is_recorded_once(settings, dsn, monkeypatch):
+    """The bound ends a claim whose holder stopped answering, not one waiting on Kafka: else a
+    slow broker would have every attempt's session ended, and the part produced again and again."""
+    monkeypatch.setattr(pos, "CLAIM_IDLE_S", 1)
+    n = settings.partitions
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=4)
+    producer = idempotent_producer(settings.kafka_bootstrap)
+    await producer.start()
+    turn = Log(settings.events_topic)
+    try:
+        formation = formation_on(settings, Acknowledged(producer, 2.5), pool, turn_extractor=OfflineTurnExtractor())
+        await asyncio.wait_for(formation.process([turn(user_on(0, n, "ana"), "I live in Oslo.", n)]), 30)
+        assert (await pos.load(pool, "formation", settings.events_topic)) == {0: 1}
+        made = [d.decision_id for d in (await produced(settings))[0]]
+        assert len(made) == len(set(made)) > 1
     finally:
         await producer.stop()
         await pool.close()
