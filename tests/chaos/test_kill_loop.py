@@ -6,12 +6,9 @@ import random
 
 import pytest
 
-from memstream.projections.compare import diff_counts
-from memstream.projections.db import drop_schema
 from memstream.streams.producer import TurnLog
-from memstream.streams.replay import replay
 from tests.integration.conftest import wait_until
-from tests.integration.helpers import turns
+from tests.integration.helpers import assert_equal_to_a_replay, turns
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -41,13 +38,7 @@ async def test_repeated_kills_during_a_stream_end_exactly_once_and_equal_to_a_re
     assert ids == {t.event_id for t in sent}
     await asyncio.sleep(3)
     w.stop()
-    target = settings.postgres_schema + "_chaos"
-    try:
-        await replay(settings, dsn, target, ["episodes", "facts", "graph"])
-        for table in ("episodes", "memory_facts", "entities", "memory_edges"):
-            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
-    finally:
-        await drop_schema(dsn, target)
+    await assert_equal_to_a_replay(settings, conn, dsn, "chaos")
 
 
 async def _count(conn, n):

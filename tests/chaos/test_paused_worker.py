@@ -8,16 +8,10 @@ import os
 import signal
 
 import pytest
-from aiokafka import TopicPartition
 
-from memstream.projections.compare import diff_counts
-from memstream.projections.db import drop_schema
-from memstream.schemas.codec import decode_decision
-from memstream.streams.kafka_util import drain, groupless_consumer
 from memstream.streams.producer import TurnLog
-from memstream.streams.replay import replay
 from tests.integration.conftest import Worker, wait_until
-from tests.integration.helpers import turns
+from tests.integration.helpers import assert_equal_to_a_replay, produced, turns
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -51,7 +45,7 @@ async def test_a_worker_thawed_after_its_partitions_moved_on_records_nothing_twi
         await producer
         await wait_until(lambda: _count(conn, n), timeout=600, what=f"{n} episodes")
         await asyncio.sleep(3)  # whatever the thawed worker still had to say
-        made = collections.Counter(d.decision_id for d in await _decisions(s))
+        made = collections.Counter(d.decision_id for decided in (await produced(s)).values() for d in decided)
         assert [k for k, c in made.items() if c > 1] == []
         thawed = frozen.log()
         # It either found its partitions revoked first, or tried to record and was refused.
@@ -61,13 +55,7 @@ async def test_a_worker_thawed_after_its_partitions_moved_on_records_nothing_twi
             if w.proc.poll() is None:
                 os.killpg(w.proc.pid, signal.SIGCONT)
             w.kill()
-    target = settings.postgres_schema + "_thawed"
-    try:
-        await replay(s, dsn, target, ["episodes", "facts", "graph"])
-        for table in ("episodes", "memory_facts", "entities", "memory_edges"):
-            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
-    finally:
-        await drop_schema(dsn, target)
+    await assert_equal_to_a_replay(s, conn, dsn, "thawed")
 
 
 async def _formed(conn, s) -> int:
@@ -81,17 +69,3 @@ async def _formed_past(conn, s, offset: int) -> bool:
 
 async def _count(conn, n):
     return await conn.fetchval("SELECT count(*) FROM episodes") == n
-
-
-async def _decisions(s) -> list:
-    out = []
-    async with groupless_consumer(s.kafka_bootstrap, auto_offset_reset="earliest") as c:
-        tps = [TopicPartition(s.decisions_topic, p) for p in range(s.partitions)]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-
-        async def keep(batch):
-            out.extend(decode_decision(r.value) for r in batch)
-
-        await drain(c, tps, await c.end_offsets(tps), keep)
-    return out

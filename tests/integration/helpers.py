@@ -3,8 +3,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import asyncpg
+from aiokafka import TopicPartition
 
+from memstream.projections.compare import diff_counts
+from memstream.projections.db import drop_schema
 from memstream.schemas import TurnRecorded
+from memstream.schemas.codec import decode_decision
+from memstream.streams.kafka_util import drain, groupless_consumer
+from memstream.streams.replay import replay
 
 BASE = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -28,3 +34,30 @@ async def schemas_named(dsn: str, prefix: str) -> set[str]:
                                                        prefix)}
     finally:
         await conn.close()
+
+
+async def produced(settings) -> dict[int, list]:
+    """Every decision on the decisions topic (plain records), per partition in log order."""
+    out: dict[int, list] = {}
+    async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as c:
+        tps = [TopicPartition(settings.decisions_topic, p) for p in range(settings.partitions)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+
+        async def keep(batch):
+            for r in batch:
+                out.setdefault(r.partition, []).append(decode_decision(r.value))
+
+        await drain(c, tps, await c.end_offsets(tps), keep)
+    return out
+
+
+async def assert_equal_to_a_replay(settings, conn, dsn, suffix: str) -> None:
+    """The live episodes, facts and graph equal, table by table, a replay of the log into a side schema."""
+    target = f"{settings.postgres_schema}_{suffix}"
+    try:
+        await replay(settings, dsn, target, ["episodes", "facts", "graph"])
+        for table in ("episodes", "memory_facts", "entities", "memory_edges"):
+            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
+    finally:
+        await drop_schema(dsn, target)

@@ -11,7 +11,6 @@ import collections
 from datetime import datetime, timezone
 
 import pytest
-from aiokafka import TopicPartition
 
 from memstream.llm.offline import OfflineResolver
 from memstream.llm.offline_relations import OfflineTurnExtractor
@@ -23,17 +22,17 @@ from memstream.projections.positions import PositionMoved
 from memstream.projections.facts.store import FactStore
 from memstream.schemas import TurnRecorded, UserForgotten
 from memstream.schemas.events import new_event_id
-from memstream.schemas.codec import decode_decision, encode
+from memstream.schemas.codec import encode
 from memstream.streams.admission import expected_partition
 from memstream.streams.dead_letter import DeadLetters
 from memstream.streams.formation.forming import Formation
-from memstream.streams.kafka_util import drain, groupless_consumer
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.records import Record
 from tests.unit.test_model_refusal import Unreadable
 from tests.unit.test_turn_resolution import Scattered
 
 from .conftest import wait_until
+from .helpers import produced
 
 pytestmark = pytest.mark.asyncio
 
@@ -93,22 +92,6 @@ def formation_on(settings, producer, pool, *, embedder=None, resolver=None, **kw
                      extractor=None, resolver=resolver or OfflineResolver(), pool=pool, barrier=None,
                      partitions=settings.partitions, dead_letters=DeadLetters(producer, settings.dead_letter_topic, 10),
                      **kw)
-
-
-async def produced(settings) -> dict[int, list]:
-    """Every decision on the decisions topic, per partition in log order."""
-    out: dict[int, list] = {}
-    async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as c:
-        tps = [TopicPartition(settings.decisions_topic, p) for p in range(settings.partitions)]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-
-        async def keep(batch):
-            for r in batch:
-                out.setdefault(r.partition, []).append(decode_decision(r.value))
-
-        await drain(c, tps, await c.end_offsets(tps), keep)
-    return out
 
 
 async def test_batches_are_decided_side_by_side_and_recorded_in_log_order(settings, dsn):
