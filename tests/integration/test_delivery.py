@@ -526,10 +526,10 @@ async def test_a_claim_whose_holder_stopped_answering_is_let_go_after_the_idle_b
     try:
         held = frozen.transaction()
         await held.start()
-        await pos.claim(frozen, "graph", {(settings.decisions_topic, 0): 0})
+        await pos.claim(frozen, "graph", [(settings.decisions_topic, 0)])
         started = asyncio.get_running_loop().time()
         async with successor.transaction():  # waits until Postgres ends the frozen one's session
-            await pos.claim(successor, "graph", {(settings.decisions_topic, 0): 0})
+            await pos.claim(successor, "graph", [(settings.decisions_topic, 0)])
             await pos.save(successor, "graph", {(settings.decisions_topic, 0): 1})
         assert 0.9 < asyncio.get_running_loop().time() - started < 10
         with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError)):

@@ -277,7 +277,7 @@ async def test_a_worker_dropped_from_its_group_records_nothing_once_the_next_own
         more = [turn(user, "I live in Rome.", n)]
         async with pool.acquire() as conn:
             async with conn.transaction():
-                await pos.claim(conn, "formation", {(settings.events_topic, 0): 2})
+                await pos.claim(conn, "formation", [(settings.events_topic, 0)])
                 second = formation_on(settings, producer, pool, turn_extractor=OfflineTurnExtractor())
                 late = asyncio.ensure_future(second.process(more))
                 await asyncio.sleep(1.0)
