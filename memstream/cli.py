@@ -826,31 +826,65 @@ def eval_group() -> None:
     """Accuracy harnesses."""
 
 
-@eval_group.command("locomo")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--conv", help="only this sample_id")
-@click.option("--k", default=5, show_default=True, type=click.IntRange(min=1), help="how many episodes read returns (Hit@k, Recall@k)")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def eval_locomo(ctx: click.Context, path: Path, conv: str | None, k: int, as_json: bool) -> None:
-    """Ingest a LoCoMo-format file through the pipeline, ask every question through read, and
-    score Hit@k, Recall@k and MRR of the evidence utterances, per category and overall."""
-    from memstream.bench.locomo import run_locomo_eval
+def _eval_options(f):
+    f = click.option("--json", "as_json", is_flag=True)(f)
+    f = click.option("--reuse", metavar="TAG", help="ask again on a kept run's data, without ingesting")(f)
+    f = click.option("--keep", is_flag=True, help="keep the run's schema and topics (its tag is printed)")(f)
+    f = click.option("--limit", type=click.IntRange(min=1), help="only the first N samples")(f)
+    f = click.option("--k", default=5, show_default=True, type=click.IntRange(min=1),
+                     help="how many episodes read returns (Hit@k, Recall@k)")(f)
+    return click.option("--conv", help="only this sample_id")(f)
+
+
+def _run_eval(ctx: click.Context, path: Path, fmt: str, as_json: bool, **kwargs) -> None:
+    from memstream.bench.evaluation import render, run_eval
 
     try:
-        with progress("locomo questions", unit="questions") as on_progress:
-            report = asyncio.run(run_locomo_eval(_settings(ctx), path, conv=conv, k=k, on_progress=on_progress))
+        with progress("eval questions", unit="questions") as on_progress:
+            report = asyncio.run(run_eval(_settings(ctx), path, fmt=fmt, on_progress=on_progress, **kwargs))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-        return
-    o = report["overall"]
-    click.echo(f"{report['questions']} questions ({o['questions']} with evidence), k={k}: "
-               f"Hit@{k} {o['hit_at_k']:.3f}  Recall@{k} {o['recall_at_k']:.3f}  MRR {o['mrr']:.3f}")
-    for cat, m in sorted(report["per_category"].items()):
-        click.echo(f"  category {cat}: n={m['questions']:<3} Hit {m['hit_at_k']:.3f}  Recall {m['recall_at_k']:.3f}  MRR {m['mrr']:.3f}")
-    click.echo(f"read p50 {report['read_ms_p50']} ms, p95 {report['read_ms_p95']} ms; ingest {report['ingest_seconds']} s")
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))
+    if "tag" in report and not as_json:
+        click.echo(f"kept as {report['tag']}: --reuse {report['tag']} asks again")
+
+
+@eval_group.command("run")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["auto", "locomo", "beam", "longmemeval"]), default="auto",
+              show_default=True, help="auto: a directory is BEAM, a JSON file LoCoMo or LongMemEval")
+@_eval_options
+@click.pass_context
+def eval_run(ctx: click.Context, path: Path, fmt: str, as_json: bool, **kwargs) -> None:
+    """Ingest a benchmark (LoCoMo file, BEAM chat directory, LongMemEval file) through the
+    pipeline, ask every question through read and of plain retrievers (BM25, dense, RRF) on the
+    same episodes, and print Hit@k, Recall@k and MRR side by side, per category and overall."""
+    _run_eval(ctx, path, fmt, as_json, **kwargs)
+
+
+@eval_group.command("locomo")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_eval_options
+@click.pass_context
+def eval_locomo(ctx: click.Context, path: Path, as_json: bool, **kwargs) -> None:
+    """``eval run --format locomo``."""
+    _run_eval(ctx, path, "locomo", as_json, **kwargs)
+
+
+@eval_group.command("fetch")
+@click.argument("dataset", type=click.Choice(["beam", "locomo"]))
+@click.option("--from", "source", help="a git URL or local repository to clone instead of the public one")
+@click.pass_context
+def eval_fetch(ctx: click.Context, dataset: str, source: str | None) -> None:
+    """Fetch a public benchmark into MEMSTREAM_HOME/datasets (git), for ``eval run``. Neither is
+    shipped: BEAM has no licence file, LoCoMo is CC BY-NC."""
+    from memstream.bench.datasets import fetch
+
+    try:
+        path = fetch(dataset, Path(_settings(ctx).home) / "datasets", source)
+    except (OSError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{dataset}: {path}")
 
 
 @main.command("jsonschema")

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 # A read's channels end by then, after any read-your-writes wait: twice the statement timeout.
 READ_DEADLINE_S = 2.0
 
-# Share of the keyword channel in the fused relevance. Measured on LoCoMo (all 10 conversations,
-# Hit@5 / MRR): 0.7 -> 0.650 / 0.495; reciprocal rank fusion (k=60) -> 0.606 / 0.401 (BENCHMARKS.md).
+# Share of the keyword channel in the fused relevance of facts (BENCHMARKS.md, "Defaults").
 KEYWORD_SHARE = 0.7
 
 
@@ -27,13 +26,18 @@ class Weights:
     neighbour_share: float = 0.0  # of an anchor's relevance its adjacent turns inherit (``with_neighbours``); 0: off
     reply_share: float = 0.0  # ... the turn after an anchor that asks a question
     anchors: int = 5  # best candidates whose adjacent turns are fetched
+    candidates: int = 20  # rows each of the vector and keyword channels returns to the fusion
+    # The vector channel's score: cosine similarity as it is (True), or min-max scaled over the
+    # channel's rows (False: its weakest row scores 0 however near it is).
+    raw_similarity: bool = False
 
 
-# Episodes: relevance and recency only. Adjacent turns inherit 0.6 of their anchor's relevance, the
-# reply to a question all of it. LoCoMo, all 10 conversations, Hit@5 / Recall@5 / MRR: none
-# 0.651 / 0.593 / 0.495; 0.6 for both 0.692 / 0.636 / 0.510; with replies at 1.0 0.721 / 0.666 /
-# 0.551 (shares picked on conv-30, BENCHMARKS.md).
-EPISODE_WEIGHTS = Weights(relevance=0.8, recency=0.2, neighbour_share=0.6, reply_share=1.0)
+# Episodes: relevance, and recency only when the message asks about now or lately (the reader
+# decides per message). Adjacent turns inherit 0.6 of their anchor's relevance, the reply to a
+# question all of it. Every value here was chosen on the two dev sets, LoCoMo and BEAM 500K, and
+# is shown on both in BENCHMARKS.md ("Defaults and the measurements behind them").
+EPISODE_WEIGHTS = Weights(relevance=0.8, recency=0.2, neighbour_share=0.6, reply_share=1.0, keyword_share=0.6,
+                          candidates=40, raw_similarity=True)
 FACT_WEIGHTS = Weights(relevance=0.6, recency=0.1, importance=0.2, type=0.1, recency_half_life_days=90.0)
 
 

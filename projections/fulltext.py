@@ -29,10 +29,19 @@ RECENT = 1000
 MAX_TERMS = 32
 
 
-def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "") -> str:
+def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "", ranged: bool = False,
+                density: int | None = None) -> str:
     """The keyword query for ``table``; ``where`` is an extra row filter on alias ``t`` (the
-    postings and ``<table>_all_words`` admit exactly the rows it admits)."""
+    postings and ``<table>_all_words`` admit exactly the rows it admits). ``ranged``: only rows
+    whose ``time_col`` is in [$4, $5). ``density``: a row of more distinct words than that (its
+    postings' ``words``) has its score divided by how many times more it has."""
     extra = f" AND {where}" if where else ""
+    words = "p.words" if density else "0"
+    per = (lambda n: f" / greatest(1.0, ({n})::float8 / {density})") if density else (lambda n: "")
+    span = ""
+    if ranged:
+        extra += f" AND t.{time_col} >= $4 AND t.{time_col} < $5"
+        span = " AND p.at < $5"
     return f"""
 WITH lx AS (SELECT array_agg(lexeme ORDER BY lexeme) AS l FROM (
                 SELECT t.lexeme FROM unnest(to_tsvector('english', $2)) t
@@ -46,25 +55,28 @@ WITH lx AS (SELECT array_agg(lexeme ORDER BY lexeme) AS l FROM (
                  SELECT t.{time_col} AS at FROM {table} t
                  WHERE t.user_id = $1{extra} AND EXISTS (SELECT FROM qs)  -- no words: no scan
                  ORDER BY t.{time_col} DESC LIMIT {RECENT}) w),
-     m AS MATERIALIZED (SELECT p.term AS w, p.{key}, p.at FROM {table}_terms p
+     m AS MATERIALIZED (SELECT p.term AS w, p.{key}, p.at, {words} AS words FROM {table}_terms p
                         WHERE p.user_id = $1 AND p.term = ANY((SELECT l FROM lx)::text[])
-                          AND p.at >= (SELECT since FROM win)),
-     -- Rank: BM25 with term frequency 1 and no length normalisation (b = 0), i.e. the sum of the
-     -- idf of the query words a row contains, document frequencies over the user's newest rows.
-     -- On LoCoMo conv-30, b = 0.75 / 0.3 scored Hit@5 0.571 / 0.581 against 0.619 (BENCHMARKS.md).
-     -- Rows holding every word in the window. A row outside it holding every word ranks no
-     -- higher and is older, so with k of these the all-words scan below cannot change the top k:
-     -- it is skipped (one-word questions: the scan was every row with that word, 4-5 ms).
+                          AND p.at >= (SELECT since FROM win){span}),
+     -- Rank: BM25 with term frequency 1, i.e. the sum of the idf of the query words a row
+     -- contains, document frequencies over the user's newest rows; no length normalisation for
+     -- rows of up to ``density`` distinct words (short turns: BM25's b = 0), the score divided by
+     -- how many times longer for longer ones (a long turn is judged by the density of its
+     -- matches; BENCHMARKS.md has both). Rows holding every word in the window: a row outside
+     -- it holding every word ranks no higher unless it is denser, and is older, so with k of
+     -- these the all-words scan below is skipped (one-word questions: the scan was every row
+     -- with that word, 4-5 ms).
      whole AS (SELECT count(*) AS n FROM (SELECT m.{key} FROM m GROUP BY m.{key}
                                          HAVING count(*) = (SELECT count(*) FROM words)) f),
      idf AS (SELECT words.w, words.q, ln(1 + (win.n - count(m.{key}) + 0.5) / (count(m.{key}) + 0.5)) AS idf
              FROM words CROSS JOIN win LEFT JOIN m ON m.w = words.w GROUP BY words.w, words.q, win.n),
-     scored AS ((SELECT m.{key}, m.at, sum(idf.idf) AS rank FROM m JOIN idf USING (w) GROUP BY m.{key}, m.at)
+     scored AS ((SELECT m.{key}, m.at, sum(idf.idf){per("m.words")} AS rank FROM m JOIN idf USING (w)
+                 GROUP BY m.{key}, m.at, m.words)
                 UNION
-                (SELECT a.{key}, a.at, sum(idf.idf) FROM idf JOIN
-                    (SELECT f.{key}, f.tsv, f.at FROM qs, {table}_all_words($1, qs.qa, {CAP}) f
-                     WHERE (SELECT n FROM whole) < $3) a
-                    ON a.tsv @@ idf.q GROUP BY a.{key}, a.at)),
+                (SELECT a.{key}, a.at, sum(idf.idf){per("a.words")} FROM idf JOIN
+                    (SELECT f.{key}, f.tsv, f.at, length(f.tsv) - 1 AS words FROM qs, {table}_all_words($1, qs.qa, {CAP}) f
+                     WHERE (SELECT n FROM whole) < $3{span.replace("p.at", "f.at") + (" AND f.at >= $4" if ranged else "")}) a
+                    ON a.tsv @@ idf.q GROUP BY a.{key}, a.at, a.words)),
      -- The k best before the join back: only they are read whole.
      top AS (SELECT {key}, max(rank) AS rank, max(at) AS at FROM scored GROUP BY {key}
              ORDER BY rank DESC, at DESC, {key} LIMIT $3)
@@ -74,7 +86,8 @@ ORDER BY top.rank DESC, top.at DESC, {key}
 """
 
 
-async def search(conn, sql: str, user_id: str, text: str, k: int) -> Sequence[asyncpg.Record]:
+async def search(conn, sql: str, user_id: str, text: str, k: int, *span) -> Sequence[asyncpg.Record]:
     """Keyword channel over ``text``: the message, or only its names/IDs/numbers
-    (``read_client.terms``, the reader's ``keyword_mode="names"``)."""
-    return await conn.fetch(sql, user_id, text, k)
+    (``read_client.terms``, the reader's ``keyword_mode="names"``); ``span``: (since, until) of a
+    ``ranged`` statement."""
+    return await conn.fetch(sql, user_id, text, k, *span)

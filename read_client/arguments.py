@@ -54,7 +54,7 @@ def check_read(user_id, conversation_id, message, *, after, k, k_facts, k_edges,
 SEARCH_KINDS = ("facts", "episodes", "edges")
 
 
-def check_search(user_id, query, *, kinds, k, as_of, now) -> None:
+def check_search(user_id, query, *, kinds, k, as_of, now, since=None, until=None) -> None:
     check_user(user_id)
     if not isinstance(query, str) or not query.strip():
         raise InvalidArgument(f"query must be a non-blank string, not {query!r}")
@@ -65,7 +65,9 @@ def check_search(user_id, query, *, kinds, k, as_of, now) -> None:
         raise InvalidArgument(f"kinds must be a non-empty sequence of {', '.join(SEARCH_KINDS)}, not {kinds!r}")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 100:
         raise InvalidArgument(f"k must be an integer from 1 to 100, not {k!r}")
-    _aware([("now", now)])
+    _aware([("now", now), ("since", since), ("until", until)])
+    if since is not None and until is not None and since >= until:
+        raise InvalidArgument("since must be before until")
     check_as_of(as_of)
 
 

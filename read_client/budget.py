@@ -7,6 +7,7 @@ from typing import Callable, Sequence, TypeVar
 
 from tokenizers import Tokenizer
 
+from memstream.read_client.excerpts import MIN_EXCERPT_TOKENS, excerpt, query_words, shares
 from memstream.read_settings import Budgets  # noqa: F401 (re-exported)
 
 T = TypeVar("T")
@@ -77,3 +78,47 @@ def pack(items: Sequence[T], text: Callable[[T], str], budget: int, counter: Tok
             kept.append(item)
             used += n
     return kept, used
+
+
+def pack_episodes(episodes: Sequence, spans: dict, message: str, budget: int, counter: TokenCounter,
+                  line: Callable[[object], str]) -> tuple[list, int]:
+    """``episodes`` (ranked ``RankedEpisode``s) within ``budget`` tokens of ``line``s: each kept
+    whole if it fits its fair share (``excerpts.shares``), else cut to its best passage
+    (``spans``: the matched passage's characters by episode id, where the vector search found
+    one). An episode whose share would be under ``MIN_EXCERPT_TOKENS`` is left out, leaving its
+    share to the others. Returns the kept episodes in rank order and the tokens they use."""
+    items = list(episodes)
+    sizes = [counter.count(line(e)) for e in items]
+    while items:
+        cap = shares(sizes, budget)
+        if cap >= MIN_EXCERPT_TOKENS or all(s <= cap for s in sizes):
+            break
+        drop = max(range(len(items)), key=lambda i: (sizes[i], i))  # the longest, latest on ties
+        del items[drop], sizes[drop]
+    words = query_words(message)
+    kept, used = [], 0
+    for e, size in zip(items, sizes):
+        if size > cap:
+            e = _cut_to(e, spans.get(e.episode_id), words, cap, counter, line)
+            if e is None:
+                continue
+            size = counter.count(line(e))
+        kept.append(e)
+        used += size
+    return kept, used
+
+
+def _cut_to(e, span, words: set[str], cap: int, counter: TokenCounter, line):
+    """``e`` as its best passage whose line fits ``cap`` tokens, or None if none does."""
+    text = f"{e.user_message}\n{e.assistant_message}"
+    split = len(e.user_message)
+    room = cap - counter.count(line(e.model_copy(update={"user_message": "", "assistant_message": "x"})))
+    while room > 0:
+        a, b = excerpt(text, span, words, room, counter.count)
+        user, assistant = text[a:min(b, split)], text[max(a, split + 1):b]
+        cut = e.model_copy(update={"user_message": user, "assistant_message": assistant, "excerpt": (a, b)})
+        over = counter.count(line(cut)) - cap
+        if over <= 0:
+            return cut
+        room -= over
+    return None

@@ -31,11 +31,12 @@ class Scored:
 
 
 def fuse(channels: Mapping[str, Sequence[Mapping[str, Any]]], key: str, *,
-         keyword_share: float = KEYWORD_SHARE) -> list[Candidate]:
-    """Convex fusion of the ``vector`` and ``keyword`` channels' own scores, each scaled to [0, 1]
-    within this read: keyword BM25 (``rank``) divided by its best row, vector cosine similarity
-    (``1 - distance``) min-max scaled over its rows. A row a channel did not return scores 0 there.
-    Unlike rank fusion, a channel's weak matches stay weak (a vector top 20 always has 20 rows).
+         keyword_share: float = KEYWORD_SHARE, raw_similarity: bool = False) -> list[Candidate]:
+    """Convex fusion of the ``vector`` and ``keyword`` channels' own scores: keyword BM25
+    (``rank``) divided by its best row, vector cosine similarity (``1 - distance``) as it is with
+    ``raw_similarity``, else min-max scaled over its rows. A row a channel did not return scores 0
+    there. Unlike rank fusion, a channel's weak matches stay weak (a vector top 20 always has 20
+    rows); unscaled, a read whose best vector match is far scores it low too.
     A channel that returned no rows at all leaves its share to the other: otherwise a message whose
     words match nothing would give its best vector match a relevance of 0.3, and recency would
     outrank relevance."""
@@ -51,7 +52,7 @@ def fuse(channels: Mapping[str, Sequence[Mapping[str, Any]]], key: str, *,
         elif name == "vector":
             sims = [1.0 - float(r["distance"]) for r in rows]
             lo, hi = (min(sims), max(sims)) if sims else (0.0, 0.0)
-            scores = [(x - lo) / (hi - lo) if hi > lo else 1.0 for x in sims]
+            scores = sims if raw_similarity else [(x - lo) / (hi - lo) if hi > lo else 1.0 for x in sims]
         else:
             raise ValueError(f"unknown channel {name!r}: 'vector' or 'keyword'")
         for row, score in zip(rows, scores):

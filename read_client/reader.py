@@ -6,6 +6,7 @@ import concurrent.futures
 import json
 import logging
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Sequence
 
@@ -24,12 +25,12 @@ from memstream.read_client.memories import KINDS as memories_kinds
 from memstream.read_client.memories import (check_page, fact_version, graph_at, memory_page, memory_stats, user_page,
                                             with_source_turns)
 from memstream.read_client.arguments import SEARCH_KINDS, check_as_of, check_read, check_search, check_user
-from memstream.read_client.budget import Budgets, TokenCounter, pack
+from memstream.read_client.budget import Budgets, TokenCounter, pack, pack_episodes
 from memstream.read_client.lanes import Bounded, Channels
 from memstream.read_client.metrics import ReadMetrics, tracer
 from memstream.read_client.pools import connect_pools, prepare_text_lane
 from memstream.read_client.retrieval_gate import needs_retrieval
-from memstream.read_client.terms import keyword_terms
+from memstream.read_client.terms import asks_about_now, keyword_terms
 from memstream.read_client.render import edge_line, episode_line, render_context
 from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights, fact_importance, fact_type, fuse,
                                          latest_per_slot, rank_edges, rerank, with_neighbours)
@@ -199,11 +200,12 @@ class MemoryReader:
         if identity_id is not None:
             text_lane.append(("expert_identity", commands_q.expert_identity, identity_id))
         if not ctx.gated:
+            n = self._episode_weights.candidates
             kw = [("facts_keyword", self._keyword, facts_q, user_id, message),
-                  ("episodes_keyword", self._keyword, episodes_q, user_id, message)]
+                  ("episodes_keyword", self._keyword, episodes_q, user_id, message, n)]
             text_lane = kw + text_lane
             fv = ("facts_vector", self._nearest, facts_q, user_id, embedding)
-            ev = ("episodes_vector", self._nearest, episodes_q, user_id, embedding)
+            ev = ("episodes_vector", self._nearest, episodes_q, user_id, embedding, n)
             ed = ("edges", self._edges, user_id, embedding, as_of, k_edges)
         keyword_ready = {"episodes_keyword": asyncio.Event()}
         try:
@@ -221,11 +223,14 @@ class MemoryReader:
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
         ctx.recent_turns = got.get("recent_turns") or []
         ctx.facts = self._ranked_facts(got, now, k_facts)
-        ctx.episodes = self._ranked_episodes(got.get("episodes") or [], now, k)
+        ranked = self._ranked_episodes(got.get("episodes") or [], now, k, message)
         ctx.edges = got.get("edges") or []
         b = budgets or self._budgets
         ctx.facts, facts_used = pack(ctx.facts, lambda f: f.text, b.facts, self._tokens)
-        ctx.episodes, episodes_used = pack(ctx.episodes, episode_line, b.episodes, self._tokens)
+        episodes, episodes_used = pack_episodes(ranked, _passages(got.get("episodes") or []), message, b.episodes,
+                                                self._tokens, episode_line)
+        # In time order within the section: what happened first reads first (the rank is in ``score``).
+        ctx.episodes = sorted(episodes, key=lambda e: (e.occurred_at, str(e.episode_id)))
         ctx.edges, edges_used = pack(ctx.edges, edge_line, b.edges, self._tokens)
         ctx.tokens = {"facts": facts_used, "episodes": episodes_used, "edges": edges_used}
         ctx.degraded = degraded
@@ -240,25 +245,32 @@ class MemoryReader:
         return ctx
 
     async def search(self, user_id: str, query: str, *, kinds: Sequence[str] = SEARCH_KINDS, k: int = 10,
-                     as_of: AsOf | datetime | None = None, now: datetime | None = None) -> SearchResult:
+                     as_of: AsOf | datetime | None = None, now: datetime | None = None,
+                     since: datetime | None = None, until: datetime | None = None) -> SearchResult:
         """The ``k`` best memories of each of ``kinds`` (facts, episodes, edges) for ``query``,
         ranked as ``read`` ranks them (the same channels, fusion and rerank), without the rest of
         a context: no recent turns, profile, identities or reminders, no retrieval gate, no token
-        budgets. ``as_of`` is the graph as it was, as in ``read``. Degrades per channel as
-        ``read`` does; bad arguments raise ``InvalidArgument`` before any I/O."""
+        budgets (episodes come whole). ``as_of`` is the graph as it was, as in ``read``.
+        ``since`` / ``until`` keep episodes that occurred in [since, until): with a larger ``k``
+        (up to 100), more of one topic in one period, for questions a context's few episodes
+        cannot answer (what happened in order, across sessions, in a summary). Degrades per
+        channel as ``read`` does; bad arguments raise ``InvalidArgument`` before any I/O."""
         if self._closed:
             raise ReaderClosed("this MemoryReader is closed")
-        check_search(user_id, query, kinds=kinds, k=k, as_of=as_of, now=now)
+        check_search(user_id, query, kinds=kinds, k=k, as_of=as_of, now=now, since=since, until=until)
+        period = None if since is None and until is None else (since or _EARLIEST, until or _LATEST)
         with tracer.start_as_current_span("memstream.search") as span:
             t0 = time.perf_counter()
             ch = Channels(self._pool, self._deadline_s)
             now = now or datetime.now(timezone.utc)
             as_of = _as_of(as_of, now)
             embedding = asyncio.ensure_future(self._embedded(query, ch.timings))
-            n = max(k, ANN_CANDIDATES)  # the full k, however large
-            text = [(f"{kind}_keyword", self._keyword, q, user_id, query, n)
+            n = max(k, ANN_CANDIDATES, self._episode_weights.candidates)  # the full k, however large
+            text = [(f"{kind}_keyword", self._keyword, q, user_id, query, n,
+                     *([period] if kind == "episodes" and period else []))
                     for kind, q in (("facts", facts_q), ("episodes", episodes_q)) if kind in kinds]
-            vector = [(f"{kind}_vector", self._nearest, q, user_id, embedding, n)
+            vector = [(f"{kind}_vector", self._nearest, q, user_id, embedding, n,
+                       *([period] if kind == "episodes" and period else []))
                       for kind, q in (("facts", facts_q), ("episodes", episodes_q)) if kind in kinds]
             keyword_ready = {"episodes_keyword": asyncio.Event()}
             lanes = [ch.lane(text, pool=self._text_pool, ready=keyword_ready)]
@@ -275,7 +287,8 @@ class MemoryReader:
             got = ch.got
             result = SearchResult(user_id=user_id, query=query, as_of=as_of, degraded=ch.degraded,
                                   facts=self._ranked_facts(got, now, k) if "facts" in kinds else [],
-                                  episodes=self._ranked_episodes(got.get("episodes") or [], now, k),
+                                  episodes=self._ranked_episodes(_within(got.get("episodes") or [], period), now, k,
+                                                                 query),
                                   edges=(got.get("edges") or [])[:k])
             ch.timings["total"] = (time.perf_counter() - t0) * 1000
             result.timings_ms = {name: round(ms, 3) for name, ms in ch.timings.items()}
@@ -301,7 +314,7 @@ class MemoryReader:
         await ch.lane(steps, after=embedding)
         await keyword_ready["episodes_keyword"].wait()
         episodes = fuse({"vector": got.get("episodes_vector") or [], "keyword": got.get("episodes_keyword") or []},
-                        "episode_id", keyword_share=w.keyword_share)
+                        "episode_id", keyword_share=w.keyword_share, raw_similarity=w.raw_similarity)
         if (w.neighbour_share > 0 or w.reply_share > 0) and episodes:
             anchors = sorted(episodes, key=lambda c: (-c.fused, str(c.key)))[:w.anchors]
             step = ("episode_neighbours", episodes_q.neighbours, user_id, [a.row for a in anchors])
@@ -323,14 +336,16 @@ class MemoryReader:
             for s in facts[:k]
         ]
 
-    def _ranked_episodes(self, episodes: list, now: datetime, k: int) -> list[RankedEpisode]:
+    def _ranked_episodes(self, episodes: list, now: datetime, k: int, message: str) -> list[RankedEpisode]:
+        # A turn's age counts only when the message asks about now or lately (``asks_about_now``).
+        w = self._episode_weights if asks_about_now(message) else replace(self._episode_weights, recency=0.0)
         return [
             RankedEpisode(**{c: s.cand.row[c] for c in ("episode_id", "conversation_id", "occurred_at",
                                                          "user_message", "assistant_message")},
                           metadata=_json(s.cand.row["metadata"]),
                           score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
-                          channels=s.cand.channels)
-            for s in rerank(episodes, now, self._episode_weights)[:k]
+                          channels=s.cand.channels, rank=n)
+            for n, s in enumerate(rerank(episodes, now, w)[:k], start=1)
         ]
 
     async def _wait_for(self, after: LogPosition, timeout: float) -> bool:
@@ -389,17 +404,18 @@ class MemoryReader:
         return held[0]
 
     async def _nearest(self, conn, q, user_id: str, embedding: asyncio.Future,
-                       n: int = ANN_CANDIDATES) -> list[asyncpg.Record]:
+                       n: int = ANN_CANDIDATES, *period) -> list[asyncpg.Record]:
         vec = await embedding
-        return await q.nearest(conn, user_id, vec, n, self._embedder.model_id)
+        return await q.nearest(conn, user_id, vec, n, self._embedder.model_id, *period)
 
-    async def _keyword(self, conn, q, user_id: str, message: str, n: int = ANN_CANDIDATES) -> list[asyncpg.Record]:
+    async def _keyword(self, conn, q, user_id: str, message: str, n: int = ANN_CANDIDATES,
+                       *period) -> list[asyncpg.Record]:
         text = message
         if self._keyword_mode == "names":
             text = " ".join(keyword_terms(message))
             if not text:
                 return []  # nothing an embedding would blur: the vector channels cover it
-        return await q.keyword(conn, user_id, text, n)
+        return await q.keyword(conn, user_id, text, n, *period)
 
     async def _edges(self, conn, user_id: str, embedding: asyncio.Future, as_of: AsOf | None, k: int) -> list[RankedEdge]:
         """Current edges by fact-sentence similarity plus a bounded one-hop expansion around the
@@ -496,6 +512,22 @@ def _as_of(as_of: AsOf | datetime | None, now: datetime) -> AsOf | None:
         return None
     recorded = as_of.recorded_time or now
     return AsOf(valid_time=as_of.valid_time or recorded, recorded_time=recorded)
+
+
+_EARLIEST = datetime(1, 1, 2, tzinfo=timezone.utc)
+_LATEST = datetime(9999, 12, 30, tzinfo=timezone.utc)
+
+
+def _within(cands: list, period: tuple | None) -> list:
+    """The candidates that occurred in [since, until) (adjacent turns may fall outside it)."""
+    if period is None:
+        return cands
+    return [c for c in cands if period[0] <= c.row["occurred_at"] < period[1]]
+
+
+def _passages(cands) -> dict:
+    """The characters of the passage the vector search matched, by episode id, where it matched one."""
+    return {c.key: (c.row["start_char"], c.row["end_char"]) for c in cands if c.row.get("start_char") is not None}
 
 
 def _json(value):

@@ -26,3 +26,15 @@ def keyword_terms(message: str) -> list[str]:
         if (name or coded) and tok not in out:
             out.append(tok)
     return out
+
+
+# Words that ask about the present or the recent past: only then does a turn's age count for or
+# against it. Otherwise an older turn that matches better is what was asked about.
+_NOW = re.compile(r"\b(now|nowadays|currently|current|lately|latest|recent|recently|these days|this (?:week|month|"
+                  r"year)|today|tonight|yesterday|last (?:time|night|week|month)|at the moment|anymore|so far|"
+                  r"still|any more|newest|most recent)\b", re.IGNORECASE)
+
+
+def asks_about_now(message: str) -> bool:
+    """Whether ``message`` asks about now or lately ("what am I working on these days?")."""
+    return _NOW.search(message) is not None

@@ -25,7 +25,12 @@ MAX_MESSAGE_CHARS = 100_000
 # One event as JSON, at most: sealed (base64, a third more) it stays under Kafka's default 1 MiB
 # record limit. Two messages of MAX_MESSAGE_CHARS four-byte characters would not.
 MAX_EVENT_BYTES = 512 * 1024
-MAX_DECISION_BYTES = MAX_EVENT_BYTES + 64 * 1024  # at most its turn's text and a vector
+# A long turn is embedded in passages, each within the embedder's window; the first
+# MAX_PASSAGES of them carry a vector (the rest of the text is still found by its words).
+MAX_PASSAGES = 32
+# At most its turn's text, a vector and its passages' vectors (base64 JSON: ~2.1 KiB each at 384
+# dimensions); sealed, a third more, it still fits Kafka's default 1 MiB record limit.
+MAX_DECISION_BYTES = MAX_EVENT_BYTES + 64 * 1024 + MAX_PASSAGES * 2200
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 Message = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_CHARS)]
@@ -295,13 +300,17 @@ def _check_embedding(d: Decision) -> None:
     """A vector every store can build from ``d.embedding``: whole little-endian float32s, at most
     ``MAX_DIMENSIONS``, all finite (a decision a stranger's archive carries is checked as much as
     formation's own: one that no store can build would stop every user's projections)."""
-    if len(d.embedding) % 4 or len(d.embedding) > 4 * MAX_DIMENSIONS:
+    _check_vector(d.embedding, "$.embedding")
+
+
+def _check_vector(vector: bytes, where: str) -> None:
+    if len(vector) % 4 or len(vector) > 4 * MAX_DIMENSIONS:
         raise InvalidEvent(f"embedding must be whole float32s, at most {MAX_DIMENSIONS}: "
-                           f"not {len(d.embedding)} bytes", "$.embedding")
+                           f"not {len(vector)} bytes", where)
     import numpy as np  # here: a host importing the schemas need not load numpy
 
-    if not np.isfinite(np.frombuffer(d.embedding, "<f4")).all():
-        raise InvalidEvent("embedding holds NaN or infinity", "$.embedding")
+    if not np.isfinite(np.frombuffer(vector, "<f4")).all():
+        raise InvalidEvent("embedding holds NaN or infinity", where)
 
 
 def ends_user(record: Event | Decision) -> bool:
@@ -327,8 +336,23 @@ class Decision(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
     schema_version: int = 1
 
 
+class Passage(msgspec.Struct, kw_only=True, frozen=True):
+    """One window of a long episode's text (``user_message + "\n" + assistant_message``, as
+    embedded): characters ``start`` to ``end`` and their vector, of the episode's model."""
+
+    start: Annotated[int, msgspec.Meta(ge=0)]
+    end: Annotated[int, msgspec.Meta(ge=0)]
+    embedding: bytes
+
+
 class EpisodeRecorded(Decision, tag="EpisodeRecorded", kw_only=True, frozen=True):
-    """A turn became an episode, with the embedding formation computed for it."""
+    """A turn became an episode, with the embedding formation computed for it.
+
+    ``embedding`` is the vector of the text's first window. A text longer than the embedder's
+    window also has ``passages``: every window in order (the first included), each with its
+    characters and vector, so the episode is found by its best-matching passage and a read can
+    return that passage alone. Empty for a turn that fits one window (and in every record written
+    before passages existed: those episodes are matched by their first window, as they were)."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
@@ -339,9 +363,16 @@ class EpisodeRecorded(Decision, tag="EpisodeRecorded", kw_only=True, frozen=True
     metadata: dict[str, MetadataValue] | None = None
     embedding: bytes  # little-endian float32, base64 in JSON
     embedding_model: str
+    passages: Annotated[list[Passage], msgspec.Meta(max_length=MAX_PASSAGES)] = []
 
     def __post_init__(self) -> None:
         _check_embedding(self)
+        size = len(self.user_message) + 1 + len(self.assistant_message)
+        for i, p in enumerate(self.passages):
+            if not p.start < p.end <= size or len(p.embedding) != len(self.embedding):
+                raise InvalidEvent(f"passage {i} must be a non-empty span of the text with a vector like "
+                                   f"the episode's", f"$.passages[{i}]")
+            _check_vector(p.embedding, f"$.passages[{i}].embedding")
 
 
 class FactDecision(Decision, kw_only=True, frozen=True):

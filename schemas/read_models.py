@@ -46,12 +46,18 @@ class Edge(BaseModel):
 
 
 class RankedEpisode(Episode):
-    """A past turn retrieved for the message, with how it scored."""
+    """A past turn retrieved for the message, with how it scored. In a ``read``'s context a turn
+    too long for its share of the episodes budget is an excerpt: ``excerpt`` holds the characters
+    of its text (``user_message + "\n" + assistant_message``) kept, and the two messages only
+    their parts of them; ``search`` never cuts."""
 
     score: float
     relevance: float
     recency: float
     channels: list[str] = Field(description="channels that retrieved it: vector, keyword")
+    rank: int = Field(0, description="its place in the ranking, 1 the best (a read's section is in time order)")
+    excerpt: tuple[int, int] | None = Field(
+        None, description="characters [start, end) of the turn's text shown, if only a passage of it is")
 
 
 class RankedFact(BaseModel, FactContent):

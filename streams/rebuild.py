@@ -26,6 +26,7 @@ from memstream.config import Settings
 from memstream.projections import db
 from memstream.projections import positions as pos
 from memstream.projections.episodes import core as episodes
+from memstream.projections.episodes.store import passage_records
 from memstream.schemas import EpisodeRecorded, InvalidEvent, MemoryForgotten, decode_decision
 from memstream.sealing import data_keys
 from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
@@ -40,7 +41,8 @@ _COLUMNS = ["episode_id", "source_event_id", "user_id", "conversation_id", "occu
             "source_partition", "source_offset", "user_message", "assistant_message", "metadata", "embedding",
             "embedding_model"]
 # Dropped for the load and built again after it, exactly as the migrations define them.
-_DEFERRED = ("episodes_embedding_hnsw", "episodes_tsv_gin")
+_DEFERRED = ("episodes_embedding_hnsw", "episodes_tsv_gin", "episode_passages_embedding_hnsw")
+_PASSAGE_COLUMNS = ["user_id", "episode_id", "passage", "start_char", "end_char", "embedding", "embedding_model"]
 
 
 @dataclass
@@ -74,7 +76,8 @@ def _storable(d: EpisodeRecorded, dimensions: int) -> bool:
     column's dimensions."""
     texts = [d.user_id, d.conversation_id, d.user_message, d.assistant_message, d.embedding_model]
     texts += [str(x) for kv in (d.metadata or {}).items() for x in kv]
-    return len(d.embedding) == 4 * dimensions and not any("\x00" in t for t in texts)
+    return (len(d.embedding) == 4 * dimensions and all(len(p.embedding) == 4 * dimensions for p in d.passages)
+            and not any("\x00" in t for t in texts))
 
 
 class _Fold:
@@ -217,6 +220,8 @@ async def _rebuild_episodes(settings: Settings, dsn: str, into: str, topic: str 
                     await conn.execute(f"DROP INDEX {name}")
                 await conn.execute("ALTER TABLE episodes DISABLE TRIGGER episodes_terms")
                 await conn.copy_records_to_table("episodes", records=map(_record, fold.rows.values()), columns=_COLUMNS)
+                await conn.copy_records_to_table("episode_passages", columns=_PASSAGE_COLUMNS,
+                                                 records=passage_records(list(fold.rows.values())))
                 await conn.copy_records_to_table("forgotten_episodes", records=[(u, e) for u, ids in fold.forgotten.items() for e in ids])
                 seconds["copy"] = time.perf_counter() - t
                 t = time.perf_counter()
@@ -225,7 +230,7 @@ async def _rebuild_episodes(settings: Settings, dsn: str, into: str, topic: str 
                 key = await conn.fetchval("SELECT pg_get_constraintdef(oid) FROM pg_constraint "
                                           "WHERE conname = 'episodes_terms_pkey' AND connamespace = current_schema()::regnamespace")
                 await conn.execute("ALTER TABLE episodes_terms DROP CONSTRAINT episodes_terms_pkey")
-                await conn.execute("INSERT INTO episodes_terms SELECT user_id, t, occurred_at, episode_id "
+                await conn.execute("INSERT INTO episodes_terms SELECT user_id, t, occurred_at, episode_id, length(tsv) - 1 "
                                    "FROM episodes, unnest(memstream_terms(tsv, user_id)) t")
                 await conn.execute("SET LOCAL maintenance_work_mem = '1GB'")
                 await conn.execute(f"ALTER TABLE episodes_terms ADD CONSTRAINT episodes_terms_pkey {key}")
@@ -238,7 +243,7 @@ async def _rebuild_episodes(settings: Settings, dsn: str, into: str, topic: str 
         async with pool.acquire() as conn:
             await pos.save(conn, "episodes", {**positions, **fold.covered})
             t = time.perf_counter()
-            await conn.execute("ANALYZE episodes, episodes_terms")
+            await conn.execute("ANALYZE episodes, episode_passages, episodes_terms")
             seconds["analyze"] = time.perf_counter() - t
     finally:
         await pool.close()

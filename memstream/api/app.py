@@ -212,6 +212,8 @@ class SearchIn(BaseModel):
     kinds: list[Literal["facts", "episodes", "edges"]] = ["facts", "episodes", "edges"]
     k: int = 10
     as_of: AsOf | None = None
+    since: datetime | None = Field(None, description="episodes that occurred at or after this time")
+    until: datetime | None = Field(None, description="episodes that occurred before this time")
 
 
 class CorrectIn(BaseModel):
@@ -486,7 +488,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     @app.post("/v1/users/{user_id}/search", response_model=SearchResult, tags=["read"])
     async def search(body: SearchIn, user_id: str = Depends(user)):
         """The best memories of each kind for a query (``MemoryReader.search``)."""
-        return await state["reader"].search(user_id, body.query, kinds=tuple(body.kinds), k=body.k, as_of=body.as_of)
+        return await state["reader"].search(user_id, body.query, kinds=tuple(body.kinds), k=body.k, as_of=body.as_of,
+                                            since=body.since, until=body.until)
 
     @app.get("/v1/users/{user_id}/memories", response_model=MemoryPage, tags=["memories"])
     async def memories(kind: Literal["facts", "episodes", "edges"] = "facts", include_history: bool = False,

@@ -6,10 +6,11 @@ import uuid
 from memstream.config import Settings
 
 
-def isolated(base: Settings, prefix: str) -> tuple[Settings, str]:
+def isolated(base: Settings, prefix: str, tag: str | None = None) -> tuple[Settings, str]:
     """``base`` with topics, consumer group and schema of its own, so a run never mixes with
-    another's data. Returns the settings and the run's tag."""
-    tag = uuid.uuid4().hex[:8]
+    another's data (``tag``: a kept run's, to use its data again). Returns the settings and the
+    run's tag."""
+    tag = tag or uuid.uuid4().hex[:8]
     return base.model_copy(update={
         "events_topic": f"{prefix}.{tag}.events", "decisions_topic": f"{prefix}.{tag}.decisions",
         "dead_letter_topic": f"{prefix}.{tag}.dead-letter", "ingress_topic": f"{prefix}.{tag}.ingress",

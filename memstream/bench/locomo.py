@@ -1,12 +1,9 @@
-"""``memstream eval locomo``: retrieval accuracy on a file in the public LoCoMo format.
+"""The LoCoMo format, and the model every evaluated set is read into: parsing and scoring.
 
-The file is ingested through the real write path (``TurnLog`` -> ``memstream worker`` subprocess
--> projections), every question is asked through ``MemoryReader.read``, and the evidence
-utterances (``dia_id`` such as ``"D1:3"``) are looked for among the episodes ``read`` returned.
-That measures what a host would actually get back, not what a retriever could do in isolation.
-
-Parsing (``parse_locomo``) and scoring (``score``) are pure so they can be unit-tested without
-the stack; ``run_locomo_eval`` is the only part that touches Kafka, Postgres and Redis.
+``memstream eval`` (``evaluation.run_eval``) ingests samples through the real write path and
+asks their questions through ``MemoryReader.read``; the evidence utterances (``dia_id`` such as
+``"D1:3"``) are looked for among the episodes ``read`` returned. Parsing (``parse_locomo``) and
+scoring (``score``) are pure so they can be unit-tested without the stack.
 
 Mapping: each utterance becomes one ``TurnRecorded`` of user ``locomo-<tag>-<sample_id>`` in
 conversation ``session_<n>``, with ``"<speaker>: <text>"`` as the user message, no assistant
@@ -18,24 +15,16 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import numpy as np
-
-from memstream.bench import discarded, isolated
-from memstream.config import Settings
 
 log = logging.getLogger("memstream.eval")
 
 QA_CONVERSATION = "locomo-qa"  # the conversation questions are asked in (no recent turns there)
-APPEND_CHUNK = 500
-CATCH_UP_TIMEOUT_S = 600.0  # worker start-up (model load, group join) plus formation of every turn
-CATCH_UP_POLL_S = 10.0  # one bounded read-your-writes wait; the worker's liveness is checked between
 
 _MONTHS = {m: i for i, m in enumerate(
     ["january", "february", "march", "april", "may", "june", "july", "august", "september",
@@ -71,7 +60,7 @@ class Question:
     question: str
     answer: str | None  # None when absent (adversarial items); ints become strings
     evidence: list[str]
-    category: int
+    category: int | str  # LoCoMo's numbered categories; other sets (BEAM) name theirs
 
 
 @dataclass(frozen=True)
@@ -240,14 +229,14 @@ def question_metrics(evidence: Iterable[str], ranked: Sequence[str], k: int | No
     return (1.0 if found else 0.0), len(found) / len(gold), rr
 
 
-def score(results: Iterable[tuple[int, Iterable[str], Sequence[str]]], k: int | None = None) -> dict:
+def score(results: Iterable[tuple[int | str, Iterable[str], Sequence[str]]], k: int | None = None) -> dict:
     """Mean Hit@k, Recall@k and MRR, overall and per category.
 
     ``results`` holds ``(category, evidence dia_ids, ranked retrieved dia_ids)`` per question.
     Questions without evidence (adversarial items, mostly) have nothing to find: they are counted
     in ``skipped_no_evidence`` rather than scored as misses or hits. ``per_category`` keys are
     strings so the dict is the same before and after a JSON round trip."""
-    by_cat: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
+    by_cat: dict[int | str, list[tuple[float, float, float]]] = defaultdict(list)
     skipped = 0
     for category, evidence, ranked in results:
         gold = set(evidence)
@@ -258,9 +247,17 @@ def score(results: Iterable[tuple[int, Iterable[str], Sequence[str]]], k: int | 
     every = [m for ms in by_cat.values() for m in ms]
     return {
         "overall": _means(every),
-        "per_category": {str(c): _means(by_cat[c]) for c in sorted(by_cat)},
+        "per_category": {str(c): _means(by_cat[c]) for c in sorted(by_cat, key=_category_order)},
         "skipped_no_evidence": skipped,
     }
+
+
+def _category_order(category: int | str) -> tuple:
+    """Numbered categories in number order (LoCoMo's 1..5), named ones after them by name, so
+    a mix of both sorts instead of raising a TypeError."""
+    if isinstance(category, int):
+        return (0, category, "")
+    return (1, 0, str(category))
 
 
 def _means(metrics: list[tuple[float, float, float]]) -> dict:
@@ -268,9 +265,6 @@ def _means(metrics: list[tuple[float, float, float]]) -> dict:
         return {"questions": 0, "hit_at_k": 0.0, "recall_at_k": 0.0, "mrr": 0.0}
     hit, recall, rr = (round(sum(col) / len(metrics), 3) for col in zip(*metrics))
     return {"questions": len(metrics), "hit_at_k": hit, "recall_at_k": recall, "mrr": rr}
-
-
-# ---------------------------------------------------------------- the run (real stack)
 
 
 def user_id_for(tag: str, sample: Sample) -> str:
@@ -298,106 +292,3 @@ def select_samples(samples: list[Sample], conv: str | None) -> list[Sample]:
         raise ValueError(f"no sample {conv!r}; the file has {[s.sample_id for s in samples]}")
     return chosen
 
-
-async def run_locomo_eval(base: Settings, path: Path, *, conv: str | None = None, k: int = 5,
-                          catch_up_timeout: float = CATCH_UP_TIMEOUT_S, on_progress=None) -> dict:
-    """Ingest ``path`` through a fresh pipeline (own topics, group and schema), ask every question
-    and score the evidence among the returned episodes. The schema is dropped, the worker
-    stopped and the topics deleted afterwards, whatever happens."""
-    from memstream.projections.db import migrate
-    from memstream.read_client import MemoryReader
-    from memstream.stack.launcher import stack_from_settings
-    from memstream.stack.worker_process import WorkerProcess
-    from memstream.streams.topics import ensure_topics
-
-    if k < 1:
-        raise ValueError("k must be >= 1")
-    samples = select_samples(load_locomo(path), conv)
-    settings, tag = isolated(base, "locomo")
-    stack_from_settings(settings).up()
-    dsn = settings.dsn()
-    worker = reader = None
-    log.info("locomo eval %s: %d samples, k=%d, schema %s", path, len(samples), k, settings.postgres_schema)
-    try:
-        await ensure_topics(settings)
-        await migrate(dsn, settings.postgres_schema)
-        worker = WorkerProcess(settings, Path(settings.home) / "logs" / f"locomo-{tag}.log")
-        reader = await MemoryReader.connect(settings, dsn)
-        t0 = time.perf_counter()
-        last = await _ingest(settings, samples, tag)
-        await _wait_caught_up(reader, last, worker, catch_up_timeout)
-        ingest_s = time.perf_counter() - t0
-        log.info("ingested %d turns in %.1f s (including worker start-up)",
-                 sum(len(s.utterances) for x in samples for s in x.sessions), ingest_s)
-        results, latencies, degraded = await _ask(reader, samples, tag, k, on_progress or (lambda done, total: None))
-    finally:
-        if reader is not None:
-            await reader.close()
-        if worker is not None:
-            worker.stop()
-        await discarded(settings, dsn)
-    report = {"file": str(path), "samples": len(samples), "questions": len(results), "k": k,
-              **score(results, k), "ingest_seconds": round(ingest_s, 2), **_latency(latencies),
-              "degraded_reads": degraded}
-    log.info("locomo eval overall: %s", report["overall"])
-    return report
-
-
-async def _ingest(settings: Settings, samples: Sequence[Sample], tag: str) -> dict:
-    """Append every sample's turns in order; returns each user's last log position."""
-    from memstream.streams.producer import TurnLog
-
-    last = {}
-    async with TurnLog(settings) as turn_log:
-        for sample in samples:
-            turns = sample_turns(sample, tag)
-            for i in range(0, len(turns), APPEND_CHUNK):
-                positions = await turn_log.append_many(turns[i:i + APPEND_CHUNK])
-                last[user_id_for(tag, sample)] = positions[-1]
-    return last
-
-
-async def _wait_caught_up(reader, last: dict, worker, timeout: float) -> None:
-    """Block until the episodes projection covers every user's last turn. Waits in bounded
-    read-your-writes steps so a worker that died is reported at once, not after the timeout."""
-    deadline = time.monotonic() + timeout
-    for user_id, position in last.items():
-        while True:
-            if worker.proc.poll() is not None:
-                raise RuntimeError(f"the worker exited with code {worker.proc.returncode}; see {worker.log_path}")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"{user_id} not projected within {timeout:.0f}s; see {worker.log_path}")
-            ctx = await reader.read(user_id, QA_CONVERSATION, "catching up", after=position, k=1,
-                                    wait_timeout=min(CATCH_UP_POLL_S, remaining))
-            if ctx.caught_up:
-                break
-
-
-async def _ask(reader, samples: Sequence[Sample], tag: str, k: int, on_progress):
-    """Ask every question one at a time (so latencies are not queueing behind each other)."""
-    results: list[tuple[int, list[str], list[str]]] = []
-    latencies: list[float] = []
-    degraded = 0
-    total = sum(len(sample.questions) for sample in samples)
-    for sample in samples:
-        user_id = user_id_for(tag, sample)
-        for q in sample.questions:
-            t = time.perf_counter()
-            ctx = await reader.read(user_id, QA_CONVERSATION, q.question, k=k)
-            latencies.append((time.perf_counter() - t) * 1000)
-            on_progress(len(latencies), total)
-            if ctx.degraded:
-                degraded += 1
-                log.warning("read for %r was degraded: %s", q.question, ctx.degraded)
-            ranked = [e.metadata["dia_id"] for e in ctx.episodes if e.metadata and "dia_id" in e.metadata]
-            log.debug("%s | %r evidence=%s got=%s", sample.sample_id, q.question, q.evidence, ranked)
-            results.append((q.category, q.evidence, ranked))
-    return results, latencies, degraded
-
-
-def _latency(values_ms: list[float]) -> dict:
-    if not values_ms:
-        return {"read_ms_p50": None, "read_ms_p95": None}
-    a = np.asarray(values_ms)
-    return {"read_ms_p50": round(float(np.percentile(a, 50)), 2), "read_ms_p95": round(float(np.percentile(a, 95)), 2)}

@@ -24,6 +24,35 @@ class Embedder(Protocol):
         ...
 
 
+class Passages(Protocol):
+    """An embedder with a window (optional): ``passages(text, limit)`` returns the character
+    spans ``(start, end)`` of ``text`` that each fit the model's window, in order, at most
+    ``limit``, the first starting at 0; a single span when the text fits. ``embed`` of a text
+    sees what the first span holds. Deterministic, like ``embed``. An embedder without it embeds
+    every text whole (``embed_with_passages`` gives such texts no passages)."""
+
+    def passages(self, text: str, limit: int) -> list[tuple[int, int]]: ...
+
+
+def embed_with_passages(embedder: Embedder, texts: Sequence[str], limit: int
+                        ) -> list[tuple[np.ndarray, list[tuple[int, int, np.ndarray]]]]:
+    """Each text's vector and, for a text longer than the embedder's window, its passages
+    ``(start, end, vector)`` (the first one's vector is the text's own: the same window)."""
+    spans = [embedder.passages(t, limit) if hasattr(embedder, "passages") else [(0, len(t))] for t in texts]
+    extra = [t[s:e] for t, ss in zip(texts, spans) if len(ss) > 1 for s, e in ss[1:]]
+    vectors = embedder.embed([*texts, *extra])
+    out, n = [], len(texts)
+    for i, ss in enumerate(spans):
+        if len(ss) == 1:
+            out.append((vectors[i], []))
+            continue
+        own = [(ss[0][0], ss[0][1], vectors[i])]
+        own += [(s, e, vectors[n + j]) for j, (s, e) in enumerate(ss[1:])]
+        n += len(ss) - 1
+        out.append((vectors[i], own))
+    return out
+
+
 def to_bytes(vector: np.ndarray) -> bytes:
     return np.asarray(vector, dtype="<f4").tobytes()
 

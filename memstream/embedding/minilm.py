@@ -19,6 +19,9 @@ from memstream.embedding.quantize import RECIPE, digest, dynamic_model
 TOKENIZER_PATH = Path(__file__).parent / "assets" / "tokenizer.json"  # the model's WordPiece vocabulary
 # sentence-transformers' max_seq_length for this model; longer inputs are truncated.
 MAX_TOKENS = 256
+WINDOW = MAX_TOKENS - 2  # a passage's tokens: the window less [CLS] and [SEP]
+# Passages overlap by WINDOW - STRIDE tokens, so a phrase across a boundary is whole in one of them.
+STRIDE = 224
 
 
 VARIANTS = ("dynamic", "weights")
@@ -44,6 +47,24 @@ class MiniLMOnnx:
         self._tokenizer = Tokenizer.from_file(str(TOKENIZER_PATH))
         self._tokenizer.enable_truncation(MAX_TOKENS)
         self._tokenizer.no_padding()
+        self._whole = Tokenizer.from_file(str(TOKENIZER_PATH))  # for passages: nothing truncated
+        self._whole.no_truncation()
+        self._whole.no_padding()
+
+    def passages(self, text: str, limit: int) -> list[tuple[int, int]]:
+        """The character spans of ``text``'s windows of ``WINDOW`` tokens, ``STRIDE`` apart, at
+        most ``limit``: one span (the whole text) when it fits one window. The first window is
+        what ``embed`` sees of the whole text."""
+        offsets = [o for o in self._whole.encode(text, add_special_tokens=False).offsets if o[1] > o[0]]
+        if len(offsets) <= WINDOW:
+            return [(0, len(text))]
+        spans = []
+        for first in range(0, len(offsets), STRIDE):
+            last = min(first + WINDOW, len(offsets)) - 1
+            spans.append((0 if first == 0 else offsets[first][0], offsets[last][1]))
+            if last == len(offsets) - 1 or len(spans) == limit:
+                break
+        return spans
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         # One text per run: the model quantises activations dynamically over the whole input

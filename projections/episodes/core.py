@@ -27,6 +27,7 @@ class EpisodeRow:
     metadata: dict | None
     embedding: bytes
     embedding_model: str
+    passages: tuple[tuple[int, int, bytes], ...] = ()  # (start, end, vector) of a long turn's windows
 
 
 def apply(decision: EpisodeRecorded) -> EpisodeRow:
@@ -44,4 +45,5 @@ def apply(decision: EpisodeRecorded) -> EpisodeRow:
         metadata=decision.metadata,
         embedding=decision.embedding,
         embedding_model=decision.embedding_model,
+        passages=tuple((p.start, p.end, p.embedding) for p in decision.passages),
     )

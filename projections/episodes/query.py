@@ -11,17 +11,51 @@ from memstream.projections import fulltext
 from memstream.projections.episodes.core import episode_id
 
 _COLS = "episode_id, conversation_id, occurred_at, user_message, assistant_message, metadata"
+PASSAGE_DISCOUNT = 0.1  # cosine distance added to a passage's past the first window
 
-# relaxed_order iterative scans may return rows slightly out of order: re-sort outside.
-_NEAREST = f"""
+# An episode is as near as its nearest passage: its own vector (the first window of its text)
+# or, for a long turn, a later window's (episode_passages) plus PASSAGE_DISCOUNT: a long turn
+# has many draws at resembling a question, and a later window lacks the turn's opening, which
+# mostly says what it is about (the discount's measurements: BENCHMARKS.md). The nearest
+# passage's characters come with it, for a read that must return an excerpt. relaxed_order
+# iterative scans may return rows slightly out of order: re-sort outside.
+def _nearest_sql(period: bool) -> str:
+    """The nearest-episodes statement; ``period``: only episodes that occurred in [$5, $6)."""
+    within = " AND occurred_at >= $5 AND occurred_at < $6" if period else ""
+    passages = "episode_passages p JOIN episodes e USING (user_id, episode_id)" if period else "episode_passages p"
+    return f"""
 WITH c AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM episodes
-    WHERE user_id = $1 AND embedding_model = $4
-    ORDER BY embedding <=> $2 LIMIT $3)
-SELECT * FROM c ORDER BY distance, episode_id
+    WHERE user_id = $1 AND embedding_model = $4{within}
+    ORDER BY embedding <=> $2 LIMIT $3),
+p AS MATERIALIZED (
+    SELECT p.episode_id, p.start_char, p.end_char, p.embedding <=> $2 AS distance FROM {passages}
+    WHERE p.user_id = $1 AND p.embedding_model = $4{within.replace("occurred_at", "e.occurred_at")}
+    ORDER BY p.embedding <=> $2 LIMIT $3),
+bp AS (SELECT DISTINCT ON (episode_id) * FROM p ORDER BY episode_id, distance, start_char),
+n AS (
+    SELECT c.episode_id, c.conversation_id, c.occurred_at, c.user_message, c.assistant_message, c.metadata,
+           least(c.distance, bp.distance + {PASSAGE_DISCOUNT}) AS distance, bp.start_char, bp.end_char
+    FROM c LEFT JOIN bp USING (episode_id)
+    UNION ALL
+    SELECT e.episode_id, e.conversation_id, e.occurred_at, e.user_message, e.assistant_message, e.metadata,
+           bp.distance + {PASSAGE_DISCOUNT}, bp.start_char, bp.end_char
+    FROM bp JOIN episodes e ON e.user_id = $1 AND e.episode_id = bp.episode_id
+    WHERE bp.episode_id NOT IN (SELECT episode_id FROM c))
+SELECT * FROM n ORDER BY distance, episode_id LIMIT $3
 """
 
-_KEYWORD = fulltext.keyword_sql(table="episodes", key="episode_id", time_col="occurred_at", cols=_COLS)
+
+_NEAREST, _NEAREST_SPAN = _nearest_sql(False), _nearest_sql(True)
+
+# A turn of more distinct words than this is scored by the density of its matches: a long
+# answer or a pasted page holds most words of any question, so without this it outranks the
+# short turn that was asked about (which set chose it, and what it buys: BENCHMARKS.md).
+KEYWORD_DENSITY_WORDS = 50
+_KEYWORD = fulltext.keyword_sql(table="episodes", key="episode_id", time_col="occurred_at", cols=_COLS,
+                                density=KEYWORD_DENSITY_WORDS)
+_KEYWORD_SPAN = fulltext.keyword_sql(table="episodes", key="episode_id", time_col="occurred_at", cols=_COLS,
+                                     ranged=True, density=KEYWORD_DENSITY_WORDS)
 
 # The turns just before and just after (``next``) each anchor, in the anchor's conversation, in
 # the order of (occurred_at, episode_id) so turns with the same time are still neighbours.
@@ -50,11 +84,17 @@ CROSS JOIN LATERAL (
 """
 
 
-async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str) -> Sequence[asyncpg.Record]:
+async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str, span: tuple | None = None
+                  ) -> Sequence[asyncpg.Record]:
+    """The ``k`` episodes nearest ``embedding`` by their best passage; ``span``: (since, until)."""
+    if span is not None:
+        return await conn.fetch(_NEAREST_SPAN, user_id, embedding, k, model, *span)
     return await conn.fetch(_NEAREST, user_id, embedding, k, model)
 
 
-async def keyword(conn, user_id: str, text: str, k: int) -> Sequence[asyncpg.Record]:
+async def keyword(conn, user_id: str, text: str, k: int, span: tuple | None = None) -> Sequence[asyncpg.Record]:
+    if span is not None:
+        return await fulltext.search(conn, _KEYWORD_SPAN, user_id, text, k, *span)
     return await fulltext.search(conn, _KEYWORD, user_id, text, k)
 
 

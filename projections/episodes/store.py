@@ -23,6 +23,12 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timesta
     $12::vector[], $13::text[])
 ON CONFLICT (user_id, episode_id) DO NOTHING
 """
+# An episode's passages go in with it; both inserts skip what is there (a batch applied again).
+_INSERT_PASSAGES = """
+INSERT INTO episode_passages (user_id, episode_id, passage, start_char, end_char, embedding, embedding_model)
+SELECT * FROM unnest($1::text[], $2::uuid[], $3::int[], $4::int[], $5::int[], $6::vector[], $7::text[])
+ON CONFLICT (user_id, episode_id, passage) DO NOTHING
+"""
 
 
 class EpisodeStore:
@@ -39,10 +45,13 @@ class EpisodeStore:
                     continue
                 if forget.kind == "user":
                     await conn.execute("DELETE FROM episodes WHERE user_id = $1", forget.user_id)
+                    await conn.execute("DELETE FROM episode_passages WHERE user_id = $1", forget.user_id)
                     await conn.execute("DELETE FROM forgotten_episodes WHERE user_id = $1", forget.user_id)
                     forgotten.users.append(forget.user_id)
                 elif forget.kind == "episode":
                     gone = await conn.fetchrow(_FORGET, forget.user_id, episode_id(forget.target))
+                    await conn.execute("DELETE FROM episode_passages WHERE user_id = $1 AND episode_id = $2",
+                                       forget.user_id, episode_id(forget.target))
                     await conn.execute("INSERT INTO forgotten_episodes VALUES ($1, $2) ON CONFLICT DO NOTHING",
                                        forget.user_id, episode_id(forget.target))
                     if gone is not None:
@@ -78,7 +87,16 @@ async def _insert(conn, rows: Sequence[EpisodeRow]) -> set:
             for r in rows
         ))]
         await conn.execute(_INSERT, *cols)
+        passages = passage_records(rows)
+        if passages:
+            await conn.execute(_INSERT_PASSAGES, *(list(c) for c in zip(*passages)))
     return kept_out
+
+
+def passage_records(rows: Sequence[EpisodeRow]) -> list[tuple]:
+    """The ``episode_passages`` rows of ``rows``, in its column order."""
+    return [(r.user_id, r.episode_id, n, start, end, Vector(np.frombuffer(vector, dtype="<f4")), r.embedding_model)
+            for r in rows for n, (start, end, vector) in enumerate(r.passages)]
 
 
 _FORGOTTEN = ("SELECT f.user_id, f.episode_id FROM forgotten_episodes f "

@@ -27,7 +27,7 @@ from typing import Awaitable, Callable, NamedTuple, Sequence
 import asyncpg
 import numpy as np
 
-from memstream.embedding import Embedder, to_bytes
+from memstream.embedding import Embedder, embed_with_passages, to_bytes
 from memstream.llm.protocols import (ExtractionClient, ModelRefused, Operation, Resolution, ResolutionClient,
                                      ModelUnavailable, TurnExtractionClient, Unanswered)
 from memstream.projections import positions as pos
@@ -37,7 +37,7 @@ from memstream.schemas import (SYSTEM_USER, Decision, EdgeForgotten, EpisodeForg
                                FactChangeDeferred, FactCorrected, FactDecision, FactForgotten, FactUpdated,
                                InvalidEvent, LogPosition, MemoryForgotten, NothingDecided, TurnRecorded,
                                UserForgotten, decode_event)
-from memstream.schemas.events import CONTROL_TYPES
+from memstream.schemas.events import CONTROL_TYPES, MAX_PASSAGES, Passage
 from memstream.schemas.errors import Refused, Retryable
 from memstream.streams.admission import admit, imported
 from memstream.streams.dead_letter import InputRefused
@@ -54,6 +54,9 @@ from memstream.sealing.keys import Shredded
 from memstream.streams.sealing import RecordSealer
 
 log = logging.getLogger("memstream.formation")
+
+# A turn's episode vector and its passages ``(start, end, vector)`` (``embed_with_passages``).
+Embedded = tuple[np.ndarray, list[tuple[int, int, np.ndarray]]]
 
 
 def episode_text(turn: TurnRecorded) -> str:
@@ -358,7 +361,7 @@ class Formation:
         about their turns), and each turn's index in it."""
         said = [(i, t) for i, (_, t) in enumerate(turns) if isinstance(t, TurnRecorded)]
         texts = [episode_text(t) for _, t in said]
-        embed = lambda: asyncio.to_thread(self._embedder.embed, texts)  # noqa: E731
+        embed = lambda: asyncio.to_thread(embed_with_passages, self._embedder, texts, MAX_PASSAGES)  # noqa: E731
         return (retried("embedding episodes", embed) if said else asyncio.sleep(0, [])), {
             i: n for n, (i, _) in enumerate(said)}
 
@@ -595,20 +598,22 @@ class Formation:
             "SELECT EXISTS (SELECT FROM forgotten_episodes WHERE user_id = $1 AND episode_id = $2)",
             turn.user_id, episodes.episode_id(turn.event_id))
 
-    def _given_up(self, r: Record, turn: TurnRecorded, vector: np.ndarray, exc: ModelRefused
+    def _given_up(self, r: Record, turn: TurnRecorded, vector: Embedded, exc: ModelRefused
                   ) -> tuple[list[Decision], str]:
         # One user's turn the model will not answer must not hold up the partition: its episode
         # is kept (it needs no model), the turn dead-lettered to be formed again.
         log.warning("the model refused turn %s at %s: %s", turn.event_id, r.where, exc)
         return [self._episode(r, turn, vector)], f"its episode recorded without facts or relations: {exc}"
 
-    def _episode(self, r: Record, turn: TurnRecorded, vector: np.ndarray) -> EpisodeRecorded:
+    def _episode(self, r: Record, turn: TurnRecorded, embedded: Embedded) -> EpisodeRecorded:
+        vector, passages = embedded
         return EpisodeRecorded(
             decision_id=episodes.episode_id(turn.event_id), source_event_id=turn.event_id,
             source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
             user_id=turn.user_id, conversation_id=turn.conversation_id, occurred_at=turn.occurred_at,
             user_message=turn.user_message, assistant_message=turn.assistant_message,
-            metadata=turn.metadata, embedding=to_bytes(vector), embedding_model=self._embedder.model_id)
+            metadata=turn.metadata, embedding=to_bytes(vector), embedding_model=self._embedder.model_id,
+            passages=[Passage(start=a, end=b, embedding=to_bytes(v)) for a, b, v in passages])
 
     async def _llm(self, call, *args):
         client = id(getattr(call, "__self__", call))  # the extractor and the resolver may be two services

@@ -57,7 +57,7 @@ async def assert_equal_to_a_replay(settings, conn, dsn, suffix: str) -> None:
     target = f"{settings.postgres_schema}_{suffix}"
     try:
         await replay(settings, dsn, target, ["episodes", "facts", "graph"])
-        for table in ("episodes", "memory_facts", "entities", "memory_edges"):
+        for table in ("episodes", "episode_passages", "memory_facts", "entities", "memory_edges"):
             assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
     finally:
         await drop_schema(dsn, target)

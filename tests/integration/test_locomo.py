@@ -1,12 +1,13 @@
-"""``run_locomo_eval`` end to end: the fixture goes through TurnLog, a real worker subprocess and
-the projections, and every question through ``MemoryReader.read``."""
+"""``memstream eval`` end to end: a set goes through TurnLog, a real worker subprocess and the
+projections, every question through ``MemoryReader.read`` and the plain retrievers."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from memstream.bench.locomo import run_locomo_eval
+from memstream.bench.evaluation import render, run_eval
 from memstream.config import Settings
 
 from .conftest import HOME
@@ -21,7 +22,7 @@ HIT_AT_5_FLOOR = 0.7
 
 async def test_locomo_fixture_is_ingested_asked_and_scored(stack, dsn):
     before = await schemas_named(dsn, "locomo_")
-    report = await run_locomo_eval(Settings(home=HOME), FIXTURE, conv=None, k=5)
+    report = await run_eval(Settings(home=HOME), FIXTURE, fmt="locomo", conv=None, k=5)
 
     assert set(report) >= {"file", "samples", "questions", "k", "overall", "per_category", "skipped_no_evidence",
                            "ingest_seconds", "read_ms_p50", "read_ms_p95"}
@@ -37,3 +38,36 @@ async def test_locomo_fixture_is_ingested_asked_and_scored(stack, dsn):
     assert report["ingest_seconds"] > 0 and 0 < report["read_ms_p50"] <= report["read_ms_p95"]
     assert await schemas_named(dsn, "locomo_") == before  # its schema is dropped afterwards
 
+
+
+def _beam_chat(root: Path) -> Path:
+    """A BEAM-layout chat of our own, one message of which is a 400,000-character paste."""
+    chat = root / "500K" / "1"
+    (chat / "probing_questions").mkdir(parents=True)
+    paste = "log line: worker started and listening on port 8080\n" * 8_000  # 416,000 characters
+    turns = [[{"role": "user", "id": 0, "time_anchor": "March-02-2024", "content": "I run Redis 7 on a small VM."},
+              {"role": "assistant", "id": 1, "content": "Good choice for caching."}],
+             [{"role": "user", "id": 2, "content": f"Here is my whole log:\n{paste}"},
+              {"role": "assistant", "id": 3, "content": "The worker listens on port 8080."}],
+             [{"role": "user", "id": 4, "content": "My deadline for the launch is April 3."},
+              {"role": "assistant", "id": 5, "content": "Noted, April 3."}]]
+    (chat / "chat.json").write_text(json.dumps([{"batch_number": 1, "time_anchor": None, "turns": turns}]))
+    questions = {"information_extraction": [{"question": "Which Redis version do I run?", "source_chat_ids": [0]}],
+                 "temporal_reasoning": [{"question": "When is my launch deadline?",
+                                         "source_chat_ids": {"first_event": [4], "second_event": [5]}}],
+                 "abstention": [{"question": "What is my cat called?"}]}
+    (chat / "probing_questions" / "probing_questions.json").write_text(json.dumps(questions))
+    return root / "500K"
+
+
+async def test_a_beam_chat_with_a_400k_character_message_is_scored_beside_the_baselines(stack, dsn, tmp_path):
+    report = await run_eval(Settings(home=HOME), _beam_chat(tmp_path), k=5)
+
+    assert report["truncated_messages"] == 1 and report["samples"] == 1
+    assert report["questions"] == 3 and report["skipped_no_evidence"] == 1
+    assert set(report["methods"]) == {"memstream", "bm25", "dense", "dense_passages", "rrf"}
+    for method in report["methods"].values():
+        assert set(method["per_category"]) == {"information_extraction", "temporal_reasoning"}
+    assert report["methods"]["memstream"]["overall"]["hit_at_k"] == 1.0  # six messages, k=5
+    assert report["recall_ceiling"] == 1.0 and report["degraded_reads"] == 0
+    assert "memstream" in render(report) and "temporal_reasoning" in render(report)

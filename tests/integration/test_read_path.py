@@ -316,8 +316,10 @@ async def test_the_turn_after_a_matched_one_comes_back_with_it(settings, conn, d
         await reader.close()
     # The matched turn ends on a question ("Salsa?"), so its reply inherits all of its relevance
     # and, newer, ranks first.
-    assert [e.user_message for e in ctx.episodes] == [chat[1][0], chat[0][0]]
-    assert "neighbour" in ctx.episodes[0].channels and "episode_neighbours" not in ctx.degraded
+    ranked = sorted(ctx.episodes, key=lambda e: e.rank)
+    assert [e.user_message for e in ranked] == [chat[1][0], chat[0][0]]
+    assert "neighbour" in ranked[0].channels and "episode_neighbours" not in ctx.degraded
+    assert [e.user_message for e in ctx.episodes] == [chat[0][0], chat[1][0]]  # the section reads in time order
 
 
 async def test_a_postgres_statement_failing_mid_read_empties_only_its_sections(settings, conn, dsn, workers, embedder, caplog):
@@ -550,3 +552,24 @@ async def test_memories_pages_through_facts_episodes_and_edges_and_stats_counts_
             await reader.stats("__memstream__")
     finally:
         await reader.close()
+
+
+async def test_search_with_a_period_returns_more_of_one_topic_from_that_period_only(settings, conn, dsn, workers,
+                                                                                      embedder):
+    from .helpers import BASE
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("tess", f"Training log: I ran {km} km along the river today.", i * 60)
+                                           for i, km in enumerate(range(3, 15))])
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        since, until = BASE + timedelta(minutes=180), BASE + timedelta(minutes=420)
+        found = await reader.search("tess", "how far did I run?", kinds=["episodes"], k=20, since=since, until=until)
+        every = await reader.search("tess", "how far did I run?", kinds=["episodes"], k=20)
+        with pytest.raises(ValueError):
+            await reader.search("tess", "run", since=until, until=since)
+    finally:
+        await reader.close()
+    assert len(every.episodes) == 12
+    assert sorted(e.occurred_at for e in found.episodes) == [BASE + timedelta(minutes=m) for m in range(180, 420, 60)]

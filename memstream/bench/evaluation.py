@@ -1,0 +1,222 @@
+"""``memstream eval``: retrieval accuracy on a public memory benchmark, beside plain retrievers.
+
+A set (LoCoMo, BEAM or LongMemEval, read by ``evalsets.load_set``) is ingested through the real
+write path (``TurnLog`` -> ``memstream worker`` subprocess -> projections), one episode per
+utterance, and every question is asked through ``MemoryReader.read`` with the default settings
+and budgets: what a host would get back. In the same run, on the same episodes, plain
+retrievers answer the same questions — BM25 over the whole texts, dense retrieval over each
+episode's own vector (the same embedder's), dense over every passage's vector, and the
+reciprocal rank fusion of BM25 and dense — so memstream's figures can be read against the
+simplest things that could have been built instead, and never alone.
+
+The scores are Hit@k, Recall@k and MRR of the evidence utterances among the first ``k``
+returned (memstream's by their ``rank``: a read's episodes section is in time order), per
+category (LoCoMo) or ability (BEAM) and overall, with the Recall@k ceiling where evidence has
+more than ``k`` items. An utterance longer than an event may hold is truncated, counted and
+warned about, never a failed run.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from memstream.bench import discarded, isolated
+from memstream.bench.baselines import BM25, dense_search, recall_ceiling, rrf
+from memstream.bench.evalsets import fit_messages, load_set
+from memstream.bench.locomo import QA_CONVERSATION, Sample, sample_turns, score, select_samples, user_id_for
+from memstream.config import Settings
+from memstream.embedding import from_bytes
+from memstream.schemas.events import MAX_MESSAGE_CHARS
+
+log = logging.getLogger("memstream.eval")
+
+APPEND_CHUNK = 500
+CATCH_UP_TIMEOUT_S = 3600.0  # worker start-up (model load, group join) plus formation of every turn
+CATCH_UP_POLL_S = 10.0  # one bounded read-your-writes wait; the worker's liveness is checked between
+METHODS = ("memstream", "bm25", "dense", "dense_passages", "rrf")
+
+
+async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str | None = None, k: int = 5,
+                   limit: int | None = None, catch_up_timeout: float = CATCH_UP_TIMEOUT_S, keep: bool = False,
+                   reuse: str | None = None, on_progress=None) -> dict:
+    """Ingest ``path`` through a fresh pipeline (own topics, group and schema), ask every question
+    of memstream and of the plain retrievers, and score them. ``limit``: the first samples only.
+    The schema is dropped, the worker stopped and the topics deleted afterwards, whatever
+    happens, unless ``keep`` (the report's ``tag`` then names the run, and ``reuse=tag`` asks
+    its questions again without ingesting: for trying settings)."""
+    from memstream.projections.db import migrate
+    from memstream.read_client import MemoryReader
+    from memstream.stack.launcher import stack_from_settings
+    from memstream.stack.worker_process import WorkerProcess
+    from memstream.streams.topics import ensure_topics
+
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    samples = select_samples(load_set(path, fmt), conv)[:limit]
+    # "speaker: text" is what an episode holds (``sample_turns``).
+    samples, truncated = fit_messages(samples, MAX_MESSAGE_CHARS)
+    settings, tag = isolated(base, "locomo", reuse)
+    stack_from_settings(settings).up()
+    dsn = settings.dsn()
+    worker = reader = None
+    ingest_s = 0.0
+    log.info("eval %s: %d samples, k=%d, schema %s", path, len(samples), k, settings.postgres_schema)
+    try:
+        if reuse is None:
+            await ensure_topics(settings)
+            await migrate(dsn, settings.postgres_schema)
+        reader = await MemoryReader.connect(settings, dsn)
+        if reuse is None:
+            worker = WorkerProcess(settings, Path(settings.home) / "logs" / f"locomo-{tag}.log")
+            t0 = time.perf_counter()
+            last = await _ingest(settings, samples, tag)
+            await _wait_caught_up(reader, last, worker, catch_up_timeout)
+            ingest_s = time.perf_counter() - t0
+            log.info("ingested %d turns in %.1f s (including worker start-up)",
+                     sum(len(s.utterances) for x in samples for s in x.sessions), ingest_s)
+        asked = await _ask(reader, samples, tag, k, on_progress or (lambda done, total: None))
+        plain = await _baselines(reader, samples, tag, k)
+    finally:
+        if reader is not None:
+            await reader.close()
+        if worker is not None:
+            worker.stop()
+        if not keep:
+            await discarded(settings, dsn)
+    results, latencies, degraded = asked
+    methods = {"memstream": score(results, k), **{name: score(r, k) for name, r in plain.items()}}
+    report = {"file": str(path), "samples": len(samples), "questions": len(results), "k": k,
+              "truncated_messages": truncated, **methods["memstream"],
+              "recall_ceiling": recall_ceiling([len(set(e)) for _, e, _ in results if e], k),
+              "methods": methods, "ingest_seconds": round(ingest_s, 2), **_latency(latencies),
+              "degraded_reads": degraded}
+    if keep:
+        report["tag"] = tag
+    log.info("eval overall: %s", {name: m["overall"] for name, m in methods.items()})
+    return report
+
+
+async def _ingest(settings: Settings, samples: Sequence[Sample], tag: str) -> dict:
+    """Append every sample's turns in order; returns each user's last log position."""
+    from memstream.streams.producer import TurnLog
+
+    last = {}
+    async with TurnLog(settings) as turn_log:
+        for sample in samples:
+            turns = sample_turns(sample, tag)
+            for i in range(0, len(turns), APPEND_CHUNK):
+                positions = await turn_log.append_many(turns[i:i + APPEND_CHUNK])
+                last[user_id_for(tag, sample)] = positions[-1]
+    return last
+
+
+async def _wait_caught_up(reader, last: dict, worker, timeout: float) -> None:
+    """Block until the episodes projection covers every user's last turn. Waits in bounded
+    read-your-writes steps so a worker that died is reported at once, not after the timeout."""
+    deadline = time.monotonic() + timeout
+    for user_id, position in last.items():
+        while True:
+            if worker.proc.poll() is not None:
+                raise RuntimeError(f"the worker exited with code {worker.proc.returncode}; see {worker.log_path}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{user_id} not projected within {timeout:.0f}s; see {worker.log_path}")
+            if await reader.caught_up(position, timeout=min(CATCH_UP_POLL_S, remaining)):
+                break
+
+
+async def _ask(reader, samples: Sequence[Sample], tag: str, k: int, on_progress):
+    """Ask every question one at a time (so latencies are not queueing behind each other)."""
+    results: list[tuple[object, list[str], list[str]]] = []
+    latencies: list[float] = []
+    degraded = 0
+    total = sum(len(sample.questions) for sample in samples)
+    for sample in samples:
+        user_id = user_id_for(tag, sample)
+        for q in sample.questions:
+            t = time.perf_counter()
+            ctx = await reader.read(user_id, QA_CONVERSATION, q.question, k=k)
+            latencies.append((time.perf_counter() - t) * 1000)
+            on_progress(len(latencies), total)
+            if ctx.degraded:
+                degraded += 1
+                log.warning("a read was degraded: %s", ctx.degraded)
+            ranked = [e.metadata["dia_id"] for e in sorted(ctx.episodes, key=lambda e: e.rank)
+                      if e.metadata and "dia_id" in e.metadata]
+            log.debug("%s | %r evidence=%s got=%s", sample.sample_id, q.question, q.evidence, ranked)
+            results.append((q.category, q.evidence, ranked))
+    return results, latencies, degraded
+
+
+async def _baselines(reader, samples: Sequence[Sample], tag: str, k: int) -> dict[str, list]:
+    """Each plain retriever's ranked dia_ids for every question, on the episodes the store holds
+    (their whole texts for BM25, their own and their passages' vectors for dense retrieval) and
+    the reader's own embedder for the questions."""
+    out: dict[str, list] = {name: [] for name in METHODS[1:]}
+    for sample in samples:
+        user_id = user_id_for(tag, sample)
+        rows = await reader._pool.fetch(
+            "SELECT metadata->>'dia_id' AS dia, user_message, assistant_message, embedding FROM episodes "
+            "WHERE user_id = $1 ORDER BY occurred_at, episode_id", user_id)
+        passages = await reader._pool.fetch(
+            "SELECT e.metadata->>'dia_id' AS dia, p.embedding FROM episode_passages p JOIN episodes e "
+            "USING (user_id, episode_id) WHERE p.user_id = $1 ORDER BY e.occurred_at, p.passage", user_id)
+        ids = [r["dia"] for r in rows]
+        bm25 = BM25({r["dia"]: f"{r['user_message']}\n{r['assistant_message']}" for r in rows})
+        own = _matrix([r["embedding"] for r in rows])
+        every_ids = ids + [r["dia"] for r in passages]
+        every = np.vstack([own, _matrix([r["embedding"] for r in passages])]) if passages else own
+        questions = [q.question for q in sample.questions]
+        vectors = reader._embedder.embed(questions) if questions else []
+        for q, vec in zip(sample.questions, vectors):
+            ranked_bm25 = bm25.search(q.question, max(k, 100))
+            ranked_dense = dense_search(ids, own, vec, max(k, 100))
+            out["bm25"].append((q.category, q.evidence, ranked_bm25[:k]))
+            out["dense"].append((q.category, q.evidence, ranked_dense[:k]))
+            out["dense_passages"].append((q.category, q.evidence, dense_search(every_ids, every, vec, k)))
+            out["rrf"].append((q.category, q.evidence, rrf([ranked_bm25, ranked_dense], k)))
+    return out
+
+
+def _matrix(vectors: list) -> np.ndarray:
+    if not vectors:
+        return np.zeros((0, 384), dtype=np.float32)
+    return np.vstack([np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else from_bytes(bytes(v)), dtype=np.float32)
+                      for v in vectors])
+
+
+def _latency(values_ms: list[float]) -> dict:
+    if not values_ms:
+        return {"read_ms_p50": None, "read_ms_p95": None}
+    a = np.asarray(values_ms)
+    return {"read_ms_p50": round(float(np.percentile(a, 50)), 2), "read_ms_p95": round(float(np.percentile(a, 95)), 2)}
+
+
+def render(report: dict) -> str:
+    """The side-by-side tables: overall, then per category or ability, every method in columns."""
+    k, methods = report["k"], report["methods"]
+    names = list(methods)
+    head = f"{'':<28}" + "".join(f"{n:>20}" for n in names)
+    lines = [f"{report['file']}: {report['samples']} samples, {report['questions']} questions "
+             f"({report['overall']['questions']} with evidence), k={k}; {report['truncated_messages']} messages "
+             f"truncated; Recall@{k} ceiling {report['recall_ceiling']:.3f}",
+             f"Hit@{k} / Recall@{k} / MRR", head]
+
+    def row(label: str, pick) -> str:
+        cells = []
+        for n in names:
+            m = pick(methods[n])
+            cells.append(f"{m['hit_at_k']:.3f}/{m['recall_at_k']:.3f}/{m['mrr']:.3f}" if m else "-")
+        return f"{label:<28}" + "".join(f"{c:>20}" for c in cells)
+
+    lines.append(row("overall", lambda m: m["overall"]))
+    for cat in report["per_category"]:
+        n = report["per_category"][cat]["questions"]
+        lines.append(row(f"  {cat} (n={n})", lambda m, c=cat: m["per_category"].get(c)))
+    lines.append(f"read p50 {report['read_ms_p50']} ms, p95 {report['read_ms_p95']} ms; "
+                 f"ingest {report['ingest_seconds']} s; degraded reads {report['degraded_reads']}")
+    return "\n".join(lines)
