@@ -828,7 +828,8 @@ def eval_group() -> None:
 
 def _eval_options(f):
     f = click.option("--json", "as_json", is_flag=True)(f)
-    f = click.option("--reuse", metavar="TAG", help="ask again on a kept run's data, without ingesting")(f)
+    f = click.option("--reuse", metavar="TAG",
+                     help="ask again on a kept run's data, without ingesting (same PATH, --conv and --limit)")(f)
     f = click.option("--keep", is_flag=True, help="keep the run's schema and topics (its tag is printed)")(f)
     f = click.option("--limit", type=click.IntRange(min=1), help="only the first N samples")(f)
     f = click.option("--k", default=5, show_default=True, type=click.IntRange(min=1),

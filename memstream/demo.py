@@ -117,8 +117,8 @@ def _show(ctx, question: str) -> None:
             via = "  (one hop)" if e.hop else ""
             click.echo(f"     · [{e.score:.2f}] {e.fact_sentence}  ({e.valid_from:%Y-%m-%d} → {until}){via}")
     click.echo("   ranked episodes:")
-    for i, e in enumerate(ctx.episodes, 1):
-        click.echo(f"     {i}. [{e.score:.2f} {'+'.join(e.channels):<14}] {e.occurred_at:%Y-%m-%d} "
+    for e in sorted(ctx.episodes, key=lambda e: e.rank):
+        click.echo(f"     {e.rank}. [{e.score:.2f} {'+'.join(e.channels):<14}] {e.occurred_at:%Y-%m-%d} "
                    f"{e.conversation_id}: {e.user_message}")
 
 

@@ -37,6 +37,11 @@ def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = 
     postings' ``words``) has its score divided by how many times more it has."""
     extra = f" AND {where}" if where else ""
     words = "p.words" if density else "0"
+    # Only rows scored in full can make the all-words scan needless: an older row holding every
+    # word outranks a diluted one.
+    undiluted = f"WHERE m.words <= {density} " if density else ""
+    all_words = (f"{table}_all_words_between($1, qs.qa, {CAP}, $4, $5)" if ranged
+                 else f"{table}_all_words($1, qs.qa, {CAP})")
     per = (lambda n: f" / greatest(1.0, ({n})::float8 / {density})") if density else (lambda n: "")
     span = ""
     if ranged:
@@ -65,8 +70,8 @@ WITH lx AS (SELECT array_agg(lexeme ORDER BY lexeme) AS l FROM (
      -- matches; BENCHMARKS.md has both). Rows holding every word in the window: a row outside
      -- it holding every word ranks no higher unless it is denser, and is older, so with k of
      -- these the all-words scan below is skipped (one-word questions: the scan was every row
-     -- with that word, 4-5 ms).
-     whole AS (SELECT count(*) AS n FROM (SELECT m.{key} FROM m GROUP BY m.{key}
+     -- with that word, 4-5 ms); only undiluted rows count there.
+     whole AS (SELECT count(*) AS n FROM (SELECT m.{key} FROM m {undiluted}GROUP BY m.{key}
                                          HAVING count(*) = (SELECT count(*) FROM words)) f),
      idf AS (SELECT words.w, words.q, ln(1 + (win.n - count(m.{key}) + 0.5) / (count(m.{key}) + 0.5)) AS idf
              FROM words CROSS JOIN win LEFT JOIN m ON m.w = words.w GROUP BY words.w, words.q, win.n),
@@ -74,8 +79,8 @@ WITH lx AS (SELECT array_agg(lexeme ORDER BY lexeme) AS l FROM (
                  GROUP BY m.{key}, m.at, m.words)
                 UNION
                 (SELECT a.{key}, a.at, sum(idf.idf){per("a.words")} FROM idf JOIN
-                    (SELECT f.{key}, f.tsv, f.at, length(f.tsv) - 1 AS words FROM qs, {table}_all_words($1, qs.qa, {CAP}) f
-                     WHERE (SELECT n FROM whole) < $3{span.replace("p.at", "f.at") + (" AND f.at >= $4" if ranged else "")}) a
+                    (SELECT f.{key}, f.tsv, f.at, length(f.tsv) - 1 AS words FROM qs, {all_words} f
+                     WHERE (SELECT n FROM whole) < $3) a
                     ON a.tsv @@ idf.q GROUP BY a.{key}, a.at, a.words)),
      -- The k best before the join back: only they are read whole.
      top AS (SELECT {key}, max(rank) AS rank, max(at) AS at FROM scored GROUP BY {key}

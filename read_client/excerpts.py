@@ -17,8 +17,12 @@ from typing import Callable, Sequence
 # cannot fit whole is left out (as before excerpts), and a later one may fit.
 MIN_EXCERPT_TOKENS = 24
 _WORD = re.compile(r"\w+")
-# Sentence ends, line breaks and list items: the units an excerpt is cut along.
-_PIECE = re.compile(r"[^\n.!?]*(?:[.!?]+|\n+|$)")
+# Sentence ends (Latin and CJK) and line breaks: the units an excerpt is cut along.
+_PIECE = re.compile(r"[^\n.!?。！？；]*(?:[.!?。！？；]+|\n+|$)")
+# Without a matched passage, an excerpt is looked for this many times its length around the
+# message's first word in the text, not through a pasted book.
+_REACH = 16
+_CHARS_PER_TOKEN = 4
 
 
 _COMMON = frozenset("""
@@ -62,7 +66,7 @@ def excerpt(text: str, span: tuple[int, int] | None, words: set[str], limit: int
     (the matched passage) if given, the run of whole sentences holding the most of ``words``
     (lower-case), earliest first on ties; a first sentence longer than ``limit`` is cut at a word
     boundary. Deterministic."""
-    lo, hi = span if span is not None else (0, len(text))
+    lo, hi = span if span is not None else _around(text, words, limit)
     parts = [(lo + a, lo + b) for a, b in pieces(text[lo:hi])] or [(lo, hi)]
     sizes = [count(text[a:b]) for a, b in parts]
     hits = [len(words.intersection(w.lower() for w in _WORD.findall(text[a:b]))) for a, b in parts]
@@ -95,14 +99,34 @@ def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
+def _around(text: str, words: set[str], limit: int) -> tuple[int, int]:
+    """Where to look for an excerpt of ``limit`` tokens: around the first of ``words`` in ``text``."""
+    reach = _REACH * limit * _CHARS_PER_TOKEN
+    if len(text) <= reach:
+        return 0, len(text)
+    first = next((m.start() for m in _WORD.finditer(text) if m.group(0).lower() in words), 0)
+    start = max(0, min(first - reach // 4, len(text) - reach))
+    return start, start + reach
+
+
 def _cut(text: str, start: int, end: int, limit: int, count: Callable[[str], int]) -> int:
-    """The end of the longest run of whole words from ``start`` within ``limit`` tokens."""
+    """The end of the longest run of whole words from ``start`` within ``limit`` tokens; of
+    characters, when not one whole word fits (a script written without spaces: one "word")."""
     ends = [m.end() for m in _WORD.finditer(text, start, end)]
-    lo, hi = 0, len(ends)
-    while lo < hi:  # the most words that fit
+    n = _most(len(ends), lambda i: count(text[start:ends[i - 1]]) <= limit)
+    if n:
+        return ends[n - 1]
+    n = _most(end - start, lambda i: count(text[start:start + i]) <= limit)
+    return start + max(n, 1)
+
+
+def _most(n: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``i`` in 0..n with ``fits(i)`` (``fits`` true up to some point, then false)."""
+    lo, hi = 0, n
+    while lo < hi:
         mid = (lo + hi + 1) // 2
-        if count(text[start:ends[mid - 1]]) <= limit:
+        if fits(mid):
             lo = mid
         else:
             hi = mid - 1
-    return ends[lo - 1] if lo else min(end, start + 1)
+    return lo

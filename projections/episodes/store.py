@@ -22,8 +22,10 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timesta
     $6::timestamptz[], $7::int[], $8::bigint[], $9::text[], $10::text[], $11::jsonb[],
     $12::vector[], $13::text[])
 ON CONFLICT (user_id, episode_id) DO NOTHING
+RETURNING user_id, episode_id
 """
-# An episode's passages go in with it; both inserts skip what is there (a batch applied again).
+# An episode's passages go in with it, only with it: a decision for an episode already there (a
+# batch applied again, the same turn formed twice) adds nothing, as a rebuild keeps the first.
 _INSERT_PASSAGES = """
 INSERT INTO episode_passages (user_id, episode_id, passage, start_char, end_char, embedding, embedding_model)
 SELECT * FROM unnest($1::text[], $2::uuid[], $3::int[], $4::int[], $5::int[], $6::vector[], $7::text[])
@@ -86,8 +88,8 @@ async def _insert(conn, rows: Sequence[EpisodeRow]) -> set:
              Vector(np.frombuffer(r.embedding, dtype="<f4")), r.embedding_model)
             for r in rows
         ))]
-        await conn.execute(_INSERT, *cols)
-        passages = passage_records(rows)
+        inserted = {(r["user_id"], r["episode_id"]) for r in await conn.fetch(_INSERT, *cols)}
+        passages = passage_records([r for r in rows if (r.user_id, r.episode_id) in inserted])
         if passages:
             await conn.execute(_INSERT_PASSAGES, *(list(c) for c in zip(*passages)))
     return kept_out

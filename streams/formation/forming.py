@@ -607,13 +607,17 @@ class Formation:
 
     def _episode(self, r: Record, turn: TurnRecorded, embedded: Embedded) -> EpisodeRecorded:
         vector, passages = embedded
+        # Spans of the text as stored (``user_message + "\n" + assistant_message``): the
+        # embedded text (``episode_text``) is that text without its leading whitespace.
+        raw = f"{turn.user_message}\n{turn.assistant_message}"
+        lead = len(raw) - len(raw.lstrip())
         return EpisodeRecorded(
             decision_id=episodes.episode_id(turn.event_id), source_event_id=turn.event_id,
             source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
             user_id=turn.user_id, conversation_id=turn.conversation_id, occurred_at=turn.occurred_at,
             user_message=turn.user_message, assistant_message=turn.assistant_message,
             metadata=turn.metadata, embedding=to_bytes(vector), embedding_model=self._embedder.model_id,
-            passages=[Passage(start=a, end=b, embedding=to_bytes(v)) for a, b, v in passages])
+            passages=[Passage(start=a + lead, end=b + lead, embedding=to_bytes(v)) for a, b, v in passages])
 
     async def _llm(self, call, *args):
         client = id(getattr(call, "__self__", call))  # the extractor and the resolver may be two services

@@ -107,3 +107,13 @@ def test_an_episode_s_passages_round_trip_and_bad_spans_are_refused():
             decode_decision(encode(msgspec.structs.replace(d, passages=[])).replace(
                 b'"passages":[]', msgspec.json.encode({"passages": [
                     {"start": a, "end": b, "embedding": d.embedding} for a, b in bad]})[1:-1]))
+
+
+def test_text_without_spaces_is_cut_by_characters_and_sentences_not_to_nothing():
+    counter = TokenCounter()
+    chinese = [_ranked("我们今天去了公园。然后吃了午饭！" * 400, i, 1.0 - i / 10) for i in range(5)]
+    kept, used = pack_episodes(chinese, {}, "公园", 600, counter, episode_line)
+    assert len(kept) == 5 and used <= 600
+    assert all(counter.count(episode_line(e)) >= MIN_EXCERPT_TOKENS for e in kept)
+    a, b = excerpt("一二三四五六七八九十" * 50, None, set(), 5, counter.count)
+    assert 1 < b - a and counter.count(("一二三四五六七八九十" * 50)[a:b]) <= 5
