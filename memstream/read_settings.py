@@ -36,8 +36,8 @@ class Weights:
 # decides per message). Adjacent turns inherit 0.6 of their anchor's relevance, the reply to a
 # question all of it. Every value here was chosen on the two dev sets, LoCoMo and BEAM 500K, and
 # is shown on both in BENCHMARKS.md ("Defaults and the measurements behind them").
-EPISODE_WEIGHTS = Weights(relevance=0.8, recency=0.2, neighbour_share=0.6, reply_share=1.0, keyword_share=0.6,
-                          candidates=40, raw_similarity=True)
+EPISODE_WEIGHTS = Weights(relevance=0.8, recency=0.2, neighbour_share=0.6, reply_share=1.0, candidates=40,
+                          raw_similarity=True)
 FACT_WEIGHTS = Weights(relevance=0.6, recency=0.1, importance=0.2, type=0.1, recency_half_life_days=90.0)
 
 

@@ -21,7 +21,10 @@ from typing import Sequence
 import asyncpg
 
 CAP = 200  # AND matches taken
-RECENT = 1000
+# A conversation of up to this many turns is searched whole by its words; older turns of a
+# longer history only when they hold every word (or by meaning). Bounded for the heaviest users'
+# sake (BENCHMARKS.md: what the window costs them, and what a smaller one lost on long chats).
+RECENT = 4000
 # Words of the message searched: the first ones it uses. A pasted page of 1,000 distinct words
 # took 400 ms per table and 5,000 hit the statement timeout (measured); 32 words cost ~2 ms. The
 # query embedding likewise reads only the message's first 256 tokens. LoCoMo's longest question

@@ -2,7 +2,7 @@
 fulltext.py): candidates are the rows holding any query word among the user's newest RECENT rows
 plus the rows holding every word at any age; each scores the sum of the idf of the words it
 holds (document frequencies over the newest rows); the k best by (score, time, id). The corpus
-is written straight into the table (1,150 rows: more than the window), so the postings triggers,
+is written straight into the table (150 rows more than the window), so the postings triggers,
 the window and the all-words path are all exercised."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from memstream.projections.fulltext import CAP, MAX_TERMS, RECENT
 
 T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
 COMMON = ["apple", "river", "guitar", "mountain", "coffee", "violet", "tiger", "marble", "rocket", "lantern"]
-N = 1150  # rows 0..149 are older than the newest RECENT (1000)
+N = RECENT + 150  # rows 0..149 are older than the newest RECENT
 
 
 def _row(user: str, i: int, text: str) -> tuple:
