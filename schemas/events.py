@@ -25,8 +25,9 @@ MAX_MESSAGE_CHARS = 100_000
 # One event as JSON, at most: sealed (base64, a third more) it stays under Kafka's default 1 MiB
 # record limit. Two messages of MAX_MESSAGE_CHARS four-byte characters would not.
 MAX_EVENT_BYTES = 512 * 1024
-# A long turn is embedded in passages, each within the embedder's window; the first
-# MAX_PASSAGES of them carry a vector (the rest of the text is still found by its words).
+# A long turn is embedded in windows, each within the embedder's; the first MAX_PASSAGES of
+# them carry a vector (the rest of the text is still found by its words): the first is the
+# episode's own, the others its passages.
 MAX_PASSAGES = 32
 # At most its turn's text, a vector and its passages' vectors (base64 JSON: ~2.1 KiB each at 384
 # dimensions); sealed, a third more, it still fits Kafka's default 1 MiB record limit.
@@ -349,10 +350,10 @@ class EpisodeRecorded(Decision, tag="EpisodeRecorded", kw_only=True, frozen=True
     """A turn became an episode, with the embedding formation computed for it.
 
     ``embedding`` is the vector of the text's first window. A text longer than the embedder's
-    window also has ``passages``: every window in order (the first included), each with its
-    characters and vector, so the episode is found by its best-matching passage and a read can
-    return that passage alone. Empty for a turn that fits one window (and in every record written
-    before passages existed: those episodes are matched by their first window, as they were)."""
+    window also has ``passages``: its later windows in order, each with its characters and
+    vector, so the episode is found by its best-matching passage and a read can return that
+    passage alone. Empty for a turn that fits one window (and in every record written before
+    passages existed: those episodes are matched by their first window, as they were)."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
@@ -363,7 +364,7 @@ class EpisodeRecorded(Decision, tag="EpisodeRecorded", kw_only=True, frozen=True
     metadata: dict[str, MetadataValue] | None = None
     embedding: bytes  # little-endian float32, base64 in JSON
     embedding_model: str
-    passages: Annotated[list[Passage], msgspec.Meta(max_length=MAX_PASSAGES)] = []
+    passages: Annotated[list[Passage], msgspec.Meta(max_length=MAX_PASSAGES - 1)] = []
 
     def __post_init__(self) -> None:
         _check_embedding(self)

@@ -36,8 +36,8 @@ class Passages(Protocol):
 
 def embed_with_passages(embedder: Embedder, texts: Sequence[str], limit: int
                         ) -> list[tuple[np.ndarray, list[tuple[int, int, np.ndarray]]]]:
-    """Each text's vector and, for a text longer than the embedder's window, its passages
-    ``(start, end, vector)`` (the first one's vector is the text's own: the same window)."""
+    """Each text's vector (its first window's) and, for a text longer than the embedder's
+    window, its later passages ``(start, end, vector)``, at most ``limit - 1``."""
     spans = [embedder.passages(t, limit) if hasattr(embedder, "passages") else [(0, len(t))] for t in texts]
     extra = [t[s:e] for t, ss in zip(texts, spans) if len(ss) > 1 for s, e in ss[1:]]
     vectors = embedder.embed([*texts, *extra])
@@ -46,10 +46,8 @@ def embed_with_passages(embedder: Embedder, texts: Sequence[str], limit: int
         if len(ss) == 1:
             out.append((vectors[i], []))
             continue
-        own = [(ss[0][0], ss[0][1], vectors[i])]
-        own += [(s, e, vectors[n + j]) for j, (s, e) in enumerate(ss[1:])]
+        out.append((vectors[i], [(s, e, vectors[n + j]) for j, (s, e) in enumerate(ss[1:])]))
         n += len(ss) - 1
-        out.append((vectors[i], own))
     return out
 
 

@@ -1,7 +1,8 @@
--- A long turn's passages: every window of its text that the embedder could see whole, with the
--- characters it spans and its vector (EpisodeRecorded.passages). The episodes vector search also
--- searches these, and an episode scores by its best passage; a read that cannot fit a long
--- episode returns its best passage instead. Only episodes longer than one window have rows here.
+-- A long turn's passages: every window of its text after the first (the first is the episode's
+-- own vector), with the characters it spans and its vector (EpisodeRecorded.passages). The
+-- episodes vector search also searches these, and an episode scores by its best passage; a read
+-- that cannot fit a long episode returns its best passage instead. Only episodes longer than one
+-- window have rows here.
 -- Partitioned like episodes, so a user's search is pruned to one partition.
 CREATE TABLE episode_passages (
     user_id          text        NOT NULL,

@@ -45,8 +45,8 @@ async def test_a_long_turn_is_found_by_a_phrase_past_the_256th_token(settings, c
     await append_and_wait(settings, conn, [*chat, turn("lyra", long_text, 10, answer="Noted.")])
     passages = await conn.fetch("SELECT passage, start_char, end_char FROM episode_passages WHERE user_id = 'lyra' "
                                 "ORDER BY passage")
-    assert len(passages) >= 3 and passages[0]["start_char"] == 0
-    assert any(p["start_char"] <= long_text.index(PHRASE) < p["end_char"] for p in passages[1:])
+    assert len(passages) >= 2 and passages[0]["start_char"] > 0  # the first window is the episode's own
+    assert any(p["start_char"] <= long_text.index(PHRASE) < p["end_char"] for p in passages)
 
     query = embedder.embed(["Where is the violet submarine moored?"])[0]
     rows = await episodes_q.nearest(conn, "lyra", query, 3, embedder.model_id)
@@ -94,7 +94,7 @@ async def test_a_replay_and_a_rebuild_land_on_the_same_passages(settings, conn, 
     await w.wait_assigned()
     await append_and_wait(settings, conn, [turn("nox", f"{FILLER} {PHRASE} {FILLER}", 0),
                                            turn("nox", "Short and sweet.", 1)])
-    assert await conn.fetchval("SELECT count(*) FROM episode_passages WHERE user_id = 'nox'") >= 3
+    assert await conn.fetchval("SELECT count(*) FROM episode_passages WHERE user_id = 'nox'") >= 2
     await assert_equal_to_a_replay(settings, conn, dsn, "long")
     target = f"{settings.postgres_schema}_longrb"
     try:
