@@ -21,10 +21,7 @@ from typing import Sequence
 import asyncpg
 
 CAP = 200  # AND matches taken
-# A conversation of up to this many turns is searched whole by its words; older turns of a
-# longer history only when they hold every word (or by meaning). Bounded for the heaviest users'
-# sake (BENCHMARKS.md: what the window costs them, and what a smaller one lost on long chats).
-RECENT = 4000
+RECENT = 1000  # the window's default, in rows; the episodes' is wider (projections.episodes.query)
 # Words of the message searched: the first ones it uses. A pasted page of 1,000 distinct words
 # took 400 ms per table and 5,000 hit the statement timeout (measured); 32 words cost ~2 ms. The
 # query embedding likewise reads only the message's first 256 tokens. LoCoMo's longest question
@@ -33,11 +30,12 @@ MAX_TERMS = 32
 
 
 def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "", ranged: bool = False,
-                density: int | None = None) -> str:
+                density: int | None = None, recent: int = RECENT) -> str:
     """The keyword query for ``table``; ``where`` is an extra row filter on alias ``t`` (the
     postings and ``<table>_all_words`` admit exactly the rows it admits). ``ranged``: only rows
     whose ``time_col`` is in [$4, $5). ``density``: a row of more distinct words than that (its
-    postings' ``words``) has its score divided by how many times more it has."""
+    postings' ``words``) has its score divided by how many times more it has. ``recent``: the
+    window's rows."""
     extra = f" AND {where}" if where else ""
     words = "p.words" if density else "0"
     # Only rows scored in full can make the all-words scan needless: an older row holding every
@@ -62,7 +60,7 @@ WITH lx AS (SELECT array_agg(lexeme ORDER BY lexeme) AS l FROM (
      win AS (SELECT min(at) AS since, count(*) AS n FROM (
                  SELECT t.{time_col} AS at FROM {table} t
                  WHERE t.user_id = $1{extra} AND EXISTS (SELECT FROM qs)  -- no words: no scan
-                 ORDER BY t.{time_col} DESC LIMIT {RECENT}) w),
+                 ORDER BY t.{time_col} DESC LIMIT {recent}) w),
      m AS MATERIALIZED (SELECT p.term AS w, p.{key}, p.at, {words} AS words FROM {table}_terms p
                         WHERE p.user_id = $1 AND p.term = ANY((SELECT l FROM lx)::text[])
                           AND p.at >= (SELECT since FROM win){span}),

@@ -52,10 +52,14 @@ _NEAREST, _NEAREST_SPAN = _nearest_sql(False), _nearest_sql(True)
 # answer or a pasted page holds most words of any question, so without this it outranks the
 # short turn that was asked about (which set chose it, and what it buys: BENCHMARKS.md).
 KEYWORD_DENSITY_WORDS = 50
+# A conversation of up to this many turns is searched whole by its words; older turns of a longer
+# history only when they hold every word (or by meaning). Bounded for the heaviest users' sake
+# (BENCHMARKS.md: what the window costs them, and what 1,000 lost on long chats).
+KEYWORD_WINDOW = 2000
 _KEYWORD = fulltext.keyword_sql(table="episodes", key="episode_id", time_col="occurred_at", cols=_COLS,
-                                density=KEYWORD_DENSITY_WORDS)
+                                density=KEYWORD_DENSITY_WORDS, recent=KEYWORD_WINDOW)
 _KEYWORD_SPAN = fulltext.keyword_sql(table="episodes", key="episode_id", time_col="occurred_at", cols=_COLS,
-                                     ranged=True, density=KEYWORD_DENSITY_WORDS)
+                                     ranged=True, density=KEYWORD_DENSITY_WORDS, recent=KEYWORD_WINDOW)
 
 # The turns just before and just after (``next``) each anchor, in the anchor's conversation, in
 # the order of (occurred_at, episode_id) so turns with the same time are still neighbours.

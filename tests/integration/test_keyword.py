@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from memstream.projections.episodes import query as episodes_q
-from memstream.projections.fulltext import CAP, MAX_TERMS, RECENT
+from memstream.projections.episodes.query import KEYWORD_WINDOW as RECENT
+from memstream.projections.fulltext import CAP, MAX_TERMS
 
 T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
 COMMON = ["apple", "river", "guitar", "mountain", "coffee", "violet", "tiger", "marble", "rocket", "lantern"]
