@@ -229,7 +229,7 @@ class MemoryReader:
         ctx.facts, facts_used = pack(ctx.facts, lambda f: f.text, b.facts, self._tokens)
         episodes, episodes_used = pack_episodes(ranked, _passages(got.get("episodes") or []), message, b.episodes,
                                                 self._tokens, episode_line)
-        # In time order within the section: what happened first reads first (the rank is in ``score``).
+        # In time order within the section: what happened first reads first (the ranking is in ``rank``).
         ctx.episodes = sorted(episodes, key=lambda e: (e.occurred_at, str(e.episode_id)))
         ctx.edges, edges_used = pack(ctx.edges, edge_line, b.edges, self._tokens)
         ctx.tokens = {"facts": facts_used, "episodes": episodes_used, "edges": edges_used}
