@@ -79,7 +79,7 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
             log.info("ingested %d turns in %.1f s (including worker start-up)",
                      sum(len(s.utterances) for x in samples for s in x.sessions), ingest_s)
         asked = await _ask(reader, samples, tag, k, on_progress or (lambda done, total: None))
-        plain = await _baselines(reader, samples, tag, k)
+        plain = await _baselines(settings, dsn, samples, tag, k)
     finally:
         if reader is not None:
             await reader.close()
@@ -152,17 +152,29 @@ async def _ask(reader, samples: Sequence[Sample], tag: str, k: int, on_progress)
     return results, latencies, degraded
 
 
-async def _baselines(reader, samples: Sequence[Sample], tag: str, k: int) -> dict[str, list]:
+async def _baselines(settings: Settings, dsn: str, samples: Sequence[Sample], tag: str, k: int) -> dict[str, list]:
     """Each plain retriever's ranked dia_ids for every question, on the episodes the store holds
     (their whole texts for BM25, their own and their passages' vectors for dense retrieval) and
-    the reader's own embedder for the questions."""
+    the read path's embedder for the questions."""
+    from memstream.embedding import default_embedder
+    from memstream.projections.db import create_pool
+
+    embedder = default_embedder(settings.read_embed_threads, settings.embedding_variant)
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=1)
+    try:
+        return await _plain(pool, embedder, samples, tag, k)
+    finally:
+        await pool.close()
+
+
+async def _plain(pool, embedder, samples: Sequence[Sample], tag: str, k: int) -> dict[str, list]:
     out: dict[str, list] = {name: [] for name in METHODS[1:]}
     for sample in samples:
         user_id = user_id_for(tag, sample)
-        rows = await reader._pool.fetch(
+        rows = await pool.fetch(
             "SELECT metadata->>'dia_id' AS dia, user_message, assistant_message, embedding FROM episodes "
             "WHERE user_id = $1 ORDER BY occurred_at, episode_id", user_id)
-        passages = await reader._pool.fetch(
+        passages = await pool.fetch(
             "SELECT e.metadata->>'dia_id' AS dia, p.embedding FROM episode_passages p JOIN episodes e "
             "USING (user_id, episode_id) WHERE p.user_id = $1 ORDER BY e.occurred_at, p.passage", user_id)
         ids = [r["dia"] for r in rows]
@@ -171,7 +183,7 @@ async def _baselines(reader, samples: Sequence[Sample], tag: str, k: int) -> dic
         every_ids = ids + [r["dia"] for r in passages]
         every = np.vstack([own, _matrix([r["embedding"] for r in passages])]) if passages else own
         questions = [q.question for q in sample.questions]
-        vectors = reader._embedder.embed(questions) if questions else []
+        vectors = embedder.embed(questions) if questions else []
         for q, vec in zip(sample.questions, vectors):
             ranked_bm25 = bm25.search(q.question, max(k, 100))
             ranked_dense = dense_search(ids, own, vec, max(k, 100))

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 
 from memstream.embedding import to_bytes
-from memstream.schemas import (SYSTEM_USER, AliasAdded, EdgeClosed, EdgeOpened, EntityCreated, EpisodeRecorded,
+from memstream.schemas import (SYSTEM_USER, AliasAdded, EdgeClosed, EdgeOpened, EntityCreated, EpisodeRecorded, Passage,
                                ExpertIdentityDeleted, ExpertIdentityUpserted, FactAdded, FactChangeDeferred,
                                FactDeleted, FactReinforced, FactUpdated, LogPosition, PersonIdentitySet,
                                ReminderResolved, ReminderScheduled)
@@ -40,11 +40,15 @@ def _turn(user: str, role: str) -> dict:
                 recorded_at=T0 + timedelta(minutes=n), user_id=user)
 
 
-def episode(user: str, text: str, conversation: str = "c1") -> EpisodeRecorded:
+def episode(user: str, text: str, conversation: str = "c1", passages: int = 0) -> EpisodeRecorded:
+    """A turn's episode; with ``passages``, that many later windows of its text, each a third of it."""
     c = _turn(user, "episode")
+    third = max(1, len(text) // 3)
     return EpisodeRecorded(**c, conversation_id=conversation, occurred_at=c["recorded_at"], user_message=text,
                            assistant_message="Noted.", metadata={"channel": "web"}, embedding=to_bytes(toward(0.5)),
-                           embedding_model=MODEL)
+                           embedding_model=MODEL,
+                           passages=[Passage(start=n * third, end=(n + 1) * third, embedding=to_bytes(toward(0.4)))
+                                     for n in range(1, passages + 1)])
 
 
 # float32-exact confidences: rows read back from Postgres (real) compare equal to the core's.

@@ -114,8 +114,9 @@ class TestEpisodeStore(ProjectionStoreContract):
     def batch(self):
         said = [("ana", "I live in Porto."), ("bo", "My cat is called Miso."), ("ana", "I moved to Lisbon.")]
         regret = items.episode("cy", "Forget I said this.")
-        return [*(episodes.apply(items.episode(user, text)) for user, text in said), episodes.apply(regret),
-                _forget(regret, "episode")]
+        long = items.episode("bo", "A long turn about my garden, my roses and my tomatoes.", passages=2)
+        return [*(episodes.apply(items.episode(user, text)) for user, text in said), episodes.apply(long),
+                episodes.apply(regret), _forget(regret, "episode")]
 
     def poisoned(self, name, batch):
         fresh = episodes.apply(items.episode("ana", "I started a new job."))
