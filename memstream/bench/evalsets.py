@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from memstream.bench.locomo import _MONTHS, Question, Sample, Session, Utterance, load_locomo, parse_locomo
+from memstream.bench.locomo import _MONTHS, Question, Sample, Session, Utterance, load_locomo, parse_locomo, unique
 
 log = logging.getLogger("memstream.eval")
 
@@ -248,13 +248,7 @@ def parse_longmemeval(data: Any) -> list[Sample]:
     """A decoded LongMemEval file: one sample per item (its own haystack, one question)."""
     if not isinstance(data, list):
         raise ValueError(f"LongMemEval data must be a JSON list of items, got {type(data).__name__}")
-    samples = [_lme_item(raw, i) for i, raw in enumerate(data)]
-    seen: set[str] = set()
-    for s in samples:
-        if s.sample_id in seen:
-            raise ValueError(f"item {s.sample_id!r}: duplicate question_id")
-        seen.add(s.sample_id)
-    return samples
+    return unique([_lme_item(raw, i) for i, raw in enumerate(data)], "item {!r}: duplicate question_id")
 
 
 def parse_longmemeval_date(text: Any) -> datetime:

@@ -89,11 +89,15 @@ def parse_locomo(data: Any) -> list[Sample]:
     the sample and the field, so a bad file is fixed at its source rather than half-scored."""
     if not isinstance(data, list):
         raise ValueError(f"LoCoMo data must be a JSON list of samples, got {type(data).__name__}")
-    samples = [_parse_sample(raw, i) for i, raw in enumerate(data)]
+    return unique([_parse_sample(raw, i) for i, raw in enumerate(data)], "sample {!r}: duplicate sample_id")
+
+
+def unique(samples: list[Sample], refusal: str) -> list[Sample]:
+    """``samples``, refused (``refusal`` formatted with the id) if two share a ``sample_id``."""
     seen: set[str] = set()
     for s in samples:
         if s.sample_id in seen:
-            raise ValueError(f"sample {s.sample_id!r}: duplicate sample_id")
+            raise ValueError(refusal.format(s.sample_id))
         seen.add(s.sample_id)
     return samples
 
