@@ -16,9 +16,9 @@ PASSAGE_DISCOUNT = 0.1  # cosine distance added to a passage's past the first wi
 # An episode is as near as its nearest passage: its own vector (the first window of its text)
 # or, for a long turn, a later window's (episode_passages) plus PASSAGE_DISCOUNT: a long turn
 # has many draws at resembling a question, and a later window lacks the turn's opening, which
-# mostly says what it is about (the discount's measurements: BENCHMARKS.md). The nearest
-# passage's characters come with it, for a read that must return an excerpt. relaxed_order
-# iterative scans may return rows slightly out of order: re-sort outside.
+# mostly says what it is about (the discount's measurements: BENCHMARKS.md). A later passage
+# nearer than the opening comes with its characters, for a read that must return an excerpt.
+# relaxed_order iterative scans may return rows slightly out of order: re-sort outside.
 def _nearest_sql(period: bool) -> str:
     """The nearest-episodes statement; ``period``: only episodes that occurred in [$5, $6)."""
     within = " AND occurred_at >= $5 AND occurred_at < $6" if period else ""
@@ -35,7 +35,9 @@ p AS MATERIALIZED (
 bp AS (SELECT DISTINCT ON (episode_id) * FROM p ORDER BY episode_id, distance, start_char),
 n AS (
     SELECT c.episode_id, c.conversation_id, c.occurred_at, c.user_message, c.assistant_message, c.metadata,
-           least(c.distance, bp.distance + {PASSAGE_DISCOUNT}) AS distance, bp.start_char, bp.end_char
+           least(c.distance, bp.distance + {PASSAGE_DISCOUNT}) AS distance,
+           CASE WHEN bp.distance < c.distance THEN bp.start_char END AS start_char,
+           CASE WHEN bp.distance < c.distance THEN bp.end_char END AS end_char
     FROM c LEFT JOIN bp USING (episode_id)
     UNION ALL
     SELECT e.episode_id, e.conversation_id, e.occurred_at, e.user_message, e.assistant_message, e.metadata,
