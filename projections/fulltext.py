@@ -22,10 +22,10 @@ import asyncpg
 
 CAP = 200  # AND matches taken
 RECENT = 1000  # the window's default, in rows; the episodes' is wider (projections.episodes.query)
-# Words of the message searched: the first ones it uses. A pasted page of 1,000 distinct words
-# took 400 ms per table and 5,000 hit the statement timeout (measured); 32 words cost ~2 ms. The
-# query embedding likewise reads only the message's first 256 tokens. LoCoMo's longest question
-# has 15.
+# Words of the message searched: the first ones it uses. A pasted page of distinct words costs
+# a keyword statement per word, up to the statement timeout; 32 cover any question (BENCHMARKS.md,
+# "Keyword channel: long messages"). The query embedding likewise reads only the message's first
+# 256 tokens.
 MAX_TERMS = 32
 
 
