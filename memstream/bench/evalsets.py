@@ -20,9 +20,10 @@ import re
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
-from memstream.bench.locomo import _MONTHS, Question, Sample, Session, Utterance, load_locomo, parse_locomo, unique
+from memstream.bench.locomo import (_MONTHS, Question, Sample, Session, Utterance, load_locomo, parse_locomo,
+                                    unique, warn_unknown_evidence)
 
 log = logging.getLogger("memstream.eval")
 
@@ -129,7 +130,7 @@ def parse_beam_chat(sid: str, batches: Any, probing: Any) -> Sample:
         if not isinstance(items, list):
             raise ValueError(f"chat {sid!r}: probing questions[{ability!r}] must be a list")
         questions += [_beam_question(sid, ability, i, q) for i, q in enumerate(items)]
-    _warn_unknown_evidence(sid, sessions, questions)
+    warn_unknown_evidence(sid, sessions, questions)
     return Sample(sid, "user", "assistant", sessions, questions)
 
 
@@ -325,15 +326,6 @@ def _unique_session_key(sid: str, session_id: str, used: set[str]) -> str:
 
 
 # ---------------------------------------------------------------- shared
-
-
-def _warn_unknown_evidence(sid: str, sessions: Sequence[Session], questions: Iterable[Question]) -> None:
-    """Evidence naming no message can never be retrieved; say so, and keep it (it counts as missed)."""
-    known = {u.dia_id for s in sessions for u in s.utterances}
-    for q in questions:
-        missing = [d for d in q.evidence if d not in known]
-        if missing:
-            log.warning("chat %r: question %r cites unknown message ids %s", sid, q.question, missing)
 
 
 def fit_messages(samples: Sequence[Sample], limit_chars: int) -> tuple[list[Sample], int]:

@@ -135,7 +135,7 @@ def _parse_sample(raw: Any, position: int) -> Sample:
     if not isinstance(qa, list):
         raise ValueError(f"sample {sid!r}: 'qa' must be a list")
     questions = [_parse_question(q, sid, i) for i, q in enumerate(qa)]
-    _warn_unknown_evidence(sid, sessions, questions)
+    warn_unknown_evidence(sid, sessions, questions)
     return Sample(sid, speakers[0], speakers[1], sessions, questions)
 
 
@@ -200,13 +200,14 @@ def _parse_evidence(raw: Any, sid: str, where: str) -> list[str]:
     return out
 
 
-def _warn_unknown_evidence(sid: str, sessions: Sequence[Session], questions: Sequence[Question]) -> None:
-    """Evidence naming no utterance can never be retrieved; say so instead of scoring it silently."""
+def warn_unknown_evidence(sid: str, sessions: Sequence[Session], questions: Iterable[Question]) -> None:
+    """Evidence naming no utterance can never be retrieved; say so instead of scoring it silently
+    (it is kept, and counts as missed)."""
     known = {u.dia_id for s in sessions for u in s.utterances}
     for q in questions:
         missing = [d for d in q.evidence if d not in known]
         if missing:
-            log.warning("sample %r: question %r cites unknown dia_ids %s", sid, q.question, missing)
+            log.warning("sample %r: question %r cites unknown utterance ids %s", sid, q.question, missing)
 
 
 def _required_str(raw: dict, name: str, sid: str, prefix: str = "", *, allow_empty: bool = False) -> str:
