@@ -28,18 +28,20 @@ _SYNONYMS: dict[str, tuple[str, ...]] = {
     "has_pet": ("owns_pet", "has_dog", "has_cat", "pet", "dog", "cat"),
     "from": ("is_from", "born_in", "origin", "comes_from"),
     "studies_at": ("student_at", "attends", "enrolled_at"),
+    "member_of": ("team", "on_team", "member_of_team", "team_member_of"),  # a team at work
 }
 CANONICAL = {alias: name for name, aliases in _SYNONYMS.items() for alias in (name, *aliases)}
 # Relations that may hold for several targets at once; every other relation is single-valued
 # per (source, relation): a new target closes the current edge.
-MULTI_VALUED = frozenset({"has_child", "has_sibling", "has_parent", "friend_of", "has_pet", "knows", "likes"})
+MULTI_VALUED = frozenset({"has_child", "has_sibling", "has_parent", "friend_of", "has_pet", "knows", "likes",
+                          "member_of"})
 
 _SENTENCES = {
     "works_at": "{s} works at {t}", "managed_by": "{s} is managed by {t}", "lives_in": "{s} lives in {t}",
     "married_to": "{s} is married to {t}", "has_child": "{s} has a child named {t}",
     "has_sibling": "{s} has a sibling named {t}", "has_parent": "{s} has a parent named {t}",
     "friend_of": "{s} is friends with {t}", "has_pet": "{s} has a pet named {t}", "from": "{s} is from {t}",
-    "studies_at": "{s} studies at {t}",
+    "studies_at": "{s} studies at {t}", "member_of": "{s} is a member of {t}",
 }
 
 
@@ -47,6 +49,19 @@ def canonical(relation: str) -> str:
     """The canonical name of ``relation``; unknown relations are kept (normalised)."""
     key = re.sub(r"[^a-z0-9]+", "_", relation.strip().lower()).strip("_")
     return CANONICAL.get(key, key)
+
+
+def relation_of(attribute: str) -> str | None:
+    """The relation of the user's graph that states the fact slot ``attribute`` ("home":
+    ``lives_in``, "sister": ``has_sibling``), or None when the graph has none (a name, a like):
+    a fact of that slot and the user's edge of that relation to the same value are one truth."""
+    relation = canonical(attribute)
+    return relation if relation in _SYNONYMS else None
+
+
+def attributes_of(relation: str) -> tuple[str, ...]:
+    """The fact slots ``relation`` states (``relation_of``'s inverse)."""
+    return tuple(sorted(a for a, name in CANONICAL.items() if name == relation and relation in _SYNONYMS))
 
 
 def fact_sentence(source: str, relation: str, target: str) -> str:

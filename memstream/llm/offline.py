@@ -2,15 +2,17 @@
 
 Good enough for the demo and the tests, and a real component: its rules are general patterns of
 first-person English (where the user lives or works, names, preferences and dislikes,
-allergies and diets, family and pets, plans with dates, corrections, negations and requests to
-forget), unit-tested on sentences written apart from the rules. A date dates only the phrase of
-its own clause. Statements by the user are explicit; what is only implied (the assistant greeting
+allergies and diets, family, pets and teams, plans with dates, corrections, negations (a pet, a
+friend, a partner, a home or a team gone: only the one named) and requests to forget), in any
+script, unit-tested on sentences written apart from the rules. A date dates only the phrase of its
+own clause. Statements by the user are explicit; what is only implied (the assistant greeting
 the user by a name) is inferred, with lower confidence.
 """
 from __future__ import annotations
 
 import calendar
 import re
+import unicodedata
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Callable, Iterator, Sequence
@@ -32,11 +34,35 @@ _STOP = (r"(?=(?i:\s*(?:,|;|\.|!|\?|$| and | but | because | so | since | which 
          r"| last | next | this | in (?:19|20)\d\d| (?:in|on) (?:%s)\b| (?:yesterday|today|tomorrow)\b"
          r"| (?:\d{1,3}|%s) (?:day|week|month|year)s? ago\b)))" % (_LONG_MONTHS, _COUNTS))
 _VALUE = r"(?P<value>[^,.;!?]+?)" + _STOP
-_PROPER = r"(?P<value>[A-Z][\w'&-]*(?:\s+(?:[A-Z][\w'&-]*|of|de|da|do|del|von|van))*)"
+_FROM = r"(?:(?:away |back )?from [^,.;!?]{1,60}? )?"  # "I moved from Porto to Lisbon"
+
+
+def _class(keep: Callable[[str], bool]) -> str:
+    """The regex class of what ``keep`` holds below U+20000 (every cased letter and mark): ``re`` has no \\p{Lu}."""
+    kept = [i for i in range(0x20000) if keep(chr(i))]
+    starts = [i for n, i in enumerate(kept) if n == 0 or kept[n - 1] != i - 1]
+    ends = [i for n, i in enumerate(kept) if n == len(kept) - 1 or kept[n + 1] != i + 1]
+    return "[" + "".join(re.escape(chr(a)) + ("-" + re.escape(chr(b)) if b > a else "") for a, b in zip(starts, ends)) + "]"
+
+
+_MARKS = _class(lambda c: unicodedata.category(c)[0] == "M")  # "e" + U+0308 is "ë" too
+_LETTER = r"(?:[^\W\d_]|%s)" % _MARKS  # a letter of any script, or a mark on one
+# A capital: a letter that is not lowercase ("Z", "Ø", "Д", and "张", of a script without case);
+# _UP, an uppercase letter only. Case-sensitive whatever the rule's flags.
+_CAP = r"(?-i:(?!%s)[^\W\d_])" % _class(str.islower)
+_UP = r"(?-i:%s)" % _class(lambda c: c.isupper() or c.istitle())
+_WORD = _CAP + r"(?:-?" + _LETTER + r")*+"  # "Zoë", "Jean-Luc", "Łukasz", "Дмитрий", "محمد"
+# A person's name: a first name, perhaps a surname ("Ana", "Ana Silva"); not a word's tail.
+_PERSON = r"(?<![\w'’-])" + _WORD + r"(?: " + _CAP + r"(?:-?" + _LETTER + r")++)?"
+_PROPER = (r"(?P<value>{w}(?:\s+(?:{w}|(?:of|de|da|do|del|von|van)\b))*)"
+           .format(w=_CAP + r"(?:[\w'&-]|" + _MARKS + ")*+"))
 # The subject: "I", or nothing after "and" ("I live in Lisbon and work at Acme").
 _I = r"(?:\b[iI](?=\s|')|\band(?=\s+(?:work|live|moved|joined)))"
 _NOT_NAMES = frozenset({"Sorry", "Fine", "Good", "Great", "Here", "Back", "Not", "Just", "So", "Very",
                         "Really", "Also", "Still", "Okay", "Ok", "Happy", "Glad", "Excited", "Done"})
+# Not a pet, a friend or a partner that ended ("She left me", "Mom passed away").
+_NOT_ENDED = _NOT_NAMES | {"I", "He", "She", "It", "They", "We", "You", "This", "That", "There", "The", "My", "Our",
+                           "Mom", "Mum", "Dad", "Mama", "Papa", "Grandma", "Grandpa", "Granny", "Nana", "God"}
 _RELATIVES = ("daughter", "son", "wife", "husband", "partner", "sister", "brother", "mother", "mom",
               "mum", "father", "dad", "boyfriend", "girlfriend", "grandmother", "grandfather", "friend")
 _PETS = ("dog", "cat", "puppy", "kitten", "parrot", "rabbit", "hamster", "horse", "fish")
@@ -51,7 +77,7 @@ class _Rule:
 
 
 def _clean(value: str) -> str:
-    value = re.sub(r"^(?:the|a|an|my)\s+", "", value.strip(), flags=re.I)
+    value = re.sub(r"^(?:[Tt]he|a|an|[Mm]y)\s+", "", value.strip())  # not "A Coruña"
     return value.strip(" '\"")
 
 
@@ -118,9 +144,9 @@ def _fact(text, category, attribute, value, *, explicit=True, confidence=0.9, va
                          confidence=confidence, explicit=explicit, valid_at=valid_at, negated=negated)
 
 
-def _rule(pattern: str, flags=re.I):
+def _rule(pattern: str | re.Pattern, flags=re.I):
     def register(build):
-        _RULES.append(_Rule(re.compile(pattern, flags), build))
+        _RULES.append(_Rule(pattern if isinstance(pattern, re.Pattern) else re.compile(pattern, flags), build))
         return build
     return register
 
@@ -128,20 +154,32 @@ def _rule(pattern: str, flags=re.I):
 _RULES: list[_Rule] = []
 
 
-@_rule(r"\b(?i:my name is|i'm called|i am called|call me|name's)\s+" + _PROPER, 0)
-@_rule(r"^(?:(?:hi|hello|hey)[!,. ]+)?(?:i'm|i am|I'm|I am)\s+" + _PROPER + r"(?=\s*[,.!]|\s+and\b|$)", 0)
-def _name(m, turn):
+# "My name is Zoë", "Hi, I'm Ørjan", "Hey there, I'm Ana": the relation extractor's too.
+_NAME_RULES = (re.compile(r"\b(?i:my name is|i'm called|i am called|call me|name's)\s+" + _PROPER),
+               re.compile(r"^(?:(?i:(?:hi|hello|hey|hiya|howdy|greetings|good (?:morning|afternoon|evening))"
+                          r"(?: there| all| everyone)?)[!,.\s]+)?(?i:i['’]m|i am)\s+" + _PROPER + r"(?=\s*[,.!]|\s+and\b|$)"))
+
+
+def _name_of(m: re.Match) -> str | None:
     name = m.group("value").split()[0] if len(m.group("value").split()) > 2 else m.group("value")
-    if name not in _NOT_NAMES:
+    return None if name in _NOT_NAMES else name
+
+
+@_rule(_NAME_RULES[0])
+@_rule(_NAME_RULES[1])
+def _name(m, turn):
+    if name := _name_of(m):
         yield _fact(f"Name is {name}", "identity", "name", name)
 
 
 @_rule(_I + r"\s+(?:currently |still )?(?:live|am living|'m living|reside) in " + _VALUE)
 @_rule(r"\bmy home is (?:in|now in) " + _VALUE)
 @_rule(_I + r"(?:'m| am) (?:now )?based in " + _VALUE)
-@_rule(_I + r"(?:'ve| have)?\s+(?:just |recently |finally )?(?:moved|relocated) to " + _VALUE)
+@_rule(_I + r"(?:'ve| have)?\s+(?:just |recently |finally )?(?:moved|relocated) " + _FROM + "to " + _VALUE)
 def _home(m, turn):
     value = _clean(m.group("value"))
+    if value.casefold().endswith(" team"):
+        return  # "I moved to the Data team": a team (_TOLD)
     when = _dated(m.string, m.start(), m.end(), turn.occurred_at, past=True)
     yield _fact(f"Lives in {value}", "location", "home", value, valid_at=when)
 
@@ -202,7 +240,14 @@ def _diet(m, turn):
     yield _fact(f"Diet is {m.group('value').lower()}", "constraint", "diet", m.group("value").lower(), confidence=0.95)
 
 
-@_rule(r"\b[Mm]y (?P<rel>%s)(?:'s name is|,| is called| called| named)?\s+(?P<value>[A-Z][a-z]+)" % "|".join(_RELATIVES), 0)
+_CALLED = r"(?:'s name is|,| is called| called| named)?\s+(?P<value>" + _PERSON + ")"
+_RELATIVE = re.compile(r"\b[Mm]y (?P<rel>%s)" % "|".join(_RELATIVES) + _CALLED)
+_PET_RULES = (re.compile(r"\b(?:[Mm]y|[Oo]ur) (?P<pet>%s)" % "|".join(_PETS) + _CALLED),
+              re.compile(_I + r" (?:have|'ve got|have got) (?:a|an) (?P<pet>%s) (?:called|named) (?P<value>%s)"
+                         % ("|".join(_PETS), _PERSON), re.I))
+
+
+@_rule(_RELATIVE)
 def _relative(m, turn):
     rel, name = m.group("rel"), m.group("value")
     if name in _NOT_NAMES:
@@ -211,10 +256,11 @@ def _relative(m, turn):
     yield _fact(f"{rel.capitalize()} is {name}", "relationship", attribute, name)
 
 
-@_rule(r"\b[Mm]y (?P<pet>%s)(?:'s name is|,| is called| called| named)?\s+(?P<value>[A-Z][a-z]+)" % "|".join(_PETS), 0)
-@_rule(_I + r" (?:have|'ve got|have got) (?:a|an) (?P<pet>%s) (?:called|named) (?P<value>[A-Z][a-z]+)" % "|".join(_PETS))
+@_rule(_PET_RULES[0])
+@_rule(_PET_RULES[1])
 def _pet(m, turn):
-    yield _fact(f"Has a {m.group('pet')} named {m.group('value')}", "relationship", "pet", m.group("value"))
+    if m.group("value") not in _NOT_NAMES:
+        yield _fact(f"Has a {m.group('pet')} named {m.group('value')}", "relationship", "pet", m.group("value"))
 
 
 @_rule(r"(?:\b[Ww]e're|\b[Ww]e are|" + _I + r"'m|" + _I + r" am|" + _I + r"'ll be|" + _I + r" will be)\s+(?:flying|going|travelling|traveling|heading|visiting|off)\s+(?:to\s+)?" + _PROPER
@@ -259,6 +305,84 @@ def _no_pet(m, turn):
     yield _fact(f"Has a {m.group('pet')}", "relationship", "pet", "", negated=True)
 
 
+# A pet, a friend, a partner, a home or a team the user has no longer (or a team they are on), each
+# named; the relation extractor reads the same. kind -> (category, fact text, attribute, relation).
+_KINDS = {"pet": ("relationship", "Has a pet named {}", "pet", "has_pet"),
+          "friend": ("relationship", "Friend is {}", "friend", "friend_of"),
+          "partner": ("relationship", "Partner is {}", "partner", "married_to"),
+          "home": ("location", "Lives in {}", "home", "lives_in"), "team": ("work", "Is on the {}", "team", "member_of")}
+_TOLD: list[tuple[re.Pattern, str, bool]] = []
+_N = r"(?P<value>" + _PERSON + r")(?![\w'’])"  # not "Ana's (dog)"
+_N2, _PARTNER = _N.replace("value", "value2"), "|".join(sorted(_PARTNERS))
+_US = r"(?:%s and (?:I|me)|\b(?:me|I) and %s) " % (_N, _N2)  # "Sam and I", "me and Sam"
+_MYPET = r"(?:(?:my|our) (?:(?:old|beloved|sweet|little|poor|family) )?(?:%s),? )" % "|".join(_PETS)
+_DIED = (r"(?:(?:has|had|sadly|just|finally|recently) )*(?:died|passed away|passed on|ran away|went missing|gone missing|"
+         r"(?:was|got|had to be) put (?:down|to sleep)|(?:was|got) (?:rehomed|re-homed|given away))\b")
+# The user, perhaps made to: "we had to", "I've finally decided to" (not "we're going to").
+_WE = (r"\b(?:I|we)(?:'ve| have)?(?: (?:just|finally|sadly|recently|eventually|then))?"
+       r"(?: (?:had|decided|were forced|needed|chose) to)? ")
+_TEAM = r"the (?P<value>[^\W\d_][\w&'’-]*(?: [^\W\d_][\w&'’-]*){0,2}) team\b"
+_NOT_TEAMS = {"same", "new", "old", "other", "whole", "entire", "right", "wrong", "winning", "losing", "opposing", "rival"}
+_HEDGE = re.compile(r"(?i)\b(?:if|whether|unless|not sure|unsure|worried|scared|fear|hope|hoping|wonder|wondering|"
+                    r"imagine|pretend|dream(?:ed|t)?|maybe|perhaps|might|what if|in case|would|could|should|do you|did you)\b")
+_HEDGE_AFTER = re.compile(r"(?i)\W*(?:yet\b|in (?:my|a|the|your) (?:dream|nightmare|movie|film|book|story|show|game)\b)")
+
+
+def _told_value(m: re.Match, kind: str, negated: bool) -> str | None:
+    """The one ``m`` names, or None: a word that names nobody, or an ending only hedged ("I'm not
+    sure ...", "if ...", a question)."""
+    s = m.string
+    if negated and (s.rstrip().endswith("?") or _HEDGE.search(s, 0, m.start()) or _HEDGE_AFTER.match(s, m.end())):
+        return None
+    value = m.group("value") or m.group("value2")
+    if kind == "home":
+        value = _clean(value)
+        return None if not value or value.casefold().endswith(" team") else value
+    if kind == "team":
+        return None if value.split()[0].lower() in _NOT_TEAMS else f"{value} team"
+    return None if value in _NOT_ENDED else value
+
+
+def _told_rule(kind: str, negated: bool, *patterns: str):
+    def build(m, turn):
+        if value := _told_value(m, kind, negated):
+            category, text, attribute, _ = _KINDS[kind]
+            when = _dated(m.string, m.start(), m.end(), turn.occurred_at, past=True)
+            yield _fact(text.format(value), category, attribute, value, valid_at=when, negated=negated)
+    for pattern in patterns:
+        _TOLD.append((re.compile(pattern, re.I), kind, negated))
+        _rule(_TOLD[-1][0])(build)
+
+
+_told_rule("pet", True, r"\b" + _MYPET + _N + ",? " + _DIED,  # "My dog Rex died", "our cat, Luna, passed away"
+           # "Rex passed away", "Sadly, Rex, my dog, was put down"
+           r"^\W*(?:(?:sadly|unfortunately|so|and|but|well|oh|anyway)\W+)?" + _N + r"(?:, (?:my|our) (?:%s),)? " % "|".join(_PETS)
+           + _DIED, _WE + "lost " + _MYPET + "?" + _N, _WE + "re-?homed? " + _MYPET + "?" + _N,  # "We lost our cat Luna"
+           _WE + r"(?:put %s?%s (?:down|to sleep)|(?:had|have|got|get) %s?%s put (?:down|to sleep))\b(?!\s+(?:for|on|at|with|in the)\b)"
+           % (_MYPET, _N, _MYPET, _N2), _WE + r"(?:gave|give) (?:away %s?%s|%s?%s (?:away|up for adoption))" % (_MYPET, _N, _MYPET, _N2))
+_told_rule("friend", True, _US + r"(?:(?:are|'re|were) (?:no longer|not)|aren't|weren't|(?:have )?stopped being) friends\b",
+           _US + r"(?:(?:have |had |'ve )?(?:fell|fallen) out|had a falling[- ]out|(?:have )?(?:ended|broke off) our friendship)\b",
+           r"\bI(?:'m| am) (?:no longer|not) friends with (?:my (?:old |best )?friend )?" + _N,
+           r"\bI(?: have| had|'ve)? (?:stopped being friends with|(?:fell|fallen) out with|had a falling[- ]out with|(?:ended|broke off) "
+           r"(?:my|our) friendship with|cut ties with|unfriended) (?:my (?:old |best )?friend )?" + _N)
+_told_rule("partner", True, _US + r"(?:(?:have|had|'ve|just|finally|recently|got|are|were|'re|have been) )*(?:divorced|broke up|"
+           r"broken up|split up|separated|called it quits|split\b(?!\s+(?:the|it|our|a|an|this|that|everything)\b))",
+           r"\bI(?:'ve|'m)?(?: (?:have|had|just|finally|recently|got|am))* (?:divorced|broke up with|split up with|split from|"
+           r"separated from|divorced from) (?:my (?:%s),? )?" % _PARTNER + _N,
+           r"\bI(?:'ve)?(?: (?:have|had|just|finally|recently))* (?:left|dumped) my (?:%s),? " % _PARTNER + _N,
+           _N + r" (?:(?:has|just|finally) )*(?:broke up with|split up with|dumped|left|divorced) me\b"
+           r"(?!\s+(?:a|an|the|some|alone|with|in|at|on|to)\b)", r"\bmy ex(?:-(?:%s|fianc[eé]e?)|\s+(?:%s))?,?\s+" % (_PARTNER, _PARTNER) + _N)
+_told_rule("home", True, _I + r"(?:'ve| have)?\s+(?:just |recently |finally )?(?:moved|relocated) (?:out of|away from|from) "
+           r"(?P<value>[^,.;!?]+?)(?:(?=\s+to\b)|" + _STOP + ")")
+_TEAM_OF = r"(?:on|in|part of|a member of) " + _TEAM
+_told_rule("team", False, _I + r"(?:'m| am|'ve been| have been)\s+(?:now |still |currently |also )?" + _TEAM_OF,
+           _I + r"\s+(?:currently |still |now )?(?:work|am working|'m working) (?:on|in) " + _TEAM,
+           _I + r"(?:'ve| have)?\s+(?:just |recently |finally )?(?:joined|(?:moved|switched|transferred) " + _FROM + "to) " + _TEAM)
+_told_rule("team", True, _I + r"(?:'m| am) (?:no longer|not) " + _TEAM_OF, _I + r"(?:'m| am) (?:now )?off " + _TEAM,
+           _I + r"(?:'ve| have| was| got|'ve been| have been)?\s+(?:just |recently |finally )?(?:left|quit|"
+           r"(?:moved|switched|transferred|taken) (?:off|out of|away from|from)) " + _TEAM)
+
+
 # "Please forget that I live in Lisbon", "delete the memory that I like jazz", "don't remember
 # that I ...": the clause that follows is to be retracted, not learned. Not "don't forget that
 # ...", "I forget that ...", "did you forget that ..." (reminders, not requests).
@@ -299,7 +423,8 @@ def _forgotten(clause: str, turn: TurnRecorded) -> Iterator[CandidateFact]:
 
 
 # A vocative at the start of the answer: "Nice to meet you, Dana!", "Sure thing, Dana."
-_GREETING = re.compile(r"^(?:(?i:[a-z' ]{1,30}),\s+|(?i:hi|hello|hey|thanks|welcome back)\s+)(?P<value>[A-Z][a-z]+)\s*[!.,?]")
+_GREETING = re.compile(r"^(?:(?i:[a-z' ]{1,30}),\s+|(?i:hi|hello|hey|thanks|welcome back)\s+)(?P<value>%s(?:-%s)?)\s*[!.,?]"
+                       % ((_UP + _LETTER + "++",) * 2))
 
 
 class OfflineExtractor:
@@ -314,10 +439,11 @@ class OfflineExtractor:
 def extract_facts(turn: TurnRecorded) -> list[CandidateFact]:
     found: dict[tuple[str, str, bool], CandidateFact] = {}
     for sentence in re.split(r"(?<=[.!?])\s+|\n+", turn.user_message):
-        for part, forget in _parts(sentence):
-            cands = _forgotten(part, turn) if forget else (
-                c for rule in _RULES for m in rule.pattern.finditer(part) for c in rule.build(m, turn))
-            for c in cands:
+        said = [c for part, forget in _parts(sentence) for c in (_forgotten(part, turn) if forget else (
+            c for rule in _RULES for m in rule.pattern.finditer(part) for c in rule.build(m, turn)))]
+        ended = {(c.attribute, c.value.casefold()) for c in said if c.negated}
+        for c in said:  # "My dog Rex died": that he is gone, not that the user has him
+            if c.negated or (c.attribute, c.value.casefold()) not in ended:
                 found.setdefault((c.attribute, c.value.casefold(), c.negated), c)
     greeting = _GREETING.match(turn.assistant_message.strip())  # inferred: the user never said it
     if greeting and greeting.group("value") not in _NOT_NAMES and not any(k[0] == "name" for k in found):
@@ -354,7 +480,10 @@ def resolve_fact(candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -
     same_slot = [n for n in neighbours if n.attribute == candidate.attribute]
     same_value = [n for n in same_slot if n.value.casefold() == candidate.value.casefold()]
     if candidate.negated:
-        target = same_value[0] if same_value else (same_slot[0] if same_slot and not candidate.value else None)
+        # Without a value ("I no longer have a dog"): the one its text names ("Has a dog named Rex"), or the only one.
+        named = [n for n in same_slot if n.text.casefold().startswith(candidate.text.casefold())] or same_slot
+        target = (same_value or [None])[0] if candidate.value else (
+            named[0] if len(named) == 1 or (named and single_valued(candidate.attribute)) else None)
         if target is None:
             return Resolution(Operation.NOOP, None, f"nothing current to retract for {candidate.attribute}")
         return Resolution(Operation.DELETE, target.fact_id, f"user says {target.text!r} is no longer true")
