@@ -579,20 +579,42 @@ def memories_correct(ctx, user, fact_id, value, text, actor, reason, as_json) ->
 @click.option("--edge", "edge_id", help="an edge id")
 @click.option("--actor", type=click.Choice(ACTORS), default="operator", show_default=True)
 @click.option("--reason", default="", help="why, for the history")
+@click.option("--keep-episodes", is_flag=True, help="with --fact: keep the turns it was read from")
+@click.option("--dry-run", is_flag=True, help="with --fact: list the turns that would go, append nothing")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def memories_forget(ctx, user, fact_id, episode_id, edge_id, actor, reason, as_json) -> None:
-    """Forget one fact, episode or edge of the user."""
+def memories_forget(ctx, user, fact_id, episode_id, edge_id, actor, reason, keep_episodes, dry_run, as_json) -> None:
+    """Forget one fact, episode or edge of the user. A fact takes the edges stating it and the
+    turns it was read from (listed first) with it, unless --keep-episodes."""
     from memstream import control
 
     given = [(k, v) for k, v in (("fact", fact_id), ("episode", episode_id), ("edge", edge_id)) if v]
     if len(given) != 1:
         raise click.UsageError("name exactly one of --fact, --episode, --edge")
     kind, raw = given[0]
+    if kind != "fact" and (keep_episodes or dry_run):
+        raise click.UsageError("--keep-episodes and --dry-run go with --fact")
     target = _uuid(raw, kind)
     forget = {"fact": control.forget_fact, "episode": control.forget_episode, "edge": control.forget_edge}[kind]
-    pos = _control(ctx, lambda log, reader: forget(log, reader, user, target, actor=actor, reason=reason))
-    _echo({"appended": _position(pos)}, as_json, [f"forget {kind} appended at {_where(pos)}"])
+    extra = {"keep_episodes": keep_episodes} if kind == "fact" else {}
+
+    async def run(log, reader):
+        going = [] if kind != "fact" or keep_episodes else await control.episodes_of_fact(reader, user, target)
+        if dry_run:
+            return None, going
+        return await forget(log, reader, user, target, actor=actor, reason=reason, **extra), going
+
+    pos, going = _control(ctx, run)
+    lines = [f"{'would forget' if dry_run else 'forgets'} {len(going)} turn(s) the fact was read from:"] if going else []
+    lines += [f"  {e.episode_id}  {e.occurred_at:%Y-%m-%d %H:%M}  {_shorten(e.user_message)}" for e in going]
+    lines += [] if pos is None else [f"forget {kind} appended at {_where(pos)}"]
+    _echo({"appended": None if pos is None else _position(pos),
+           "episodes": [str(e.episode_id) for e in going]}, as_json, lines)
+
+
+def _shorten(text: str, n: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 1] + "…"
 
 
 @main.command("forget-user")

@@ -46,13 +46,22 @@ async def correct_fact(log, reader, user_id: str, fact_id: uuid.UUID, value: str
 
 
 async def forget_fact(log, reader, user_id: str, fact_id: uuid.UUID, *, actor: str = "user",
-                      reason: str = "") -> LogPosition:
-    """The fact ends as forgotten; no replay or reform learns it again from the turns it came from."""
+                      reason: str = "", keep_episodes: bool = False) -> LogPosition:
+    """The fact ends as forgotten; no replay or reform learns it again from the turns it came from.
+    The edges stating the same relationship go with it, and so do those turns' episodes
+    (``episodes_of_fact`` lists them first) unless ``keep_episodes``; their other facts and edges
+    stay, noted."""
     row = await _own(reader, "facts", user_id, fact_id)
     if row["status"] != "current":
         raise NotFound(f"fact {fact_id} is not current ({row['status']})")
     return await log.append(FactForgotten(**_envelope(user_id, actor, reason), fact_id=fact_id,
-                                          attribute=row["attribute"], value=row["value"]))
+                                          attribute=row["attribute"], value=row["value"], keep_episodes=keep_episodes))
+
+
+async def episodes_of_fact(reader, user_id: str, fact_id: uuid.UUID) -> list:
+    """The remembered turns forgetting the fact would forget with it (``Episode``, oldest first)."""
+    await _own(reader, "facts", user_id, fact_id)
+    return await reader.fact_episodes(user_id, fact_id)
 
 
 async def forget_episode(log, reader, user_id: str, episode_id: uuid.UUID, *, actor: str = "user",

@@ -141,7 +141,8 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
     @tool
     async def forget_memory(fact_id: str | None = None, episode_id: str | None = None, edge_id: str | None = None,
                             reason: str = "", user_id: str | None = None) -> dict[str, Any]:
-        """Forget one fact, past turn or relationship the user asks you to forget (exactly one id)."""
+        """Forget one fact, past turn or relationship the user asks you to forget (exactly one id).
+        A fact goes with the relationship stating it and the past turns it was read from."""
         from memstream.control import forget_edge, forget_episode, forget_fact
 
         named = [(act, i) for act, i in ((forget_fact, fact_id), (forget_episode, episode_id), (forget_edge, edge_id))

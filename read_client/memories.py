@@ -81,6 +81,12 @@ async def memory_page(conn, user_id: str, kind: str, include_history: bool, limi
     return MemoryPage(kind=kind, items=items, next_cursor=_cursor(kind, *keys[-1]) if more else None)
 
 
+async def fact_episodes(conn, user_id: str, fact_id) -> list[Episode]:
+    """The remembered turns the user's fact was read from, in time order."""
+    found = await episodes_q.by_source(conn, user_id, await facts_q.turns(conn, user_id, fact_id))
+    return [_episode(r) for r in sorted(found.values(), key=lambda r: (r["occurred_at"], r["episode_id"]))]
+
+
 async def memory_stats(conn, user_id: str) -> MemoryStats:
     facts = await facts_q.counts(conn, user_id)
     episodes = await episodes_q.counts(conn, user_id)

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 import asyncpg
@@ -22,8 +22,8 @@ from memstream.projections.commands import query as commands_q
 from memstream.projections.graph import query as graph_q
 from memstream.projections.profile import query as profile_q
 from memstream.read_client.memories import KINDS as memories_kinds
-from memstream.read_client.memories import (check_page, fact_version, graph_at, memory_page, memory_stats, user_page,
-                                            with_source_turns)
+from memstream.read_client.memories import (check_page, fact_episodes, fact_version, graph_at, memory_page,
+                                            memory_stats, user_page, with_source_turns)
 from memstream.read_client.arguments import SEARCH_KINDS, check_as_of, check_read, check_search, check_user
 from memstream.read_client.budget import Budgets, TokenCounter, pack, pack_episodes
 from memstream.read_client.lanes import Bounded, Channels
@@ -38,7 +38,7 @@ from memstream.read_settings import READ_DEADLINE_S
 from memstream.schemas import LogPosition
 from memstream.schemas.vocabulary import canonical, single_valued
 from memstream.schemas.errors import InvalidArgument, ReaderClosed
-from memstream.schemas.read_models import (AsOf, FactVersion, Graph, MemoryContext, MemoryPage, MemoryStats, RankedEdge,
+from memstream.schemas.read_models import (AsOf, Episode, FactVersion, Graph, MemoryContext, MemoryPage, MemoryStats, RankedEdge,
                                            RankedEpisode, RankedFact, Reminder, SearchResult, Turn, UserOverview,
                                            UserPage)
 
@@ -152,7 +152,10 @@ class MemoryReader:
                    wait_timeout: float = 5.0, now: datetime | None = None,
                    as_of: AsOf | datetime | None = None, identity_id: str | None = None,
                    budgets: Budgets | None = None) -> MemoryContext:
-        """The memory context for ``message`` (the contract above). Traced as span
+        """The memory context for ``message`` (the contract above). ``as_of`` (an ``AsOf``, or a
+        time for both axes) is one moment for every section: facts, the profile built from them,
+        edges, episodes, reminders and identities as they were then, as believed then; the recent
+        turns are left out (``MemoryContext.left_out``). Traced as span
         ``memstream.read`` (a child span per channel) and, with ``metrics``, recorded into the
         host's registry."""
         with tracer.start_as_current_span("memstream.read") as span:
@@ -195,17 +198,25 @@ class MemoryReader:
         # start; once the embedding is there, edges (the longest) run beside the two nearest
         # searches, one after the other (each order: 0.3-0.6 ms better p50, interleaved A/B), and
         # the adjacent turns of the best episodes follow those.
-        text_lane = [("person_identity", commands_q.person_identity, user_id),
-                     ("due_reminders", commands_q.due_reminders, user_id, now)]
+        # As of a moment, every section is that moment (``_at``); the recent turns, a cache of now, are left out.
+        if as_of is None:
+            text_lane = [("person_identity", commands_q.person_identity, user_id),
+                         ("due_reminders", commands_q.due_reminders, user_id, now)]
+        else:
+            text_lane = [("person_identity", commands_q.person_identity_as_of, user_id, as_of.valid_time),
+                         ("due_reminders", commands_q.due_reminders_as_of, user_id, as_of.valid_time)]
+            ctx.left_out = ["recent_turns"]
         if identity_id is not None:
-            text_lane.append(("expert_identity", commands_q.expert_identity, identity_id))
+            text_lane.append(("expert_identity", commands_q.expert_identity, identity_id,
+                              *([as_of.valid_time] if as_of else [])))
         if not ctx.gated:
             n = self._episode_weights.candidates
-            kw = [("facts_keyword", self._keyword, facts_q, user_id, message),
-                  ("episodes_keyword", self._keyword, episodes_q, user_id, message, n)]
+            facts_at, episodes_at = _at(as_of)
+            kw = [("facts_keyword", self._keyword, facts_q, user_id, message, ANN_CANDIDATES, *facts_at),
+                  ("episodes_keyword", self._keyword, episodes_q, user_id, message, n, *episodes_at)]
             text_lane = kw + text_lane
-            fv = ("facts_vector", self._nearest, facts_q, user_id, embedding)
-            ev = ("episodes_vector", self._nearest, episodes_q, user_id, embedding, n)
+            fv = ("facts_vector", self._nearest, facts_q, user_id, embedding, ANN_CANDIDATES, *facts_at)
+            ev = ("episodes_vector", self._nearest, episodes_q, user_id, embedding, n, *episodes_at)
             ed = ("edges", self._edges, user_id, embedding, as_of, k_edges)
         keyword_ready = {"episodes_keyword": asyncio.Event()}
         try:
@@ -214,8 +225,9 @@ class MemoryReader:
                 *([ch.lane([ed], after=embedding),
                    ch.into("episodes", self._episodes_lane(ch, user_id, [fv, ev], embedding, keyword_ready))]
                   if not ctx.gated else []),
-                ch.into("recent_turns", ch.channel("recent_turns", self._recent_turns, user_id, conversation_id)),
-                ch.into("profile", ch.channel("profile", self._profile, user_id)))
+                *([ch.into("recent_turns", ch.channel("recent_turns", self._recent_turns, user_id, conversation_id))]
+                  if as_of is None else []),
+                ch.into("profile", ch.channel("profile", self._profile, user_id, as_of)))
         finally:
             _settle(embedding)
         ctx.profile, ctx.person_identity = got.get("profile") or {}, got.get("person_identity")
@@ -223,7 +235,7 @@ class MemoryReader:
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
         ctx.recent_turns = got.get("recent_turns") or []
         ctx.facts = self._ranked_facts(got, now, k_facts)
-        ranked = self._ranked_episodes(got.get("episodes") or [], now, k, message)
+        ranked = self._ranked_episodes(_believed(got.get("episodes") or [], as_of), now, k, message)
         ctx.edges = got.get("edges") or []
         b = budgets or self._budgets
         ctx.facts, facts_used = pack(ctx.facts, lambda f: f.text, b.facts, self._tokens)
@@ -250,7 +262,7 @@ class MemoryReader:
         """The ``k`` best memories of each of ``kinds`` (facts, episodes, edges) for ``query``,
         ranked as ``read`` ranks them (the same channels, fusion and rerank), without the rest of
         a context: no recent turns, profile, identities or reminders, no retrieval gate, no token
-        budgets (episodes come whole). ``as_of`` is the graph as it was, as in ``read``.
+        budgets (episodes come whole). ``as_of`` is one moment for facts, episodes and edges, as in ``read``.
         ``since`` / ``until`` keep episodes that occurred in [since, until): with a larger ``k``
         (up to 100), more of one topic in one period, for questions a context's few episodes
         cannot answer (what happened in order, across sessions, in a summary). Degrades per
@@ -266,11 +278,11 @@ class MemoryReader:
             as_of = _as_of(as_of, now)
             embedding = asyncio.ensure_future(self._embedded(query, ch.timings))
             n = max(k, ANN_CANDIDATES, self._episode_weights.candidates)  # the full k, however large
-            text = [(f"{kind}_keyword", self._keyword, q, user_id, query, n,
-                     *([period] if kind == "episodes" and period else []))
+            facts_at, episodes_at = _at(as_of, period)
+            at = {"facts": facts_at, "episodes": episodes_at}
+            text = [(f"{kind}_keyword", self._keyword, q, user_id, query, n, *at[kind])
                     for kind, q in (("facts", facts_q), ("episodes", episodes_q)) if kind in kinds]
-            vector = [(f"{kind}_vector", self._nearest, q, user_id, embedding, n,
-                       *([period] if kind == "episodes" and period else []))
+            vector = [(f"{kind}_vector", self._nearest, q, user_id, embedding, n, *at[kind])
                       for kind, q in (("facts", facts_q), ("episodes", episodes_q)) if kind in kinds]
             keyword_ready = {"episodes_keyword": asyncio.Event()}
             lanes = [ch.lane(text, pool=self._text_pool, ready=keyword_ready)]
@@ -287,8 +299,8 @@ class MemoryReader:
             got = ch.got
             result = SearchResult(user_id=user_id, query=query, as_of=as_of, degraded=ch.degraded,
                                   facts=self._ranked_facts(got, now, k) if "facts" in kinds else [],
-                                  episodes=self._ranked_episodes(_within(got.get("episodes") or [], period), now, k,
-                                                                 query),
+                                  episodes=self._ranked_episodes(
+                                      _believed(_within(got.get("episodes") or [], period), as_of), now, k, query),
                                   edges=(got.get("edges") or [])[:k])
             ch.timings["total"] = (time.perf_counter() - t0) * 1000
             result.timings_ms = {name: round(ms, 3) for name, ms in ch.timings.items()}
@@ -386,7 +398,9 @@ class MemoryReader:
         rows = await episodes_q.recent(self._text_bounded, user_id, conversation_id, self._tier0)
         return [Turn(**{k: r[k] for k in Turn.model_fields}) for r in rows]
 
-    async def _profile(self, user_id: str) -> dict:
+    async def _profile(self, user_id: str, as_of: AsOf | None = None) -> dict:
+        if as_of is not None:  # derived from the facts of then, as the projection derives today's
+            return await profile_q.as_of(self._text_bounded, user_id, as_of.valid_time, as_of.recorded_time)
         epoch = await self._epoch_of("profile", self._text_bounded)
         try:
             return await profile_q.read(self._redis, self._text_bounded, self._schema, epoch, user_id)
@@ -474,6 +488,12 @@ class MemoryReader:
         rows = await facts_q.history(self._pool, user_id, fact_id)
         return await with_source_turns(self._pool, user_id, [fact_version(r) for r in rows])
 
+    async def fact_episodes(self, user_id: str, fact_id) -> list[Episode]:
+        """The remembered turns the fact was read from, oldest first: what forgetting it forgets
+        with it (unless the forget keeps them)."""
+        check_user(user_id)
+        return await fact_episodes(self._pool, user_id, fact_id)
+
     async def users(self, prefix: str = "", *, limit: int = 50, cursor: str | None = None) -> UserPage:
         """One page of the ids of users with remembered turns that start with ``prefix``, in byte
         order; pass ``next_cursor`` for the next."""
@@ -516,6 +536,25 @@ def _as_of(as_of: AsOf | datetime | None, now: datetime) -> AsOf | None:
 
 _EARLIEST = datetime(1, 1, 2, tzinfo=timezone.utc)
 _LATEST = datetime(9999, 12, 30, tzinfo=timezone.utc)
+_INSTANT = timedelta(microseconds=1)  # a period's end is open: "by" a time includes it
+
+
+def _at(as_of: AsOf | None, period: tuple | None = None) -> tuple[tuple, tuple]:
+    """The extra arguments of the facts and the episodes channels for a read ``as_of`` a moment
+    (and ``period``): the facts as they held and were believed then; the episodes that occurred
+    by its valid time (``_believed`` keeps those recorded by its recorded time)."""
+    if as_of is None:
+        return (), ((period,) if period else ())
+    since, until = period or (_EARLIEST, _LATEST)
+    return (as_of,), ((since, min(until, as_of.valid_time + _INSTANT)),)
+
+
+def _believed(cands: list, as_of: AsOf | None) -> list:
+    """The episodes a read ``as_of`` a moment may hold: occurred by its valid time, recorded by
+    its recorded time (adjacent turns included)."""
+    if as_of is None:
+        return cands
+    return [c for c in cands if c.row["occurred_at"] <= as_of.valid_time and c.row["recorded_at"] <= as_of.recorded_time]
 
 
 def _within(cands: list, period: tuple | None) -> list:

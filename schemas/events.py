@@ -251,13 +251,15 @@ class FactForgotten(_Control, tag="FactForgotten", kw_only=True, frozen=True):
     """Forget ``fact_id``: it ends (status ``forgotten``) and no replay or reform learns it again
     from the turns it came from; a later statement may learn it anew. ``attribute`` and ``value``
     (filled by ``memstream.control``) find it again when a reform with another extractor gave
-    it another id."""
+    it another id. The edges stating the same relationship are forgotten with it, and so are the
+    turns it was read from (their episodes), unless ``keep_episodes``."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
     fact_id: uuid.UUID
     attribute: Annotated[str, msgspec.Meta(max_length=100)] | None = None
     value: Annotated[str, msgspec.Meta(max_length=500)] | None = None
+    keep_episodes: bool = False
 
 
 class EpisodeForgotten(_Control, tag="EpisodeForgotten", kw_only=True, frozen=True):
@@ -513,7 +515,9 @@ class MemoryForgotten(Decision, tag="MemoryForgotten", kw_only=True, frozen=True
     """What formation made of a forget command (``FactForgotten``, ``EpisodeForgotten``,
     ``EdgeForgotten``, ``UserForgotten``), for every projection to apply its part: ``kind`` is
     ``fact``, ``episode``, ``edge`` or ``user``; ``target`` the fact id, the turn's event id, the
-    edge id, or None for the user. ``actor`` and ``reason`` are the command's."""
+    edge id, or None for the user. ``actor`` and ``reason`` are the command's. ``keep_derived``
+    (kind episode, when a forgotten fact takes the turns it was read from): the turn's other
+    facts and edges stay, with a note, instead of going with it when it is their only source."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
@@ -521,6 +525,7 @@ class MemoryForgotten(Decision, tag="MemoryForgotten", kw_only=True, frozen=True
     target: uuid.UUID | None = None
     actor: Actor
     reason: Reason = ""
+    keep_derived: bool = False
     generation: Annotated[int, msgspec.Meta(ge=0)] | None = None  # the user's data key it ends (kind user)
 
 

@@ -148,6 +148,8 @@ class MemoryContext(BaseModel):
     degraded: list[str] = Field(default_factory=list)
     caught_up: bool = True
     as_of: AsOf | None = None
+    left_out: list[str] = Field(default_factory=list, description="sections a read as of a past moment leaves "
+                                "out: the recent turns (a cache of now)")
     timings_ms: dict[str, float] = Field(default_factory=dict)
     tokens: dict[str, int] = Field(default_factory=dict, description="tokens used per budgeted section")
 

@@ -37,7 +37,7 @@ from memstream.projections.redaction import redact_logs
 from memstream.schemas import LogPosition, TurnRecorded, decode_event
 from memstream.schemas.errors import InvalidArgument, InvalidEvent
 from memstream.schemas.events import new_event_id
-from memstream.schemas.read_models import (AsOf, FactVersion, Graph, MemoryContext, MemoryPage, SearchResult,
+from memstream.schemas.read_models import (AsOf, Episode, FactVersion, Graph, MemoryContext, MemoryPage, SearchResult,
                                            UserOverview, UserPage)
 
 log = logging.getLogger("memstream.api")
@@ -231,6 +231,7 @@ class ForgetIn(BaseModel):
     edge_id: uuid.UUID | None = None
     actor: Literal["user", "host", "operator"] = "host"
     reason: str = ""
+    keep_episodes: bool = Field(False, description="with fact_id: keep the turns the fact was read from")
 
 
 class CaughtUpIn(BaseModel):
@@ -255,7 +256,7 @@ def _position(p: LogPosition) -> Appended:
 
 # A user's routes, whatever the user id holds (a decoded "%2F" is a slash in the path).
 _USER_IN_PATH = re.compile(r"^/v1/users/.+?((?:/(?:graph|turns|events|context|search|memories|forget|export|"
-                           r"facts/[^/]+/(?:history|correct)))?)$", re.DOTALL)
+                           r"facts/[^/]+/(?:history|correct|episodes)))?)$", re.DOTALL)
 
 
 def route_of(path: str) -> str:
@@ -508,6 +509,17 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             raise Problem(404, "Not found", exc.public) from None
         return await state["reader"].fact_history(user_id, fact_id)
 
+    @app.get("/v1/users/{user_id}/facts/{fact_id}/episodes", response_model=list[Episode], tags=["memories"])
+    async def fact_episodes(fact_id: uuid.UUID, user_id: str = Depends(user)):
+        """The remembered turns the fact was read from, oldest first: what forgetting it forgets
+        with it, unless the forget keeps them."""
+        from memstream.control import NotFound, episodes_of_fact
+
+        try:
+            return await episodes_of_fact(state["reader"], user_id, fact_id)
+        except NotFound as exc:
+            raise Problem(404, "Not found", exc.public) from None
+
     @app.post("/v1/users/{user_id}/facts/{fact_id}/correct", status_code=202, response_model=Appended,
               tags=["memories"])
     async def correct(fact_id: uuid.UUID, body: CorrectIn, user_id: str = Depends(user),
@@ -520,16 +532,21 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
     @app.post("/v1/users/{user_id}/forget", status_code=202, response_model=Appended, tags=["memories"])
     async def forget(body: ForgetIn, user_id: str = Depends(user), who: Principal = Depends(caller)):
-        """Forget one fact, episode or edge (exactly one of the ids)."""
+        """Forget one fact, episode or edge (exactly one of the ids). A fact takes the edges stating
+        it and the turns it was read from (``GET .../facts/{id}/episodes``) with it, unless
+        ``keep_episodes``."""
         from memstream.control import forget_edge, forget_episode, forget_fact
 
         named = [(k, v) for k, v in (("fact_id", body.fact_id), ("episode_id", body.episode_id),
                                      ("edge_id", body.edge_id)) if v is not None]
         if len(named) != 1:
             raise Problem(400, "Invalid argument", "name exactly one of fact_id, episode_id, edge_id")
+        if body.keep_episodes and named[0][0] != "fact_id":
+            raise Problem(400, "Invalid argument", "keep_episodes goes with fact_id")
         act = {"fact_id": forget_fact, "episode_id": forget_episode, "edge_id": forget_edge}[named[0][0]]
+        extra = {"keep_episodes": body.keep_episodes} if named[0][0] == "fact_id" else {}
         return await appended(act(state["log"], state["reader"], user_id, named[0][1], actor=actor(body.actor, who),
-                                  reason=body.reason))
+                                  reason=body.reason, **extra))
 
     @app.delete("/v1/users/{user_id}", status_code=202, response_model=Appended, tags=["memories"])
     async def forget_user(user_id: str = Depends(user), who: Principal = Depends(caller), reason: str = ""):

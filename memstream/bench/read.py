@@ -103,12 +103,12 @@ async def _copy_user(conn, corpus: Corpus, model: str, user: str, n_facts: int, 
             fid = uuid.uuid5(uuid.NAMESPACE_OID, f"{user}/f/{j}")
             at = T0 + timedelta(minutes=j)
             rows.append((fid, fid, 1, user, text, cat, attr, text.split()[-1], 0.9, True, "current", at, None, at,
-                         None, None, None, 1, at, [fid], "{}", fid, "bench", "bench", "bench", Vector(v), model))
+                         None, None, None, 1, at, [fid], "{}", fid, "bench", "bench", "bench", Vector(v), model, [fid]))
         await conn.copy_records_to_table("memory_facts", records=rows, columns=[
             "fact_id", "lineage_id", "version", "user_id", "text", "category", "attribute", "value", "confidence",
             "explicit", "status", "valid_from", "valid_to", "recorded_at", "superseded_at", "superseded_by",
             "end_reason", "observation_count", "last_observed_at", "observed_by", "deferred", "source_event_id",
-            "extractor", "resolver", "reason", "embedding", "embedding_model"])
+            "extractor", "resolver", "reason", "embedding", "embedding_model", "observed_in"])
     if n_eps:
         idx = r.integers(0, len(corpus.episode_texts), n_eps)
         vecs = corpus.noisy(corpus.episode_vecs, idx)

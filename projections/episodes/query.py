@@ -10,7 +10,7 @@ import numpy as np
 from memstream.projections import fulltext
 from memstream.projections.episodes.core import episode_id
 
-_COLS = "episode_id, conversation_id, occurred_at, user_message, assistant_message, metadata"
+_COLS = "episode_id, conversation_id, occurred_at, user_message, assistant_message, metadata, recorded_at"
 PASSAGE_DISCOUNT = 0.1  # cosine distance added to a passage's past the first window
 
 # An episode is as near as its nearest passage: its own vector (the first window of its text)
@@ -35,13 +35,13 @@ p AS MATERIALIZED (
 bp AS (SELECT DISTINCT ON (episode_id) * FROM p ORDER BY episode_id, distance, start_char),
 n AS (
     SELECT c.episode_id, c.conversation_id, c.occurred_at, c.user_message, c.assistant_message, c.metadata,
-           least(c.distance, bp.distance + {PASSAGE_DISCOUNT}) AS distance,
+           c.recorded_at, least(c.distance, bp.distance + {PASSAGE_DISCOUNT}) AS distance,
            CASE WHEN bp.distance < c.distance THEN bp.start_char END AS start_char,
            CASE WHEN bp.distance < c.distance THEN bp.end_char END AS end_char
     FROM c LEFT JOIN bp USING (episode_id)
     UNION ALL
     SELECT e.episode_id, e.conversation_id, e.occurred_at, e.user_message, e.assistant_message, e.metadata,
-           bp.distance + {PASSAGE_DISCOUNT}, bp.start_char, bp.end_char
+           e.recorded_at, bp.distance + {PASSAGE_DISCOUNT}, bp.start_char, bp.end_char
     FROM bp JOIN episodes e ON e.user_id = $1 AND e.episode_id = bp.episode_id
     WHERE bp.episode_id NOT IN (SELECT episode_id FROM c))
 SELECT * FROM n ORDER BY distance, episode_id LIMIT $3

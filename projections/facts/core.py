@@ -26,6 +26,7 @@ from memstream.schemas import (Decision, FactAdded, FactChangeDeferred, FactDeci
                                FactReinforced, FactUpdated, MemoryForgotten)
 from memstream.schemas.errors import Refused
 from memstream.schemas.facts import FactContent
+from memstream.schemas.vocabulary import single_valued
 
 
 class MissingTarget(Refused, LookupError):
@@ -69,6 +70,7 @@ class FactRow(FactContent):
     embedding: bytes
     embedding_model: str
     notes: tuple[str, ...] = ()  # e.g. that one of its sources was forgotten
+    observed_in: tuple[uuid.UUID, ...] = ()  # the turns (event ids) it was read from, first to last
 
     @property
     def current(self) -> bool:
@@ -116,6 +118,14 @@ def lineages(state: Mapping[Key, FactRow], decision: Decision) -> list[tuple[str
     return [(old.user_id, old.lineage_id)] if old is not None else []
 
 
+def slots(decision: Decision) -> list[tuple[str, str]]:
+    """``(user_id, attribute)`` whose every version ``apply`` needs in ``state`` as well: a new
+    version of a single-valued slot ends the ended versions it overlaps (``_overlapped``)."""
+    if isinstance(decision, (FactAdded, FactUpdated)) and single_valued(decision.attribute):
+        return [(decision.user_id, decision.attribute)]
+    return []
+
+
 def sources(decision: Decision) -> list[tuple[str, uuid.UUID]]:
     """``(user_id, turn event id)`` whose facts ``apply`` needs in ``state`` as well (a forgotten
     turn: the facts it created or observed)."""
@@ -130,7 +140,7 @@ def _new(d: FactAdded | FactUpdated, lineage_id: uuid.UUID, version: int) -> Fac
         attribute=d.attribute, value=d.value, confidence=d.confidence, explicit=d.explicit,
         status="current", valid_from=d.valid_from, valid_to=None, recorded_at=d.recorded_at,
         superseded_at=None, superseded_by=None, end_reason=None, observation_count=1,
-        last_observed_at=d.recorded_at, observed_by=(d.decision_id,), deferred={},
+        last_observed_at=d.recorded_at, observed_by=(d.decision_id,), deferred={}, observed_in=(d.source_event_id,),
         source_event_id=d.source_event_id, extractor=d.extractor, resolver=d.resolver,
         reason=d.reason, embedding=d.embedding, embedding_model=d.embedding_model,
     )
@@ -169,14 +179,17 @@ def _forget(state: Mapping[Key, FactRow], d: MemoryForgotten) -> list[FactRow]:
                 if r.user_id == d.user_id and r.status != "forgotten"]
     if d.kind != "episode":
         return []
-    # The facts this turn created or observed: forgotten with it when it is their only evidence,
-    # else they keep a note that one source is gone.
+    # The facts this turn created or observed: forgotten with it when it is their only evidence
+    # (unless ``keep_derived``: the turn goes because another fact of it was forgotten), else they
+    # keep a note that one source is gone.
     observed, note = set(turn_decisions(d.target)), f"a source turn ({d.target}) was forgotten by {d.actor}"
     out = []
     for r in state.values():
         if r.user_id != d.user_id or not (r.source_event_id == d.target or observed & set(r.observed_by)):
             continue
-        if r.source_event_id == d.target and r.observation_count == 1:
+        if r.status == "forgotten" and d.keep_derived:
+            continue
+        if r.source_event_id == d.target and r.observation_count == 1 and not d.keep_derived:
             if r.status != "forgotten":
                 out.append(_forgotten(r, d, "forgotten with its only source turn"))
         elif note not in r.notes:
@@ -192,7 +205,7 @@ def apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
     if isinstance(d, (FactAdded, FactUpdated)) and (d.user_id, d.fact_id) in state:
         return []  # a redelivery changes nothing
     if isinstance(d, FactAdded):
-        return [_new(d, d.fact_id, 1)]
+        return [*_overlapped(state, d), _new(d, d.fact_id, 1)]
     if isinstance(d, FactUpdated):
         if (old := _live(state, d.supersedes, d)) is None:
             return []
@@ -202,12 +215,7 @@ def apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
         # Lisbon) end where it begins too: the latest word on a time holds, one version at a time.
         ended = replace(old, status="superseded", superseded_at=d.recorded_at, superseded_by=d.fact_id,
                         valid_to=old.valid_to or max(d.valid_from, old.valid_from), end_reason=d.reason)
-        # (Older versions that held for a while ended by the old one's start: only an update dated before it looks.)
-        overlapped = [] if d.valid_from >= old.valid_from else [
-            replace(r, valid_to=max(d.valid_from, r.valid_from)) for r in state.values()
-            if r.lineage_id == old.lineage_id and r.user_id == d.user_id and r.status == "superseded"
-            and r.valid_to is not None and r.valid_to > max(d.valid_from, r.valid_from)]
-        return [*overlapped, ended, _new(d, old.lineage_id, old.version + 1)]
+        return [*_overlapped(state, d), ended, _new(d, old.lineage_id, old.version + 1)]
     if isinstance(d, FactDeleted):
         if _target(state, d.target, d).status == "deleted" or (old := _live(state, d.target, d)) is None:
             return []
@@ -218,7 +226,9 @@ def apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
             return []
         return [replace(old, observation_count=old.observation_count + 1, last_observed_at=d.recorded_at,
                         confidence=max(old.confidence, d.confidence), explicit=old.explicit or d.explicit,
-                        observed_by=old.observed_by + (d.decision_id,))]
+                        observed_by=old.observed_by + (d.decision_id,),
+                        observed_in=old.observed_in + ((d.source_event_id,) if d.source_event_id not in old.observed_in
+                                                       else ()))]
     if isinstance(d, FactChangeDeferred):
         if d.decision_id in _target(state, d.target, d).observed_by or (old := _live(state, d.target, d)) is None:
             return []
@@ -226,6 +236,17 @@ def apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
         return [replace(old, deferred={**old.deferred, key: old.deferred.get(key, 0) + 1},
                         observed_by=old.observed_by + (d.decision_id,))]
     return []
+
+
+def _overlapped(state: Mapping[Key, FactRow], d: FactAdded | FactUpdated) -> list[FactRow]:
+    """The ended versions of ``d``'s single-valued slot (any lineage) that held past its start,
+    ended where it begins: the latest word on a time holds, one value at a time — the rule the
+    graph keeps for a single-valued relation's edges, so the two say the same of every time."""
+    if not single_valued(d.attribute):
+        return []
+    return [replace(r, valid_to=max(d.valid_from, r.valid_from)) for r in state.values()
+            if r.user_id == d.user_id and r.attribute == d.attribute and not r.current and r.valid_to is not None
+            and r.valid_to > max(d.valid_from, r.valid_from)]
 
 
 def deferral_key(operation: str, value: str) -> str:

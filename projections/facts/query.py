@@ -54,12 +54,51 @@ FROM memory_facts WHERE user_id = $1 GROUP BY status
 """
 
 
-async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str) -> Sequence[asyncpg.Record]:
+
+
+def _as_of(valid: str, recorded: str) -> str:
+    """The fact versions believed at ``recorded`` to hold at ``valid``: recorded by then, and
+    either ending after ``valid`` or not yet ended as believed then (a version ended later was
+    open-ended then); a forgotten fact at no time. A correction ends the old version where it
+    began, so as of a time after it, the old value never held; before it, it did."""
+    return (f"user_id = $1 AND status <> 'forgotten' AND recorded_at <= {recorded} AND valid_from <= {valid} "
+            f"AND (valid_to IS NULL OR superseded_at > {recorded} OR valid_to > {valid})")
+
+
+# As of a moment, over every version of the user's facts (a user's versions are few: scanned whole).
+_NEAREST_AS_OF = f"""
+SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_facts
+WHERE {_as_of("$5", "$6")} AND embedding_model = $4
+ORDER BY distance, fact_id LIMIT $3
+"""
+_KEYWORD_AS_OF = f"""
+WITH q AS (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS q FROM (
+               SELECT lexeme FROM unnest(to_tsvector('english', $2)) LIMIT {fulltext.MAX_TERMS}) l)
+SELECT {_COLS}, ts_rank(tsv, q.q) AS rank FROM memory_facts, q
+WHERE q.q IS NOT NULL AND tsv @@ q.q AND {_as_of("$4", "$5")}
+ORDER BY rank DESC, recorded_at DESC, fact_id LIMIT $3
+"""
+_ALL_AS_OF = f"SELECT {_COLS} FROM memory_facts WHERE {_as_of('$2', '$3')} ORDER BY recorded_at, fact_id"
+
+
+async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str,
+                  as_of=None) -> Sequence[asyncpg.Record]:
+    """The ``k`` current facts nearest ``embedding``; with ``as_of`` (an ``AsOf`` with both axes),
+    the versions that held then, as believed then."""
+    if as_of is not None:
+        return await conn.fetch(_NEAREST_AS_OF, user_id, embedding, k, model, as_of.valid_time, as_of.recorded_time)
     return await conn.fetch(_NEAREST, user_id, embedding, k, model)
 
 
-async def keyword(conn, user_id: str, text: str, k: int) -> Sequence[asyncpg.Record]:
+async def keyword(conn, user_id: str, text: str, k: int, as_of=None) -> Sequence[asyncpg.Record]:
+    if as_of is not None:
+        return await conn.fetch(_KEYWORD_AS_OF, user_id, text, k, as_of.valid_time, as_of.recorded_time)
     return await fulltext.search(conn, _KEYWORD, user_id, text, k)
+
+
+async def as_of(conn, user_id: str, valid_time, recorded_time) -> Sequence[asyncpg.Record]:
+    """Every fact version that held at ``valid_time`` as believed at ``recorded_time``."""
+    return await conn.fetch(_ALL_AS_OF, user_id, valid_time, recorded_time)
 
 
 async def current_by_attribute(conn, user_id: str, attributes: Sequence[str], model: str) -> Sequence[asyncpg.Record]:
@@ -93,3 +132,11 @@ async def holder(conn, fact_id: uuid.UUID, user_id: str) -> asyncpg.Record | Non
     else any user's (for a control command to say whether an id is unknown or another user's)."""
     return await conn.fetchrow("SELECT user_id, status, attribute, value FROM memory_facts WHERE fact_id = $1 "
                                "ORDER BY user_id = $2 DESC LIMIT 1", fact_id, user_id)
+
+
+async def turns(conn, user_id: str, fact_id: uuid.UUID) -> list[uuid.UUID]:
+    """The turns (event ids) the user's fact version was read from: its first, then those that
+    observed it again."""
+    row = await conn.fetchrow("SELECT source_event_id, observed_in FROM memory_facts WHERE user_id = $1 AND fact_id = $2",
+                              user_id, fact_id)
+    return [] if row is None else list(dict.fromkeys([row["source_event_id"], *row["observed_in"]]))

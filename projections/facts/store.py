@@ -12,7 +12,7 @@ from pgvector import Vector
 from memstream.projections import positions as pos
 from memstream.projections.db import fetch_by_keys, text_array
 from memstream.projections.batches import forgets_user, runs
-from memstream.projections.facts.core import (COLUMNS, FactRow, Key, fold, key, lineages, sources, targets,
+from memstream.projections.facts.core import (COLUMNS, FactRow, Key, fold, key, lineages, slots, sources, targets,
                                               turn_decisions)
 from memstream.projections.profile import store as profile_store
 from memstream.schemas import Decision
@@ -24,9 +24,9 @@ _CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "version": "int", "user_id": 
           "superseded_at": "timestamptz", "superseded_by": "uuid", "end_reason": "text",
           "observation_count": "int", "last_observed_at": "timestamptz", "observed_by": "text",
           "deferred": "jsonb", "source_event_id": "uuid", "extractor": "text", "resolver": "text",
-          "reason": "text", "embedding": "vector", "embedding_model": "text", "notes": "text"}
-# unnest() zips the column arrays; observed_by and notes travel as text and are cast back to arrays.
-_ARRAYS = {"observed_by": "u.observed_by::uuid[]", "notes": "u.notes::text[]"}
+          "reason": "text", "embedding": "vector", "embedding_model": "text", "notes": "text", "observed_in": "text"}
+# unnest() zips the column arrays; observed_by, observed_in and notes travel as text and are cast back to arrays.
+_ARRAYS = {"observed_by": "u.observed_by::uuid[]", "notes": "u.notes::text[]", "observed_in": "u.observed_in::uuid[]"}
 _UPSERT = (
     f"INSERT INTO memory_facts ({', '.join(COLUMNS)}) "
     f"SELECT {', '.join(_ARRAYS.get(c, 'u.' + c) for c in COLUMNS)} FROM unnest("
@@ -40,6 +40,7 @@ def from_record(r: asyncpg.Record) -> FactRow:
     values = dict(r)
     values["observed_by"] = tuple(values["observed_by"])
     values["notes"] = tuple(values["notes"])
+    values["observed_in"] = tuple(values["observed_in"])
     values["deferred"] = json.loads(values["deferred"]) if isinstance(values["deferred"], str) else values["deferred"]
     emb = values["embedding"]
     values["embedding"] = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype="<f4").tobytes()
@@ -49,8 +50,8 @@ def from_record(r: asyncpg.Record) -> FactRow:
 def _column(rows: Sequence[FactRow], c: str) -> list:
     if c == "embedding":
         return [Vector(np.frombuffer(r.embedding, dtype="<f4")) for r in rows]
-    if c == "observed_by":
-        return ["{" + ",".join(str(u) for u in r.observed_by) + "}" for r in rows]
+    if c in ("observed_by", "observed_in"):
+        return ["{" + ",".join(str(u) for u in getattr(r, c)) + "}" for r in rows]
     if c == "notes":
         return [text_array(r.notes) for r in rows]
     if c == "deferred":
@@ -65,6 +66,13 @@ _BY_SOURCE = (f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE user_id = $1
 async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[Key, FactRow]:
     """The user's facts that turn ``event_id`` created or observed."""
     rows = map(from_record, await conn.fetch(_BY_SOURCE, user_id, event_id, turn_decisions(event_id)))
+    return {key(r): r for r in rows}
+
+
+async def load_slot(conn, user_id: str, attribute: str) -> dict[Key, FactRow]:
+    """Every version of the user's facts filling ``attribute``."""
+    rows = map(from_record, await conn.fetch(f"SELECT {', '.join(COLUMNS)} FROM memory_facts "
+                                             "WHERE user_id = $1 AND attribute = $2", user_id, attribute))
     return {key(r): r for r in rows}
 
 
@@ -95,6 +103,9 @@ class FactStore:
                     state.update(await load_by_source(conn, user, event_id))
                 for k, row in (await load(conn, [ln for d in run for ln in lineages(state, d)], "lineage_id")).items():
                     state.setdefault(k, row)
+                for user, attribute in {s for d in run for s in slots(d)}:
+                    for k, row in (await load_slot(conn, user, attribute)).items():
+                        state.setdefault(k, row)
                 changed = fold(state, run)
                 await upsert(conn, list(changed.values()))
                 touched |= {r.user_id for r in changed.values()}

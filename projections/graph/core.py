@@ -156,7 +156,7 @@ def apply(state: dict[Key, Row], d: Decision) -> list[Row]:
         if d.kind == "edge":
             edge = _own(state, d.target, EdgeRow, d)
             return [] if edge.forgotten else [_forget(edge, d, "forgotten")]
-        if d.kind == "episode":
+        if d.kind == "episode" and not d.keep_derived:
             return [_forget(r, d, "forgotten with its source turn") for r in state.values()
                     if isinstance(r, EdgeRow) and r.user_id == d.user_id and r.source_event_id == d.target
                     and not r.forgotten]

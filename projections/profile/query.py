@@ -4,7 +4,8 @@ from __future__ import annotations
 import contextlib
 import json
 
-from memstream.projections.profile.core import profile_key
+from memstream.projections.facts import query as facts_q
+from memstream.projections.profile.core import build_profile, profile_key
 
 # A profile the reader cached on a miss; the projection's own writes do not expire.
 WRITE_BACK_TTL_S = 600
@@ -34,3 +35,9 @@ async def read(redis, pool, schema: str, epoch: int, user_id: str) -> dict:
             if not kept:
                 await redis.delete(key)
     return profile
+
+
+async def as_of(conn, user_id: str, valid_time, recorded_time) -> dict:
+    """The profile as it was: built, as the projection builds today's, from the fact versions
+    that held at ``valid_time`` as believed at ``recorded_time``."""
+    return build_profile(await facts_q.as_of(conn, user_id, valid_time, recorded_time))

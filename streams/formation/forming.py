@@ -38,6 +38,7 @@ from memstream.schemas import (SYSTEM_USER, Decision, EdgeForgotten, EpisodeForg
                                InvalidEvent, LogPosition, MemoryForgotten, NothingDecided, TurnRecorded,
                                UserForgotten, decode_event)
 from memstream.schemas.events import CONTROL_TYPES, MAX_PASSAGES, Passage
+from memstream.schemas.vocabulary import attributes_of, relation_of
 from memstream.schemas.errors import Refused, Retryable
 from memstream.streams.admission import admit, imported
 from memstream.streams.dead_letter import InputRefused
@@ -45,6 +46,7 @@ from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.graph import store as graph_store
 from memstream.projections.graph.core import EdgeRow, EntityRow
 from memstream.streams.formation.decide import Context, decide
+from memstream.streams.formation import slot_edges
 from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
 from memstream.streams.formation.slots import OldestFirst
 from memstream.streams.formation.views import FactView, MemoryView, PostgresView
@@ -586,8 +588,24 @@ class Formation:
                                            self._edges(r, turn, graph, list(found.relations)))
         else:
             facts, edges = await _together(self._facts(r, turn, overlay), self._edges(r, turn, graph))
+        if relations := slot_edges.touched([*facts, *edges], overlay, graph, turn.user_id):
+            model = (self._turn_extractor or self._extractor).model_id
+            edges += await self._follow(r, turn, overlay, graph, relations, extractor=model)
         # Last: a projection that has applied a turn's episode has seen all of its decisions.
         return [*facts, *edges, self._episode(r, turn, (await embedded)[n])], None
+
+    async def _follow(self, r: Record, event: Event, overlay: FactView, graph: GraphView, relations: set[str], *,
+                      extractor: str, why: str | None = None, forgot: tuple | None = None) -> list[Decision]:
+        """The graph decisions that make the user's edges of ``relations`` say what their facts
+        say (``slot_edges``), with their sentences embedded."""
+        ctx = GraphContext(turn=event, extractor=extractor, why=why, common=dict(
+            source_event_id=event.event_id, source=LogPosition(r.topic, r.partition, r.offset),
+            recorded_at=r.timestamp, user_id=event.user_id))
+        decider = EdgeDecider(ctx, graph, prefix="slot-")
+        await slot_edges.follow(decider, overlay, relations, forgot=forgot)
+        sentences = decider.sentences()
+        vectors = dict(zip(sentences, (to_bytes(v) for v in await self._embed_facts(sentences)))) if sentences else {}
+        return decider.finish(vectors, self._embedder.model_id)
 
     async def _was_forgotten(self, turn: TurnRecorded) -> bool:
         if turn.event_id in self._forgotten_turns.get(turn.user_id, ()):
@@ -686,11 +704,17 @@ class Formation:
             # correction says the old value was never true, not that it stopped being true: the
             # new version holds from the old one's start, which ends where it began (system
             # time still shows what was believed until the correction).
-            return [FactUpdated(**common, decision_id=fid, extractor=f"control:{e.actor}", resolver=f"control:{e.actor}",
-                                confidence=1.0, explicit=True, fact_id=fid, text=text, category=old.category,
-                                attribute=old.attribute, value=e.value, valid_from=old.valid_from,
-                                embedding=to_bytes(vector), embedding_model=self._embedder.model_id,
-                                supersedes=old.fact_id, reason=f"corrected{why}")]
+            updated = FactUpdated(**common, decision_id=fid, extractor=f"control:{e.actor}",
+                                  resolver=f"control:{e.actor}", confidence=1.0, explicit=True, fact_id=fid, text=text,
+                                  category=old.category, attribute=old.attribute, value=e.value,
+                                  valid_from=old.valid_from, embedding=to_bytes(vector),
+                                  embedding_model=self._embedder.model_id, supersedes=old.fact_id,
+                                  reason=f"corrected{why}")
+            overlay.apply(updated)
+            # The edge stating the same slot is corrected in the same step: one truth.
+            relations = {relation_of(old.attribute)} - {None}
+            return [updated, *await self._follow(r, e, overlay, graph, relations, extractor=f"control:{e.actor}",
+                                                 why=f"corrected{why}")]
         forget = dict(**common, actor=e.actor, reason=e.reason)
         if isinstance(e, FactForgotten):
             await overlay.ensure(e.user_id, [e.fact_id])
@@ -709,8 +733,29 @@ class Formation:
                                  and e.attribute is not None and named(f))
                 if not targets:
                     raise CommandRefused(f"FactForgotten names {e.fact_id}, not a current fact of this user")
-            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten:{n}"), kind="fact",
-                                    target=t) for n, t in enumerate(targets)]
+            # Earlier versions of the fact saying the same value go too (a correction that kept the
+            # value, a slot said again): the value, not one version of it, is what is forgotten.
+            for t in list(targets):
+                f = overlay.rows[e.user_id, t]
+                targets += [v.fact_id for v in await overlay.slot(e.user_id, [f.attribute])
+                            if v.lineage_id == f.lineage_id and v.fact_id not in targets and v.status != "forgotten"
+                            and v.value.casefold() == f.value.casefold()]
+            made: list[Decision] = [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten:{n}"),
+                                                    kind="fact", target=t) for n, t in enumerate(targets)]
+            rows = [overlay.rows[e.user_id, t] for t in targets]
+            for d in made:
+                overlay.apply(d)
+            # The edges stating it go with it, and so do the turns it was read from (their other
+            # facts and edges stay, noted), unless the caller keeps them.
+            made += await self._follow(r, e, overlay, graph, {relation_of(f.attribute) for f in rows} - {None},
+                                       extractor=f"control:{e.actor}", why=f"forgotten{why}",
+                                       forgot=(e.actor, e.reason, [f.value for f in rows]))
+            if not e.keep_episodes:
+                turns = list(dict.fromkeys(t for f in rows for t in (f.source_event_id, *f.observed_in)))
+                self._forgotten_turns.setdefault(e.user_id, set()).update(turns)
+                made += [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten-turn:{n}"),
+                                         kind="episode", target=t, keep_derived=True) for n, t in enumerate(turns)]
+            return made
         if isinstance(e, EdgeForgotten):
             await graph.ensure_user(e.user_id)
             edge = graph.rows.get((e.user_id, e.edge_id))
@@ -722,9 +767,21 @@ class Formation:
                                  and _says(graph, x, e))
                 if not targets:
                     raise CommandRefused(f"EdgeForgotten names {e.edge_id}, not an edge of this user")
-            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten" if n == 0 else
+            made = [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten" if n == 0 else
                                                                      f"forgotten:{n}"), kind="edge", target=t)
                     for n, t in enumerate(targets)]
+            # The facts stating the same relationship of the user go with it, and any other edge
+            # of theirs: one truth.
+            for d in made:
+                graph.apply(d)
+            said = await self._facts_of_edges(overlay, graph, e.user_id, targets)
+            made += [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten-fact:{n}"),
+                                     kind="fact", target=f.fact_id) for n, f in enumerate(said)]
+            for d in made[len(targets):]:
+                overlay.apply(d)
+            return made + await self._follow(r, e, overlay, graph, {relation_of(f.attribute) for f in said} - {None},
+                                             extractor=f"control:{e.actor}", why=f"forgotten{why}",
+                                             forgot=(e.actor, e.reason, [f.value for f in said]))
         if isinstance(e, EpisodeForgotten):
             self._forgotten_turns.setdefault(e.user_id, set()).add(e.turn_event_id)
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="episode",
@@ -735,6 +792,20 @@ class Formation:
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user",
                                     generation=await self._sealer.stamp(e))]
         return []
+
+    @staticmethod
+    async def _facts_of_edges(overlay: FactView, graph: GraphView, user_id: str, edge_ids) -> list:
+        """The user's fact versions (not forgotten) of the slot and value these edges of the user
+        state, believed while the edge was."""
+        user, out = slot_edges.user_entity_id(user_id), {}
+        for edge_id in edge_ids:
+            edge = graph.rows.get((user_id, edge_id))
+            if not isinstance(edge, EdgeRow) or edge.source_entity_id != user:
+                continue
+            names = slot_edges.target_names(graph, edge)
+            out.update((f.fact_id, f) for f in await overlay.slot(user_id, attributes_of(edge.relation))
+                       if f.status != "forgotten" and f.value.casefold() in names and slot_edges.overlap(f, edge))
+        return list(out.values())
 
     @staticmethod
     async def _current_fact(overlay: FactView, user_id: str, fact_id: uuid.UUID, e: Event):

@@ -15,13 +15,15 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Awaitable, Callable, Mapping
 
 from memstream.llm.relations import USER, RelationCandidate
 from memstream.schemas.vocabulary import MULTI_VALUED, canonical, fact_sentence
 from memstream.projections.graph.core import EdgeRow, EntityRow, Key, Row, fold, key
 from memstream.streams.formation.by_user import ByUser
-from memstream.schemas import AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated, TurnRecorded
+from memstream.schemas import (AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated, Event,
+                               MemoryForgotten, TurnRecorded)
 
 log = logging.getLogger("memstream.formation")
 
@@ -89,31 +91,33 @@ class GraphView:
 
 @dataclass(frozen=True)
 class GraphContext:
-    turn: TurnRecorded
+    turn: Event  # what is decided on (a turn, a control command): its event id names the decisions
     common: dict  # decision_id-free envelope fields: source_event_id, source, recorded_at, user_id
     extractor: str
+    why: str | None = None  # every decision's reason (a control command's), instead of the decider's own
 
 
 class EdgeDecider:
     """Builds the decisions for one turn's relation candidates; ``embed`` is called once for
     all new fact sentences of the turn (through formation's cached embedder)."""
 
-    def __init__(self, ctx: GraphContext, view: GraphView):
+    def __init__(self, ctx: GraphContext, view: GraphView, prefix: str = ""):
         self.ctx, self.view = ctx, view
         self.decisions: list[Decision] = []
-        self._n = 0
+        self._n, self._prefix = 0, prefix  # a second decider for one event names its decisions apart
         self._pending: list[dict] = []  # EdgeOpened fields waiting for their embedding
 
     def _id(self, kind: str) -> uuid.UUID:
         self._n += 1
-        return uuid.uuid5(self.ctx.turn.event_id, f"{kind}:{self._n}")
+        return uuid.uuid5(self.ctx.turn.event_id, f"{self._prefix}{kind}:{self._n}")
 
     def _emit(self, decision: Decision) -> None:
         self.view.apply(decision)
         self.decisions.append(decision)
 
     def _base(self, reason: str) -> dict:
-        return {**self.ctx.common, "decision_id": self._id("graph"), "extractor": self.ctx.extractor, "reason": reason}
+        return {**self.ctx.common, "decision_id": self._id("graph"), "extractor": self.ctx.extractor,
+                "reason": self.ctx.why or reason}
 
     def _user(self) -> EntityRow:
         uid = self.ctx.turn.user_id
@@ -165,8 +169,10 @@ class EdgeDecider:
             for e in current:
                 self._emit(EdgeClosed(**self._base(f"{relation} changed to {c.target!r}"), edge_id=e.edge_id,
                                       valid_to=max(when, e.valid_from)))
-        source_name = source.aliases[0] if source.is_user and source.aliases else ("The user" if source.is_user else source.name)
-        target_name = (target.aliases[0] if target.is_user and target.aliases else target.name) if target else c.target
+        # The user is "the user" in every sentence, whatever they are called: a name changes (the
+        # profile and the name fact carry it) and a sentence would keep the old one for good.
+        source_name = "The user" if source.is_user else source.name
+        target_name = ("the user" if target.is_user else target.name) if target else c.target
         fields = dict(
             **self._base(f"{'explicit' if c.explicit else 'inferred'} statement, confidence {c.confidence:.2f}"),
             edge_id=self._id("edge"), source_entity_id=source.entity_id, relation=relation,
@@ -176,6 +182,15 @@ class EdgeDecider:
         self._pending.append(fields)
         # Opened now (without its vector) so later candidates of this turn see it.
         self._emit(EdgeOpened(**fields, embedding=b"", embedding_model=""))
+
+    def close(self, edge: EdgeRow, valid_to: datetime, reason: str) -> None:
+        """End a current edge at ``valid_to`` (never before it began)."""
+        self._emit(EdgeClosed(**self._base(reason), edge_id=edge.edge_id, valid_to=max(valid_to, edge.valid_from)))
+
+    def forget(self, edge: EdgeRow, actor: str, reason: str) -> None:
+        """Forget an edge: closed, and shown by no query, now or as of any date."""
+        self._emit(MemoryForgotten(**self.ctx.common, decision_id=self._id("forgotten"), kind="edge",
+                                   target=edge.edge_id, actor=actor, reason=reason))
 
     def finish(self, vectors: dict[str, bytes], model: str) -> list[Decision]:
         """Fill in the fact-sentence embeddings; returns the turn's decisions in order."""

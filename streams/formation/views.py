@@ -59,6 +59,11 @@ class FactView(Protocol):
     fact at most once. Never another user's fact, a superseded or deleted version, or a fact of
     another embedding model. The order of equal similarities is unspecified.
 
+    ``slot(user_id, attributes)``: every version of ``user_id``'s facts filling one of
+    ``attributes`` (loaded as ``ensure`` loads), oldest recorded first: what the user's edges of
+    that slot follow (``slot_edges``). An ended version a decision of this view ended early
+    keeps the store's end if it was loaded after that decision.
+
     ``fork()``: a view that answers as this one does now, and that ``apply`` and ``ensure`` then
     change without changing this one: formation decides a turn on a fork and keeps it only if
     the whole turn was decided (a retried turn must not see half of itself).
@@ -73,6 +78,11 @@ class FactView(Protocol):
         ...
 
     async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
+        ...
+
+    async def slot(self, user_id: str, attributes: Iterable[str]) -> list[FactRow]:
+        """Every version of the user's facts filling one of ``attributes``, as the view holds
+        them (for the user's edges to follow: ``slot_edges``)."""
         ...
 
     def fork(self) -> "FactView":
@@ -96,6 +106,15 @@ class PostgresView(FactView):
 
     def apply(self, decision: Decision) -> None:
         self._touched.update(fold(self.rows, [decision]))
+
+    async def slot(self, user_id: str, attributes: Iterable[str]) -> list[FactRow]:
+        attributes = list(attributes)
+        async with self._pool.acquire() as conn:
+            ids = await conn.fetch("SELECT fact_id FROM memory_facts WHERE user_id = $1 AND attribute = ANY($2::text[])",
+                                   user_id, attributes)
+        await self.ensure(user_id, [r["fact_id"] for r in ids])
+        return sorted((r for (u, _), r in self.rows.items() if u == user_id and r.attribute in attributes),
+                      key=lambda r: (r.recorded_at, r.fact_id))
 
     def fork(self) -> "PostgresView":
         other = PostgresView(self._pool, self._model)
@@ -140,6 +159,11 @@ class MemoryView(FactView):
 
     def apply(self, decision: Decision) -> None:
         fold(self.rows.mine(decision.user_id), [decision])
+
+    async def slot(self, user_id: str, attributes: Iterable[str]) -> list[FactRow]:
+        attributes = set(attributes)
+        return sorted((r for r in self.rows.of(user_id).values() if r.attribute in attributes),
+                      key=lambda r: (r.recorded_at, r.fact_id))
 
     def fork(self) -> "MemoryView":
         other = MemoryView(self._model)

@@ -85,7 +85,10 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
                                            "AND attribute = 'home' AND value = 'Faro' AND status = 'current'"),
                      what="the correction applied")
     tea = next(f for f in page["items"] if f["attribute"] != "home")
-    forgot = await client.post("/v1/users/acme:ana/forget", headers=acme, json={"fact_id": tea["fact_id"]})
+    going = await client.get(f"/v1/users/acme:ana/facts/{tea['fact_id']}/episodes", headers=acme)
+    assert going.status_code == 200 and len(going.json()) == 1  # the turn it was read from, named first
+    forgot = await client.post("/v1/users/acme:ana/forget", headers=acme,
+                               json={"fact_id": tea["fact_id"], "keep_episodes": True})  # the turn stays
     assert forgot.status_code == 202
     await wait_until(lambda: conn.fetchval("SELECT status <> 'current' FROM memory_facts WHERE fact_id = $1",
                                            __import__("uuid").UUID(tea["fact_id"])), what="the fact forgotten")
@@ -135,6 +138,7 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
                                                                        "due_at": "2026-01-01T09:00:00Z",
                                                                        "occurred_at": "2025-12-01T09:00:00Z"}),
                                ("get", f"/v1/users/acme:ana/facts/{home['fact_id']}/history", None),
+                               ("get", f"/v1/users/acme:ana/facts/{home['fact_id']}/episodes", None),
                                ("post", f"/v1/users/acme:ana/facts/{home['fact_id']}/correct", {"value": "Oslo"}),
                                ("get", "/v1/status", None),
                                ("get", "/v1/users/acme:ana", None),

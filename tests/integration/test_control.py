@@ -193,7 +193,11 @@ async def test_the_cli_lists_corrects_forgets_and_names_what_is_wrong(settings, 
     assert listed.returncode == 0, listed.stderr
     facts = {f["attribute"]: f for f in json.loads(listed.stdout)["items"]}
     assert cli("memories", "correct", "cli", facts["home"]["fact_id"], "Faro", "--json").returncode == 0
-    assert cli("memories", "forget", "cli", "--fact", facts["likes"]["fact_id"], "--reason", "private").returncode == 0
+    # The turns a fact was read from are named before they go (and go with it).
+    dry = cli("memories", "forget", "cli", "--fact", facts["likes"]["fact_id"], "--dry-run")
+    assert dry.returncode == 0 and "would forget 1 turn(s)" in dry.stdout and "I like tea." in dry.stdout, dry.stderr
+    forgot = cli("memories", "forget", "cli", "--fact", facts["likes"]["fact_id"], "--reason", "private", "--json")
+    assert forgot.returncode == 0 and len(json.loads(forgot.stdout)["episodes"]) == 1
     await append_and_wait(settings, conn, [turn("cli", "ok", 2)])
     history = json.loads(cli("memories", "history", "cli", facts["likes"]["fact_id"], "--json").stdout)
     assert history[-1]["status"] == "forgotten" and "by operator: private" in history[-1]["end_reason"]
@@ -210,7 +214,7 @@ async def test_the_cli_lists_corrects_forgets_and_names_what_is_wrong(settings, 
         slip = cli(*args)
         assert slip.returncode == 1 and said in slip.stderr and "Traceback" not in slip.stderr, slip.stderr
     assert cli("forget-user", "cli", stdin="n\n").returncode == 1  # asked, and said no
-    assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'cli'") == 3
+    assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'cli'") == 2  # "I like tea." went
     assert cli("forget-user", "cli", "--yes", "--json").returncode == 0
     await append_and_wait(settings, conn, [turn("cli-other", "hello", 3)])
     from .conftest import wait_until

@@ -117,6 +117,9 @@ def inspect_and_forget(driver, url: str, key: str) -> str:
     forget = row.find_element("css selector", "button.forget")
     forget.click()
     assert "armed" in forget.get_attribute("class")  # a second click is needed: no undo
+    # The turns that go with the fact are named before they go.
+    until(driver, lambda d: "also forgets the" in d.find_element("id", "notice").text
+          and "peanut" in d.find_element("id", "notice").text.lower(), "the turns that would go named")
     forget.click()
     until(driver, lambda d: not d.find_elements("css selector", f'tr[data-fact-id="{fact_id}"]')
           and "applied" in d.find_element("id", "notice").text, "the fact gone from the page")

@@ -117,11 +117,13 @@ def test_inferred_low_confidence_candidates_do_not_commit():
     assert decide(view, 0, rel("works_at", "Acme", explicit=False, confidence=0.5)) == []
 
 
-def test_the_users_name_becomes_an_alias_used_in_later_sentences():
+def test_the_users_name_becomes_an_alias_and_sentences_say_the_user_whatever_their_name():
     view = GraphView(None)
     decide(view, 0, rel("is_named", "Maria"))
     out = decide(view, 1, rel("works_at", "Acme"))
-    assert [d.fact_sentence for d in out if isinstance(d, EdgeOpened)] == ["Maria works at Acme"]
+    decide(view, 2, rel("is_named", "Mia"))  # a name changes; a sentence would keep the old one for good
+    assert [d.fact_sentence for d in out if isinstance(d, EdgeOpened)] == ["The user works at Acme"]
+    assert view.entity_named("u", "Maria") == view.entity_named("u", "Mia") == view.rows["u", user_entity_id("u")]
 
 
 def test_closing_an_unknown_edge_is_refused():

@@ -207,6 +207,11 @@ async function forgetFact(button, fact) {
   if (!button.classList.contains("armed")) {  // two clicks: a forget cannot be undone
     button.classList.add("armed");
     button.textContent = "Forget for good?";
+    // Say which turns go with it before they go.
+    const going = await api("GET", userPath(`/facts/${fact.fact_id}/episodes`));
+    const said = going.map((e) => `“${e.user_message.slice(0, 80)}”`).join(", ");
+    notice(going.length ? `Forgetting “${fact.text}” also forgets the ${going.length === 1 ? "turn" : `${going.length} turns`} it was read from: ${said}.`
+      : `Forgetting “${fact.text}” forgets no turn: none it was read from is remembered.`);
     return;
   }
   await change(() => api("POST", userPath("/forget"),
