@@ -61,7 +61,8 @@ class WrappedKeys(Protocol):
     when a forget retired it meanwhile: ask again).
     ``destroy(user, generation)``: destroys that generation and every older one (None: every key
     the user has).
-    ``stamp(user, forget, at)``: the generation the forget ``forget`` (its 16-byte event id) is of —
+    ``stamp(user, forget, at)``: the generation the user's forget ``forget`` (its 16-byte event id:
+    unique per user, not across users) is of —
     the first time it is asked, the newest not destroyed (the live one, which it retires, or one a
     forget retired before: that forget may never have reached the log; 0: none), the same ever
     after, so a forget sealed again (a retried append, a restarted ingress) never covers a key the
@@ -93,7 +94,7 @@ class MemoryWrappedKeys:
         self._keys: dict[tuple[bytes, int], tuple[str, bytes]] = {}  # not destroyed
         self._live: dict[bytes, int] = {}
         self._last: dict[bytes, int] = {}
-        self._stamps: dict[bytes, int] = {}
+        self._stamps: dict[tuple[bytes, bytes], int] = {}  # (user, forget) -> generation
         self._stamped_at: dict[bytes, float] = {}
 
     async def current(self, user: bytes):
@@ -115,11 +116,11 @@ class MemoryWrappedKeys:
                 del self._live[user]
 
     async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int:
-        if forget not in self._stamps:
+        if (user, forget) not in self._stamps:
             self._stamped_at[user] = max(self._stamped_at.get(user, 0.0), time.time() if at is None else at)
             self._live.pop(user, None)
-            self._stamps[forget] = max((g for u, g in self._keys if u == user), default=0)
-        return self._stamps[forget]
+            self._stamps[user, forget] = max((g for u, g in self._keys if u == user), default=0)
+        return self._stamps[user, forget]
 
     async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]:
         return {u: self._stamped_at[u] for u in users if u in self._stamped_at}
@@ -149,8 +150,17 @@ class PostgresWrappedKeys:
                 f"CREATE TABLE IF NOT EXISTS {k}.data_keys (user_key bytea NOT NULL, generation int NOT NULL, "
                 "kek_id text NOT NULL, wrapped bytea, created_at timestamptz NOT NULL DEFAULT now(), "
                 "retired_at timestamptz, destroyed_at timestamptz, PRIMARY KEY (user_key, generation)); "
-                f"CREATE TABLE IF NOT EXISTS {k}.forgets (forget bytea PRIMARY KEY, "
-                "user_key bytea NOT NULL, generation int NOT NULL, stamped_at timestamptz NOT NULL DEFAULT now())")
+                f"CREATE TABLE IF NOT EXISTS {k}.forgets (forget bytea NOT NULL, "
+                "user_key bytea NOT NULL, generation int NOT NULL, stamped_at timestamptz NOT NULL DEFAULT now(), "
+                "PRIMARY KEY (user_key, forget))")
+            # A forget is its user's and its id together: event ids are unique per user only, and
+            # keyed by the id alone, a second user's forget took the first one's generation.
+            by_forget = await conn.fetchval(
+                "SELECT c.conname FROM pg_constraint c WHERE c.conrelid = $1::regclass AND c.contype = 'p' "
+                "AND array_length(c.conkey, 1) = 1", f"{k}.forgets")
+            if by_forget:
+                await conn.execute(f'ALTER TABLE {k}.forgets DROP CONSTRAINT "{by_forget}", '
+                                   "ADD PRIMARY KEY (user_key, forget)")
             # Before retirement a user had one row, keyed by the user alone. Looked up first: an
             # ALTER, even one with nothing to do, waits for every reader of the table (a backup).
             old = await conn.fetchrow(
@@ -200,13 +210,14 @@ class PostgresWrappedKeys:
             "AND wrapped IS NOT NULL), 0) AS g), "
             f"made AS (INSERT INTO {k}.forgets (forget, user_key, generation, stamped_at) "
             "SELECT $2, $1, g, coalesce(to_timestamp($3::float8), now()) FROM newest "
-            "ON CONFLICT (forget) DO NOTHING RETURNING generation), "
+            "ON CONFLICT (user_key, forget) DO NOTHING RETURNING generation), "
             f"retired AS (UPDATE {k}.data_keys SET retired_at = now() WHERE user_key = $1 "
             "AND generation = (SELECT generation FROM made) AND retired_at IS NULL) "
-            f"SELECT generation FROM made UNION ALL SELECT generation FROM {k}.forgets WHERE forget = $2 LIMIT 1",
-            user, forget, at)
+            f"SELECT generation FROM made UNION ALL SELECT generation FROM {k}.forgets WHERE user_key = $1 "
+            "AND forget = $2 LIMIT 1", user, forget, at)
         if found is None:  # stamped by another process since this statement began
-            found = await self._pool.fetchval(f"SELECT generation FROM {k}.forgets WHERE forget = $1", forget)
+            found = await self._pool.fetchval(f"SELECT generation FROM {k}.forgets WHERE user_key = $1 AND forget = $2",
+                                              user, forget)
         return found
 
     async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]:

@@ -97,6 +97,23 @@ class DataKeysContract:
             assert await process.open("ana", after, "f") == b"after"
         assert await keys.stamp("ana", b"2" * 16) == 2 and await keys.generation("ana") == 0
 
+    async def test_two_users_forgets_with_one_event_id_each_retire_their_own_key(self, tmp_path):
+        """Event ids are unique per user, not across users (hosts reuse them): a forget is the
+        user's and its id together, or user B's forget returns user A's generation and B's key
+        is never retired or destroyed."""
+        keys = await self.keys(tmp_path)
+        await keys.seal("ana", b"a", "f")
+        await keys.seal("bo", b"b", "f")
+        assert await keys.stamp("bo", b"0" * 16) == 1
+        bos = await keys.seal("bo", b"said after his first forget", "f")
+        assert generation_of(bos) == 2
+        assert await keys.stamp("ana", b"1" * 16) == 1
+        assert await keys.stamp("bo", b"1" * 16) == 2  # his own generation, not hers
+        assert await keys.generation("ana") == await keys.generation("bo") == 0
+        await keys.destroy("bo", 2)
+        with pytest.raises(Shredded):
+            await keys.open("bo", bos, "f")
+
     async def test_a_forget_that_never_reached_the_log_is_covered_by_the_next_one(self, tmp_path):
         """Stamped (its key retired), then its append failed: the host's retry is a new forget,
         and it must still end the key of what came before, whether or not the user spoke since."""
@@ -153,7 +170,11 @@ class TestPostgresWrappedKeys(DataKeysContract):
         await self._p.execute(f"DROP SCHEMA IF EXISTS {old} CASCADE; CREATE SCHEMA {old}; "
                               f"CREATE TABLE {old}.data_keys (user_key bytea PRIMARY KEY, generation int NOT NULL, "
                               "kek_id text NOT NULL, wrapped bytea, created_at timestamptz NOT NULL DEFAULT now(), "
-                              "destroyed_at timestamptz)")
+                              "destroyed_at timestamptz); "
+                              f"CREATE TABLE {old}.forgets (forget bytea PRIMARY KEY, user_key bytea NOT NULL, "
+                              "generation int NOT NULL, stamped_at timestamptz NOT NULL DEFAULT now())")
+        await self._p.execute(f"INSERT INTO {old}.forgets (forget, user_key, generation) VALUES ($1, $2, 1)",
+                              b"0" * 16, user_key("bo"))
         await self._p.execute(f"INSERT INTO {old}.data_keys (user_key, generation, kek_id, wrapped) VALUES ($1, $2, $3, $4)",
                               user_key("ana"), g, kek_id, wrapped)
         try:
@@ -162,7 +183,8 @@ class TestPostgresWrappedKeys(DataKeysContract):
             await store.migrate()  # every process migrates on start
             keys = DataKeys(LocalKek(tmp_path / "kek"), store)
             assert await keys.open("ana", sealed, "f") == b"kept"
-            assert await keys.stamp("ana", b"1" * 16) == 1
+            assert await keys.stamp("ana", b"0" * 16) == 1  # bo's forget of that id is his, keyed by forget alone before
+            assert await keys.stamp("bo", b"0" * 16) == 1
             assert generation_of(await keys.seal("ana", b"back", "f")) == 2
             assert await keys.open("ana", sealed, "f") == b"kept"
         finally:
