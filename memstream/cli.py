@@ -395,7 +395,8 @@ def serve(ctx: click.Context, host: str, port: int, demo: bool) -> None:
 
 @main.command("mcp")
 @click.option("--user", help="the one user whose memory this server holds (the tools take no user id)")
-@click.option("--tenant", help="the tenant whose users the tools may name (user ids '<tenant>:...')")
+@click.option("--tenant", help="the tenant whose users the sessions may be bound to (user ids '<tenant>:...', "
+              "named per session by the host's Memstream-User header; streamable-http only)")
 @click.option("--transport", type=click.Choice(["stdio", "streamable-http"]), default="stdio", show_default=True)
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535), help="streamable HTTP, on loopback")
 @click.pass_context
@@ -407,6 +408,9 @@ def mcp_cmd(ctx: click.Context, user: str | None, tenant: str | None, transport:
         from memstream.mcp_server import create_server
     except ImportError as exc:
         raise click.ClickException(f"the MCP server needs the 'mcp' extra: pip install 'memstream[mcp]' ({exc})") from None
+    if tenant is not None and transport != "streamable-http":
+        raise click.UsageError("--tenant serves streamable-http only: its host names each session's user in the "
+                               "Memstream-User header (over stdio, serve one user with --user)")
     s = _settings(ctx)
     try:
         server = create_server(s, user=user, tenant=tenant, dsn=resolve_dsn(s))

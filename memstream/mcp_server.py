@@ -2,9 +2,11 @@
 
 Tools: ``remember`` (append a turn or a note), ``recall`` (search), ``get_context`` (a read,
 rendered for a prompt), ``list_memories``, ``correct_memory``, ``forget_memory``. A server is
-scoped by the host's configuration, never by what the agent asks: to one user (``user``: the
-tools take no user id) or to one tenant's users (``tenant``: each call names a user
-``<tenant>:...``; any other is refused). stdio or streamable HTTP.
+scoped by the host, never by what the agent asks: to one user (``user``: the tools take no user
+id; stdio or streamable HTTP) or to one tenant's users (``tenant``: streamable HTTP only, each
+request bound to the one user ``<tenant>:...`` its host names in the ``Memstream-User`` header —
+the protocol's requests carry no session of their own; a call naming another user is refused, so
+a prompt-injected agent cannot reach its tenant's other users).
 """
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from memstream.config import Settings
 from memstream.schemas.errors import InvalidArgument
 
+USER_HEADER = "memstream-user"  # the host names a tenant-mode session's user here
 INSTRUCTIONS = ("Long-term memory of the conversation's user. Call get_context or recall before answering "
                 "when the past may matter; remember what the user tells you; correct_memory and "
                 "forget_memory when the user asks you to.")
@@ -73,33 +76,40 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
 
         return mcp.tool()(refusing)
 
-    def whose(user_id: str | None) -> str:
+    def whose(user_id: str | None, ctx: Context) -> str:
         if user is not None:
             if user_id not in (None, user):
                 raise InvalidArgument("this server holds the memory of one user only: leave user_id out")
             return user
-        if not user_id or not user_id.startswith(f"{tenant}:"):
+        request = ctx.request_context.request
+        named = request.headers.get(USER_HEADER) if request is not None else None
+        if not named:
+            raise InvalidArgument("no user named for this request: the host names it in the Memstream-User header")
+        if not named.startswith(f"{tenant}:"):
             raise InvalidArgument(f"this server reaches the users of tenant {tenant!r} only (user ids '{tenant}:...')")
-        check_user(user_id)
-        return user_id
+        check_user(named)
+        if user_id not in (None, named):
+            raise InvalidArgument("this request reaches the memory of one user only, the one its host named: leave user_id out")
+        return named
 
     def position(p) -> dict[str, Any]:
         return {"topic": p.topic, "partition": p.partition, "offset": p.offset}
 
     @tool
-    async def remember(text: str, reply: str = "", conversation_id: str = "mcp", user_id: str | None = None) -> dict[str, Any]:
+    async def remember(text: str, reply: str = "", conversation_id: str = "mcp", user_id: str | None = None,
+                       ctx: Context = None) -> dict[str, Any]:
         """Remember what the user said (``text``) and, if any, what you answered (``reply``)."""
         from memstream.schemas import TurnRecorded
 
-        turn = TurnRecorded.new(user_id=whose(user_id), conversation_id=conversation_id, user_message=text,
+        turn = TurnRecorded.new(user_id=whose(user_id, ctx), conversation_id=conversation_id, user_message=text,
                                 assistant_message=reply, occurred_at=datetime.now(timezone.utc))
         return {"remembered": position(await state["log"].append(turn))}
 
     @tool
     async def recall(query: str, kinds: list[Literal["facts", "episodes", "edges"]] | None = None, k: int = 5,
-                     user_id: str | None = None) -> dict[str, Any]:
+                     user_id: str | None = None, ctx: Context = None) -> dict[str, Any]:
         """The memories that best match ``query``: facts, past turns (episodes) and relationships (edges)."""
-        found = await state["reader"].search(whose(user_id), query,
+        found = await state["reader"].search(whose(user_id, ctx), query,
                                              kinds=("facts", "episodes", "edges") if kinds is None else tuple(kinds),
                                              k=k)
         return {"facts": [{"fact_id": str(f.fact_id), "text": f.text, "score": f.score} for f in found.facts],
@@ -110,37 +120,37 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
 
     @tool
     async def get_context(message: str, conversation_id: str = "mcp", user_id: str | None = None,
-                          after: dict[str, Any] | None = None) -> str:
+                          after: dict[str, Any] | None = None, ctx: Context = None) -> str:
         """What memory holds for answering ``message``, as a block for your prompt; ``after``: a
         position ``remember`` returned, to wait (up to 5 s) until what was remembered is in it."""
         from memstream.read_client import render_prompt
 
-        ctx = await state["reader"].read(whose(user_id), conversation_id, message,
+        ctx = await state["reader"].read(whose(user_id, ctx), conversation_id, message,
                                          after=None if after is None else _position(after, state["log"].events_topic))
         return _noted(ctx) + render_prompt(ctx, message)
 
     @tool
     async def list_memories(kind: Literal["facts", "episodes", "edges"] = "facts", limit: int = 50,
                             cursor: str | None = None, user_id: str | None = None,
-                            include_history: bool = False) -> dict[str, Any]:
+                            include_history: bool = False, ctx: Context = None) -> dict[str, Any]:
         """One page of what memory holds about the user, oldest first (``next_cursor`` for more);
         ``include_history``: facts' earlier versions and closed relationships too."""
-        page = await state["reader"].memories(whose(user_id), kind, include_history=include_history, limit=limit,
+        page = await state["reader"].memories(whose(user_id, ctx), kind, include_history=include_history, limit=limit,
                                               cursor=cursor)
         return page.model_dump(mode="json")
 
     @tool
     async def correct_memory(fact_id: str, value: str, text: str | None = None, reason: str = "",
-                             user_id: str | None = None) -> dict[str, Any]:
+                             user_id: str | None = None, ctx: Context = None) -> dict[str, Any]:
         """Correct a fact the user says is wrong: its new ``value`` (and sentence ``text``)."""
         from memstream.control import correct_fact
 
-        return {"appended": position(await correct_fact(state["log"], state["reader"], whose(user_id), _id(fact_id),
+        return {"appended": position(await correct_fact(state["log"], state["reader"], whose(user_id, ctx), _id(fact_id),
                                                         value, text=text, actor="user", reason=reason))}
 
     @tool
     async def forget_memory(fact_id: str | None = None, episode_id: str | None = None, edge_id: str | None = None,
-                            reason: str = "", user_id: str | None = None) -> dict[str, Any]:
+                            reason: str = "", user_id: str | None = None, ctx: Context = None) -> dict[str, Any]:
         """Forget one fact, past turn or relationship the user asks you to forget (exactly one id).
         A fact goes with the relationship stating it and the past turns it was read from."""
         from memstream.control import forget_edge, forget_episode, forget_fact
@@ -150,7 +160,7 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
         if len(named) != 1:
             raise InvalidArgument("name exactly one of fact_id, episode_id, edge_id")
         act, memory_id = named[0]
-        return {"appended": position(await act(state["log"], state["reader"], whose(user_id), _id(memory_id),
+        return {"appended": position(await act(state["log"], state["reader"], whose(user_id, ctx), _id(memory_id),
                                                actor="user", reason=reason))}
 
     return mcp

@@ -1,6 +1,6 @@
 """``memstream mcp`` over stdio with the SDK's own client, on the real stack: the tools listed,
-``remember`` then ``recall``, the other tools, and a tenant-scoped server refusing another
-tenant's user."""
+``remember`` then ``recall``, the other tools, and a tenant-scoped server binding each session to
+the one user its host names."""
 from __future__ import annotations
 
 import sys
@@ -60,11 +60,65 @@ async def test_an_agent_remembers_then_recalls_corrects_and_forgets_through_the_
                                            "AND status = 'current'"), what="the fact forgotten")
 
 
-async def test_a_tenant_scoped_server_takes_its_tenants_users_only(settings):
-    async with Client(server(settings, "--tenant", "acme"), read_timeout_seconds=60) as client:
-        ok = await client.call_tool("list_memories", {"user_id": "acme:bo"})
-        assert not ok.is_error and ok.structured_content["items"] == []
-        refused = await client.call_tool("list_memories", {"user_id": "globex:bo"})
-        assert refused.is_error and "tenant 'acme'" in refused.content[0].text
-        unnamed = await client.call_tool("remember", {"text": "hello"})
-        assert unnamed.is_error
+async def test_a_tenant_scoped_server_serves_only_the_user_its_host_names(settings, tmp_path):
+    """In tenant mode the host names the user (the ``Memstream-User`` header on the streamable
+    HTTP requests), never the agent: a tool call naming another user, even one of the same
+    tenant, is refused, and over stdio (no host between agent and server) tenant mode is."""
+    import contextlib
+    import socket
+    import subprocess
+
+    import httpx2
+
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = worker_env(settings.model_copy(update={"home": HOME}))
+    stdio = subprocess.run([sys.executable, "-m", "memstream.cli", "mcp", "--tenant", "acme"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert stdio.returncode == 2 and "streamable-http" in stdio.stderr  # over stdio the agent would name users
+    proc = subprocess.Popen([sys.executable, "-m", "memstream.cli", "mcp", "--tenant", "acme", "--transport",
+                             "streamable-http", "--port", str(port)], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "mcp.log", "w"))
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        await wait_until(lambda: _listening(port), timeout=60, what="the MCP server")
+
+        def session(headers):
+            return Client(url if headers is None else _with_headers(url, headers), read_timeout_seconds=60)
+
+        async with session({"Memstream-User": "acme:bo"}) as client:
+            ok = await client.call_tool("list_memories", {})
+            assert not ok.is_error and ok.structured_content["items"] == []
+            assert not (await client.call_tool("list_memories", {"user_id": "acme:bo"})).is_error
+            other = await client.call_tool("list_memories", {"user_id": "acme:cy"})  # an injected agent
+            assert other.is_error and "acme:bo" not in other.content[0].text
+            assert (await client.call_tool("recall", {"query": "x", "user_id": "globex:bo"})).is_error
+        async with session(None) as client:  # no user named by the host: nothing to reach
+            unnamed = await client.call_tool("list_memories", {"user_id": "acme:bo"})
+            assert unnamed.is_error and "Memstream-User" in unnamed.content[0].text
+        async with session({"Memstream-User": "globex:bo"}) as client:
+            assert (await client.call_tool("list_memories", {})).is_error
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _with_headers(url: str, headers: dict):
+    """A streamable HTTP transport whose requests carry ``headers``."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    class Live(httpx2.Auth):
+        def auth_flow(self, request):
+            request.headers.update(headers)
+            yield request
+
+    return streamable_http_client(url, http_client=httpx2.AsyncClient(auth=Live(), timeout=60))
