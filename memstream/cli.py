@@ -434,18 +434,54 @@ def api_keys() -> None:
 @click.argument("name")
 @click.option("--tenant", help="the key reaches only this tenant's users (user ids '<tenant>:...')")
 @click.option("--operator", is_flag=True, help="the key reaches every user and the operator routes")
+@click.option("--expires-in", "expires_in", type=click.IntRange(1, 3650), help="days until the key stops working")
 @click.pass_context
-def api_keys_create(ctx: click.Context, name: str, tenant: str | None, operator: bool) -> None:
+def api_keys_create(ctx: click.Context, name: str, tenant: str | None, operator: bool, expires_in: int | None) -> None:
     """Make a key called NAME and print it: the only time it is shown (only its hash is kept)."""
-    from memstream.api.keys import ApiKeys
+    from datetime import datetime, timedelta, timezone
+
     from memstream.schemas.errors import InvalidArgument
 
     if (tenant is None) == (not operator):
         raise click.UsageError("give --tenant TENANT or --operator")
+    expires = datetime.now(timezone.utc) + timedelta(days=expires_in) if expires_in else None
     try:
-        click.echo(ApiKeys(Path(_settings(ctx).home) / "api-keys.json").create(name, tenant=tenant))
+        click.echo(_api_keys(ctx).create(name, tenant=tenant, expires_at=expires))
     except InvalidArgument as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@api_keys.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def api_keys_list(ctx: click.Context, as_json: bool) -> None:
+    """Every key made (never the key itself): id, name, tenant, made, expires, revoked, active."""
+    keys = _api_keys(ctx).list()
+    _echo(keys, as_json, [f"{k['id']}  {'active ' if k['active'] else 'ENDED  '} {k['tenant'] or '(operator)':<16} "
+                          f"{k['name']}  made {k['created_at'][:19]}"
+                          + (f", expires {k['expires_at'][:19]}" if k["expires_at"] else "")
+                          + (f", revoked {k['revoked_at'][:19]}" if k["revoked_at"] else "") for k in keys])
+
+
+@api_keys.command("revoke")
+@click.argument("key_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def api_keys_revoke(ctx: click.Context, key_id: str, as_json: bool) -> None:
+    """End the key KEY_ID (as `api-keys list` shows it) at once, in every server."""
+    from memstream.schemas.errors import InvalidArgument
+
+    try:
+        key = _api_keys(ctx).revoke(key_id)
+    except InvalidArgument as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo(key, as_json, [f"revoked {key['id']} ({key['name']})"])
+
+
+def _api_keys(ctx: click.Context):
+    from memstream.api.keys import ApiKeys
+
+    return ApiKeys(Path(_settings(ctx).home) / "api-keys.json")
 
 
 @main.command()
