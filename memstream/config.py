@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from memstream.projections.schema_names import check_schema_name
 from memstream.read_settings import EPISODE_WEIGHTS, FACT_WEIGHTS, READ_DEADLINE_S, Budgets, Weights
@@ -22,6 +23,16 @@ def local_dsn(pgdata: Path) -> str | None:
     except (OSError, IndexError):
         return None
     return f"postgresql://postgres:@/postgres?host={socket_dir}" if socket_dir else None
+
+
+@pydantic_dataclass(frozen=True)
+class TenantLimits:
+    """The HTTP API's limits per tenant (``memstream.api.limits``)."""
+
+    rate: float = Field(50.0, gt=0)  # requests per second, sustained
+    burst: int = Field(100, ge=1)  # requests at once above the rate
+    concurrent: int = Field(16, ge=1)  # reads and waits in flight at once
+    forgets_per_minute: int = Field(60, ge=1)
 
 
 class Settings(BaseModel):
@@ -101,6 +112,8 @@ class Settings(BaseModel):
     read_budgets: Budgets = Budgets()
     read_keyword_mode: Literal["words", "names"] = "words"
     read_deadline_s: float = Field(READ_DEADLINE_S, gt=0)  # a read's channels end by then, degraded if a store hangs
+    # The HTTP API's limits per tenant (memstream/api/limits.py), e.g. MEMSTREAM_API_LIMITS='{"rate": 20}'.
+    api_limits: TenantLimits = TenantLimits()
 
     _check_schema = field_validator("postgres_schema", "keys_schema")(lambda cls, v: check_schema_name(v))
 
@@ -111,7 +124,7 @@ class Settings(BaseModel):
             raise ValueError("'local', or 'kms:' and a KMS key id, ARN or alias")
         return value
 
-    @field_validator("read_fact_weights", "read_episode_weights", "read_budgets", mode="before")
+    @field_validator("read_fact_weights", "read_episode_weights", "read_budgets", "api_limits", mode="before")
     @classmethod
     def _onto_default(cls, value: Any, info: ValidationInfo) -> Any:
         """A mapping (or its JSON) changes the named fields of the default, nothing else."""

@@ -96,6 +96,7 @@ class MemoryReader:
         self._closed = False
         self._metrics, self._deadline_s = metrics, deadline_s
         self._epochs: dict[str, tuple[int, float]] = {}  # projection -> (epoch, when asked)
+        self._looking: dict[tuple[str, int], asyncio.Future] = {}  # read-your-writes look-ups in flight
         # One embedding at a time: onnxruntime already uses every core it is given, and
         # concurrent runs would oversubscribe them and starve the event loop.
         self._embed_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-embed")
@@ -370,8 +371,7 @@ class MemoryReader:
                 # Each look bounded by the deadline (a server that stops answering, a pool with
                 # no connection to give); the first has at least a moment, however short the wait.
                 async with asyncio.timeout_at(max(deadline, t0 + FIRST_LOOK_S)):
-                    if await positions.applied_through(self._bounded, READ_YOUR_WRITES, after.topic,
-                                                       after.partition) > after.offset:
+                    if await self._applied_through(after.topic, after.partition) > after.offset:
                         return True
             except Exception:
                 # Once with its traceback: a server down or restarting would otherwise log every 50 ms.
@@ -384,6 +384,19 @@ class MemoryReader:
                 return False
             await asyncio.sleep(min(delay, deadline - loop.time()))
             delay = min(delay * 2, 0.05)
+
+    async def _applied_through(self, topic: str, partition: int) -> int:
+        """``positions.applied_through`` of the read projections, one look-up at a time per
+        partition for every read waiting on it: a hundred waits ask Postgres as often as one does
+        (each look shielded: a wait that gives up does not cancel the others' look)."""
+        where = (topic, partition)
+        look = self._looking.get(where)
+        if look is None:
+            look = self._looking[where] = asyncio.ensure_future(
+                positions.applied_through(self._bounded, READ_YOUR_WRITES, topic, partition))
+            look.add_done_callback(lambda done: self._looking.pop(where, None) if self._looking.get(where) is done
+                                   else None)
+        return await asyncio.shield(look)
 
     async def _recent_turns(self, user_id: str, conversation_id: str) -> list[Turn]:
         if self._redis is not None:

@@ -281,9 +281,12 @@ LIVE_LOG_FRESH_S = 1.0  # a move of the log to more partitions is seen by then
 def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, embedder=None) -> FastAPI:
     """The API over ``settings``' deployment; ``keys`` default to ``<home>/api-keys.json``."""
+    from memstream.api.limits import Limited, Limits
+
     keys = keys or ApiKeys(Path(settings.home) / "api-keys.json")
     redact_logs()
     state: dict[str, Any] = {}
+    limits = Limits(settings.api_limits)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -344,6 +347,12 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         log.exception("unexpected error on %s %s", request.method, route_of(request.url.path))
         return _problem(500, "Internal error", "an unexpected error; it is logged")
 
+    @app.exception_handler(Limited)
+    async def limited(request, exc: Limited):
+        response = _problem(429, "Too many requests", f"this tenant sent {exc.what}: retry later")
+        response.headers["Retry-After"] = str(max(1, round(exc.retry_after + 0.5)))
+        return response
+
     @app.exception_handler(InvalidArgument)
     @app.exception_handler(InvalidEvent)
     async def invalid(request, exc: Exception):
@@ -352,7 +361,13 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     def caller(request: Request) -> Principal:
         if (who := keys.principal(_presented_key(request.headers))) is None:
             raise Problem(401, "Unauthorized", UNAUTHORIZED)
+        limits.request(who.tenant)
         return who
+
+    async def reading(who: Principal = Depends(caller)):
+        """A read or a wait of the caller's tenant in flight (``limits.reading``)."""
+        with limits.reading(who.tenant):
+            yield
 
     def user(request: Request, user_id: str, who: Principal = Depends(caller)) -> str:
         from memstream.read_client.arguments import check_user
@@ -437,7 +452,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                                                                                 recorded_time=recorded_time)
         return await state["reader"].graph(user_id, as_of)
 
-    @app.post("/v1/caught-up", response_model=CaughtUp, tags=["log"])
+    @app.post("/v1/caught-up", response_model=CaughtUp, tags=["log"], dependencies=[Depends(reading)])
     async def caught_up(body: CaughtUpIn, who: Principal = Depends(caller)):
         """Wait up to ``timeout`` seconds for every read projection to apply a position an append
         returned: to show a change once it is visible."""
@@ -478,7 +493,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         given = body.get("reminder_id") if body.get("type") == "ReminderScheduled" else None
         return done.model_copy(update={"reminder_id": uuid.UUID(given) if given else None})
 
-    @app.post("/v1/users/{user_id}/context", response_model=MemoryContext, tags=["read"])
+    @app.post("/v1/users/{user_id}/context", response_model=MemoryContext, tags=["read"],
+              dependencies=[Depends(reading)])
     async def context(body: ContextIn, user_id: str = Depends(user)):
         """The memory context for a message (``MemoryReader.read``): no LLM on this path."""
         after = None if body.after is None else await logged(body.after, "after")
@@ -486,13 +502,15 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                                           k_facts=body.k_facts, k_edges=body.k_edges, as_of=body.as_of,
                                           wait_timeout=body.wait_timeout)
 
-    @app.post("/v1/users/{user_id}/search", response_model=SearchResult, tags=["read"])
+    @app.post("/v1/users/{user_id}/search", response_model=SearchResult, tags=["read"],
+              dependencies=[Depends(reading)])
     async def search(body: SearchIn, user_id: str = Depends(user)):
         """The best memories of each kind for a query (``MemoryReader.search``)."""
         return await state["reader"].search(user_id, body.query, kinds=tuple(body.kinds), k=body.k, as_of=body.as_of,
                                             since=body.since, until=body.until)
 
-    @app.get("/v1/users/{user_id}/memories", response_model=MemoryPage, tags=["memories"])
+    @app.get("/v1/users/{user_id}/memories", response_model=MemoryPage, tags=["memories"],
+             dependencies=[Depends(reading)])
     async def memories(kind: Literal["facts", "episodes", "edges"] = "facts", include_history: bool = False,
                        limit: int = 50, cursor: str | None = None, user_id: str = Depends(user)):
         """One page of what memstream holds about the user, oldest first."""
@@ -537,6 +555,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         ``keep_episodes``."""
         from memstream.control import forget_edge, forget_episode, forget_fact
 
+        limits.forget(who.tenant)
+
         named = [(k, v) for k, v in (("fact_id", body.fact_id), ("episode_id", body.episode_id),
                                      ("edge_id", body.edge_id)) if v is not None]
         if len(named) != 1:
@@ -553,6 +573,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         """Forget everything memstream holds about the user: rows, caches and, by crypto-shredding, the log."""
         from memstream.control import forget_user as forget
 
+        limits.forget(who.tenant)
         return await appended(forget(state["log"], user_id, actor="operator" if who.operator else "host", reason=reason))
 
     async def live(fresh: bool = False) -> Settings:

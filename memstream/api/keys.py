@@ -52,12 +52,27 @@ class ApiKeys:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._session: dict[str, dict] = {}  # keys of this process only (``session_key``)
+        self._read: tuple | None = None  # (the file's stat, its keys) as last read
 
     def _load(self) -> dict:
+        """The file's keys, read again whenever it changed (a revoke in another process ends a key
+        at the next request; a burst of requests does not read and parse it each time)."""
+        return json.loads(json.dumps(self._keys()))  # a copy: callers change what they load
+
+    def _keys(self) -> dict:
+        """The file's keys, not to be changed (no copy: read on every request)."""
+        self._load_fresh()
+        return self._read[1] if self._read else {}
+
+    def _load_fresh(self) -> None:
         try:
-            return json.loads(self.path.read_text())
+            st = os.stat(self.path)
         except FileNotFoundError:
-            return {}
+            self._read = None
+            return
+        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._read is None or self._read[0] != seen:
+            self._read = (seen, json.loads(self.path.read_text()))
 
     def _save(self, keys: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +131,7 @@ class ApiKeys:
         """Who holds ``key``, or None for no or an unknown key."""
         if not key or not key.startswith(PREFIX):
             return None
-        found = self._session.get(_digest(key)) or self._load().get(_digest(key))
+        found = self._session.get(_digest(key)) or self._keys().get(_digest(key))
         if found is None or not _active(found, datetime.now(timezone.utc)):
             return None
         return Principal(found["name"], found["tenant"])

@@ -46,10 +46,13 @@ class EpisodeStore:
                 if forget is None:
                     continue
                 if forget.kind == "user":
-                    await conn.execute("DELETE FROM episodes WHERE user_id = $1", forget.user_id)
+                    held = await conn.execute("DELETE FROM episodes WHERE user_id = $1", forget.user_id)
                     await conn.execute("DELETE FROM episode_passages WHERE user_id = $1", forget.user_id)
                     await conn.execute("DELETE FROM forgotten_episodes WHERE user_id = $1", forget.user_id)
-                    forgotten.users.append(forget.user_id)
+                    # Tier 0 is made of episodes: a user without any has no key to look for (a
+                    # forget of an id that never existed must not cost a scan of the cache).
+                    if held != "DELETE 0":
+                        forgotten.users.append(forget.user_id)
                 elif forget.kind == "episode":
                     gone = await conn.fetchrow(_FORGET, forget.user_id, episode_id(forget.target))
                     await conn.execute("DELETE FROM episode_passages WHERE user_id = $1 AND episode_id = $2",

@@ -86,3 +86,71 @@ async def test_api_keys_are_listed_revoked_and_expire_at_once_in_a_running_serve
         assert [await status(k) for k in (kept, revoked, brief)] == [200, 401, 401]
         ended = {k["name"]: k for k in json.loads(cli("list", "--json"))}
         assert ended["leaked"]["revoked_at"] and not ended["leaked"]["active"] and not ended["brief"]["active"]
+
+
+async def test_one_tenants_waits_and_forgets_neither_stall_another_tenant_nor_the_projections(settings, dsn, conn,
+                                                                                           workers, tmp_path):
+    """300 waits for a position never reached and 300 forgets of invented users from tenant A: A is
+    told 429 past its limits at once; B's reads stay within twice their unloaded p95 (and 50 ms),
+    and the episodes projection applies what A was let through within a second."""
+    import asyncio
+    import statistics
+    import time
+
+    import httpx
+
+    from memstream.api.app import create_app
+    from memstream.api.keys import ApiKeys
+    from memstream.embedding import default_embedder
+
+    from .conftest import served
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("globex:bo", "I live in Oslo and work at Initech.", 0)])
+    keys = ApiKeys(tmp_path / "api-keys.json")
+    a, b = (f"Bearer {keys.create(t, tenant=t)}" for t in ("acme", "globex"))
+    app = create_app(settings, keys=keys, dsn=dsn, embedder=default_embedder())
+    async with served(app) as url, httpx.AsyncClient(base_url=url, timeout=60,
+                                                     limits=httpx.Limits(max_connections=400)) as client:
+        async def b_reads(n=30) -> list[float]:
+            took = []
+            for _ in range(n):
+                t = time.perf_counter()
+                got = await client.post("/v1/users/globex:bo/context", headers={"Authorization": b},
+                                        json={"conversation_id": "c1", "message": "where do I live?"})
+                assert got.status_code == 200, got.text
+                took.append(time.perf_counter() - t)
+            return took
+
+        def p95(xs):
+            return statistics.quantiles(xs, n=20)[-1]
+
+        await b_reads(5)  # warm
+        unloaded = p95(await b_reads())
+        never = {"position": {"topic": settings.events_topic, "partition": 0, "offset": 10**12}, "timeout": 30}
+        waits = [asyncio.ensure_future(client.post("/v1/caught-up", headers={"Authorization": a}, json=never))
+                 for _ in range(300)]
+        await asyncio.sleep(1.5)  # the burst answered: the ones let through are waiting now
+        assert sum(not x.done() for x in waits) == settings.api_limits.concurrent
+        loaded = p95(await b_reads())
+        refused = [r for r in await asyncio.gather(*[x for x in waits if x.done()])]
+        assert len(refused) >= 300 - settings.api_limits.concurrent
+        assert all(r.status_code == 429 and r.headers["retry-after"] for r in refused)
+        assert loaded <= max(2 * unloaded, unloaded + 0.05), (loaded, unloaded)
+        for x in waits:
+            x.cancel()
+
+        t0 = time.perf_counter()
+        forgets = await asyncio.gather(*[client.delete(f"/v1/users/acme:ghost-{i}", headers={"Authorization": a})
+                                         for i in range(300)])
+        accepted = [r.json()["position"] for r in forgets if r.status_code == 202]
+        assert 0 < len(accepted) <= settings.api_limits.forgets_per_minute + 5  # and a few refilled meanwhile
+        assert all(r.status_code in (202, 429) for r in forgets)
+        last = max(accepted, key=lambda p: p["offset"])
+        sent = time.perf_counter()
+        caught = await client.post("/v1/caught-up", headers={"Authorization": b},
+                                   json={"position": last, "timeout": 30})
+        assert caught.json()["caught_up"]
+        assert time.perf_counter() - sent < 1.0, (time.perf_counter() - sent, sent - t0)
+    w.stop()
