@@ -5,7 +5,9 @@ is ``lives_in``, ``sister`` is ``has_sibling``), whenever the user's facts have 
 slot: at every valid time and every recorded time, the values of the user's fact versions that
 held then as believed then are exactly the targets of the user's edges of that relation that
 held then as believed then (by name or alias, case aside). A forgotten fact or edge holds at no
-time. The read path answers ``as_of`` with the same two predicates (``visible_fact``,
+time; a moment at which one was believed is erased history, and is not compared (a forget can
+end a version of a statement another version still makes, over a span no single edge can be cut
+to: there, one representation may still hold the statement's surviving twin). The read path answers ``as_of`` with the same two predicates (``visible_fact``,
 ``visible_edge``), so a context as of any moment says one thing in its facts and its edges.
 
 Formation keeps it (``streams.formation.slot_edges``); the unit and integration suites check
@@ -21,16 +23,16 @@ from memstream.projections.graph.core import EdgeRow, EntityRow, Row
 from memstream.schemas.vocabulary import relation_of
 
 
-def visible_fact(f: FactRow, valid: datetime, recorded: datetime) -> bool:
-    """``facts.query``'s as-of predicate."""
-    return (f.status != "forgotten" and f.recorded_at <= recorded and f.valid_from <= valid
+def visible_fact(f: FactRow, valid: datetime, recorded: datetime, forgotten: bool = False) -> bool:
+    """``facts.query``'s as-of predicate (``forgotten``: as if the fact were not forgotten)."""
+    return ((forgotten or f.status != "forgotten") and f.recorded_at <= recorded and f.valid_from <= valid
             and (f.valid_to is None or (f.superseded_at is not None and f.superseded_at > recorded)
                  or f.valid_to > valid))
 
 
-def visible_edge(e: EdgeRow, valid: datetime, recorded: datetime) -> bool:
-    """``graph.query``'s as-of predicate."""
-    return (not e.forgotten and e.recorded_at <= recorded and e.valid_from <= valid
+def visible_edge(e: EdgeRow, valid: datetime, recorded: datetime, forgotten: bool = False) -> bool:
+    """``graph.query``'s as-of predicate (``forgotten``: as if the edge were not forgotten)."""
+    return ((forgotten or not e.forgotten) and e.recorded_at <= recorded and e.valid_from <= valid
             and (e.valid_to is None or (e.closed_at is not None and e.closed_at > recorded) or e.valid_to > valid))
 
 
@@ -49,6 +51,11 @@ def disagreements(user_id: str, facts: Iterable[FactRow], graph: Iterable[Row], 
     for relation in sorted(relations):
         for valid in probes:
             for recorded in times:
+                if any(f.status == "forgotten" and relation_of(f.attribute) == relation
+                       and visible_fact(f, valid, recorded, forgotten=True) for f in facts) or any(
+                        e.forgotten and e.relation == relation and visible_edge(e, valid, recorded, forgotten=True)
+                        for e in edges):
+                    continue  # erased history
                 said = sorted(f.value.casefold() for f in facts
                               if relation_of(f.attribute) == relation and visible_fact(f, valid, recorded))
                 held = [e for e in edges if e.relation == relation and visible_edge(e, valid, recorded)]

@@ -252,10 +252,12 @@ class FactForgotten(_Control, tag="FactForgotten", kw_only=True, frozen=True):
     from the turns it came from; a later statement may learn it anew. ``attribute`` and ``value``
     (filled by ``memstream.control``) find it again when a reform with another extractor gave
     it another id. The edges stating the same relationship are forgotten with it, and so are the
-    turns it was read from (their episodes), unless ``keep_episodes``."""
+    turns it was read from (their episodes), unless ``keep_episodes``. v2 added
+    ``keep_episodes``; a v1 forget kept the turns, and keeps them when decided again (upcast)."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
+    SCHEMA_VERSION: ClassVar[int] = 2
 
+    schema_version: int = 2
     fact_id: uuid.UUID
     attribute: Annotated[str, msgspec.Meta(max_length=100)] | None = None
     value: Annotated[str, msgspec.Meta(max_length=500)] | None = None

@@ -1,8 +1,8 @@
 """Upcasters: pure functions that lift an old record shape one version up.
 
 Register one function per ``(type, from_version)``; ``upcast`` chains them until the record
-reaches the version this build writes. Only v1 exists today; the registry is here so that a
-v2 is a new function and a new golden fixture, not a migration of the log.
+reaches the version this build writes: a v2 is a new function and a new golden fixture, not a
+migration of the log.
 """
 from __future__ import annotations
 
@@ -34,3 +34,9 @@ def upcast(raw: Raw, target_version: int) -> Raw:
         raw = {**step(raw), "schema_version": version + 1}
         version += 1
     return raw
+
+
+@upcaster("FactForgotten", 1)
+def _fact_forgotten_kept_its_turns(raw: Raw) -> Raw:
+    """A v1 forget of a fact left the turns it was read from: decided again (a reform), it still does."""
+    return {**raw, "keep_episodes": True}

@@ -11,7 +11,12 @@ SINGLE_VALUED = frozenset({"name", "home", "origin", "employer", "role", "diet",
 
 
 def single_valued(attribute: str) -> bool:
-    return attribute in SINGLE_VALUED or attribute.startswith("favourite_")
+    """One value at a time: a named slot, a favourite, or a slot the graph states with a
+    single-valued relation (a ``manager`` as ``managed_by``): facts and edges agree on it."""
+    if attribute in SINGLE_VALUED or attribute.startswith("favourite_"):
+        return True
+    relation = relation_of(attribute)
+    return relation is not None and relation not in MULTI_VALUED
 
 
 # canonical relation -> phrasings that mean the same thing

@@ -127,14 +127,20 @@ def _clause_after(text: str) -> str:
     return text[:end.start()] if end else text
 
 
+_NEAR = 300  # characters around a match that say how it is meant (its date, a hedge)
+
+
 def _dated(sentence: str, start: int, end: int, at: datetime, past: bool = False) -> datetime | None:
     """The date of the phrase at ``sentence[start:end]``: one said in its own clause, after it or
     before it ("Last week, I moved to Lisbon"), never one said of something else in the sentence."""
-    when = _when(_clause_after(sentence[end:]), at, past)
+    # Within _NEAR characters either side: a clause is shorter, and a pasted page must not make
+    # every match read all of it.
+    when = _when(_clause_after(sentence[end:end + _NEAR]), at, past)
     if when is None:
-        clauses = _CLAUSE_END.split(sentence[:start])
+        clauses = _CLAUSE_END.split(sentence[max(0, start - _NEAR):start])
         when = _when(clauses[-1], at, past)
-        if when is None and len(clauses) == 2 and not clauses[-1].strip() and len(clauses[0].split()) <= 4:
+        if (when is None and start <= _NEAR and len(clauses) == 2 and not clauses[-1].strip()
+                and len(clauses[0].split()) <= 4):
             when = _when(clauses[0], at, past)  # a leading adverbial: "Last week, I ..."
     return when
 
@@ -332,7 +338,9 @@ def _told_value(m: re.Match, kind: str, negated: bool) -> str | None:
     """The one ``m`` names, or None: a word that names nobody, or an ending only hedged ("I'm not
     sure ...", "if ...", a question)."""
     s = m.string
-    if negated and (s.rstrip().endswith("?") or _HEDGE.search(s, 0, m.start()) or _HEDGE_AFTER.match(s, m.end())):
+    # Near the match only: a turn may be a pasted page, and every match looking at all of it is quadratic.
+    if negated and (s[-_NEAR:].rstrip().endswith("?") or _HEDGE.search(s, max(0, m.start() - _NEAR), m.start())
+                    or _HEDGE_AFTER.match(s, m.end())):
         return None
     value = m.group("value") or m.group("value2")
     if kind == "home":

@@ -72,7 +72,8 @@ WHERE {_as_of("$5", "$6")} AND embedding_model = $4
 ORDER BY distance, fact_id LIMIT $3
 """
 _KEYWORD_AS_OF = f"""
-WITH q AS (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS q FROM (
+WITH q AS (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery
+                   && quote_literal('u' || md5($1))::tsquery AS q FROM (  -- the user's lexeme: their rows only (0005)
                SELECT lexeme FROM unnest(to_tsvector('english', $2)) LIMIT {fulltext.MAX_TERMS}) l)
 SELECT {_COLS}, ts_rank(tsv, q.q) AS rank FROM memory_facts, q
 WHERE q.q IS NOT NULL AND tsv @@ q.q AND {_as_of("$4", "$5")}
@@ -135,8 +136,10 @@ async def holder(conn, fact_id: uuid.UUID, user_id: str) -> asyncpg.Record | Non
 
 
 async def turns(conn, user_id: str, fact_id: uuid.UUID) -> list[uuid.UUID]:
-    """The turns (event ids) the user's fact version was read from: its first, then those that
-    observed it again."""
-    row = await conn.fetchrow("SELECT source_event_id, observed_in FROM memory_facts WHERE user_id = $1 AND fact_id = $2",
-                              user_id, fact_id)
-    return [] if row is None else list(dict.fromkeys([row["source_event_id"], *row["observed_in"]]))
+    """The turns (event ids) forgetting the user's fact forgets: those its version, and the
+    earlier versions of its lineage saying the same value (forgotten with it), were read from."""
+    rows = await conn.fetch(
+        "SELECT v.source_event_id, v.observed_in FROM memory_facts f JOIN memory_facts v ON v.user_id = f.user_id "
+        "AND v.lineage_id = f.lineage_id AND lower(v.value) = lower(f.value) AND v.status <> 'forgotten' "
+        "AND v.version <= f.version WHERE f.user_id = $1 AND f.fact_id = $2 ORDER BY v.version", user_id, fact_id)
+    return list(dict.fromkeys(t for r in rows for t in (r["source_event_id"], *r["observed_in"])))

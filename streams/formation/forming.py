@@ -588,7 +588,12 @@ class Formation:
                                            self._edges(r, turn, graph, list(found.relations)))
         else:
             facts, edges = await _together(self._facts(r, turn, overlay), self._edges(r, turn, graph))
-        if relations := slot_edges.touched([*facts, *edges], overlay, graph, turn.user_id):
+        relations = slot_edges.touched([*facts, *edges], overlay, graph, turn.user_id)
+        # A turn formed again (its decisions sent, or some of them, before a crash) follows its own
+        # facts' slots too: what it decided is in the view, not in ``facts``, and its slot edges may
+        # not have been sent.
+        relations |= {x for f in _own_facts(overlay, turn) if (x := relation_of(f.attribute)) is not None}
+        if relations:
             model = (self._turn_extractor or self._extractor).model_id
             edges += await self._follow(r, turn, overlay, graph, relations, extractor=model)
         # Last: a projection that has applied a turn's episode has seen all of its decisions.
@@ -784,8 +789,32 @@ class Formation:
                                              forgot=(e.actor, e.reason, [f.value for f in said]))
         if isinstance(e, EpisodeForgotten):
             self._forgotten_turns.setdefault(e.user_id, set()).add(e.turn_event_id)
-            return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="episode",
-                                    target=e.turn_event_id)]
+            # The turn goes; what it alone said goes with it, decided here one by one rather than
+            # by the projections' episode rule (``keep_derived``): a fact another turn said again
+            # stays, noted, and so does the user's edge stating it — one truth.
+            await overlay.ensure(e.user_id, facts_core.turn_decisions(e.turn_event_id))
+            await graph.ensure_user(e.user_id)
+            user = slot_edges.user_entity_id(e.user_id)
+            alone = [f for fid in facts_core.turn_decisions(e.turn_event_id)
+                     if (f := overlay.rows.get((e.user_id, fid))) is not None and f.status != "forgotten"
+                     and f.source_event_id == e.turn_event_id and f.observation_count == 1]
+            edges = sorted((x for x in graph.of(e.user_id).values() if isinstance(x, EdgeRow) and not x.forgotten
+                            and x.source_event_id == e.turn_event_id), key=lambda x: x.edge_id)
+            slots = {x.relation for x in edges if x.source_entity_id == user and attributes_of(x.relation)}
+            made: list[Decision] = [
+                MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="episode",
+                                target=e.turn_event_id, keep_derived=True),
+                *(MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten-fact:{n}"), kind="fact",
+                                  target=f.fact_id) for n, f in enumerate(alone)),
+                *(MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten-edge:{n}"), kind="edge",
+                                  target=x.edge_id)
+                  for n, x in enumerate(x for x in edges if not (x.source_entity_id == user and x.relation in slots)))]
+            for d in made:
+                overlay.apply(d)
+                graph.apply(d)
+            relations = ({relation_of(f.attribute) for f in alone} | slots) - {None}
+            return made + await self._follow(r, e, overlay, graph, relations, extractor=f"control:{e.actor}",
+                                             why=f"forgotten{why}", forgot=(e.actor, e.reason, [f.value for f in alone]))
         if isinstance(e, UserForgotten):
             self._fact_vectors.clear()  # fact texts, some of them theirs
             self._forgotten_turns.pop(e.user_id, None)
@@ -958,6 +987,11 @@ class _Part:
 
 NEW = Resolution(Operation.ADD, None, "new fact")
 RELATED = 0.5  # cosine from which a fact of another slot may still be the same fact in other words
+
+
+def _own_facts(overlay: FactView, turn: TurnRecorded) -> list:
+    """The facts the view holds that ``turn`` created (when it was formed before)."""
+    return [f for fid in facts_core.turn_decisions(turn.event_id) if (f := overlay.rows.get((turn.user_id, fid)))]
 
 
 def _related(cand, neighbours) -> bool:

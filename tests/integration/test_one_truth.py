@@ -205,6 +205,8 @@ async def test_facts_and_edges_agree_at_every_time_on_the_real_stack(settings, c
                     pos = await control.forget_fact(log, reader, user, facts[a % len(facts)].fact_id, keep_episodes=b)
                 elif kind == "forget_edge" and edges:
                     pos = await control.forget_edge(log, reader, user, edges[a % len(edges)].edge_id)
+                elif kind == "forget_turn" and (turns := (await reader.memories(user, "episodes", limit=500)).items):
+                    pos = await control.forget_episode(log, reader, user, turns[a % len(turns)].episode_id)
                 else:
                     continue
                 assert await reader.caught_up(pos, timeout=30)

@@ -38,6 +38,18 @@ def test_golden_turn_recorded_v1_decodes_to_the_same_turn():
     assert json.loads(encode(turn)) == json.loads((FIXTURES / "TurnRecorded.v1.json").read_text())
 
 
+def test_golden_fact_forgotten_v1_keeps_the_turns_it_was_read_from():
+    # v1 forgot the fact and left its turns; v2 forgets them too unless keep_episodes. Decided
+    # again (a reform), a v1 forget must do what it did.
+    from memstream.schemas import FactForgotten
+
+    forget = decode_event((FIXTURES / "FactForgotten.v1.json").read_bytes())
+    assert isinstance(forget, FactForgotten) and forget.schema_version == 2 and forget.keep_episodes
+    assert (forget.attribute, forget.value, forget.reason) == ("home", "Porto", "private")
+    assert not FactForgotten(**{**{f: getattr(forget, f) for f in forget.__struct_fields__},
+                                "keep_episodes": False}).keep_episodes
+
+
 def test_golden_episode_recorded_v1_decodes_with_its_embedding():
     d = decode_decision((FIXTURES / "EpisodeRecorded.v1.json").read_bytes())
     assert isinstance(d, EpisodeRecorded)

@@ -14,7 +14,7 @@ from memstream.llm.offline import OfflineResolver
 from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.projections.agreement import disagreements
 from memstream.projections.graph.core import EdgeRow
-from memstream.schemas import EdgeForgotten, FactCorrected, FactForgotten, TurnRecorded
+from memstream.schemas import EdgeForgotten, EpisodeForgotten, FactCorrected, FactForgotten, TurnRecorded
 from memstream.schemas.events import new_event_id
 from memstream.streams.formation.forming import Formation
 from memstream.streams.formation.graph import GraphView, user_entity_id
@@ -39,13 +39,15 @@ STEP = st.one_of(
     st.tuples(st.just("turn"), st.integers(0, len(SAID) - 1), st.integers(0, 4)),
     st.tuples(st.just("correct"), st.integers(0, 50), st.integers(0, 4)),
     st.tuples(st.just("forget_fact"), st.integers(0, 50), st.booleans()),
-    st.tuples(st.just("forget_edge"), st.integers(0, 50), st.just(0)))
+    st.tuples(st.just("forget_edge"), st.integers(0, 50), st.just(0)),
+    st.tuples(st.just("forget_turn"), st.integers(0, 50), st.just(0)))
 
 
 def run(steps) -> tuple[MemoryView, GraphView]:
     f = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=None, resolver=OfflineResolver(),
                   dead_letters=None, pool=None, barrier=None, turn_extractor=OfflineTurnExtractor())
     view, graph = MemoryView("scattered"), GraphView(None)
+    said = []
 
     async def go():
         for i, (kind, a, b) in enumerate(steps):
@@ -58,6 +60,7 @@ def run(steps) -> tuple[MemoryView, GraphView]:
                 text = SAID[a].format(p=PLACES[b], e=EMPLOYERS[b % len(EMPLOYERS)], n=NAMES[b])
                 event = TurnRecorded.new(user_id="u", conversation_id="c", user_message=text, assistant_message="Ok.",
                                          occurred_at=at)
+                said.append(event.event_id)
             elif kind == "correct" and current:
                 fact = current[a % len(current)]
                 event = FactCorrected(**common, fact_id=fact.fact_id, value=(PLACES + NAMES)[b])
@@ -67,6 +70,8 @@ def run(steps) -> tuple[MemoryView, GraphView]:
                                       keep_episodes=b)
             elif kind == "forget_edge" and edges:
                 event = EdgeForgotten(**common, edge_id=edges[a % len(edges)].edge_id)
+            elif kind == "forget_turn" and said:
+                event = EpisodeForgotten(**common, turn_event_id=said[a % len(said)])
             else:
                 continue
             record = Record("e", 0, i, b"u", b"", (), int(at.timestamp() * 1000) + 3_600_000)
