@@ -131,7 +131,7 @@ def test_a_turn_written_to_backtrack_is_read_in_one_pass():
 
 def test_a_page_of_endings_and_dates_is_read_in_one_pass():
     # Each ending looked for a hedge, and each date for its clause, over everything before it:
-    # 8.5 s per extractor on this 50,000-character turn.
+    # quadratic in a pasted page (BENCHMARKS.md has the figures).
     import concurrent.futures
 
     from memstream.llm.offline_relations import extract_relations
