@@ -131,7 +131,10 @@ async def test_one_tenants_waits_and_forgets_neither_stall_another_tenant_nor_th
         never = {"position": {"topic": settings.events_topic, "partition": 0, "offset": 10**12}, "timeout": 30}
         waits = [asyncio.ensure_future(client.post("/v1/caught-up", headers={"Authorization": a}, json=never))
                  for _ in range(300)]
-        await asyncio.sleep(1.5)  # the burst answered: the ones let through are waiting now
+        # The burst answered (at once, each: a 429 is not queued), the ones let through waiting now.
+        await wait_until(lambda: _true(sum(x.done() for x in waits) >= 300 - settings.api_limits.concurrent),
+                         timeout=30, what="the refusals")
+        await asyncio.sleep(0.5)
         assert sum(not x.done() for x in waits) == settings.api_limits.concurrent
         loaded = p95(await b_reads())
         refused = [r for r in await asyncio.gather(*[x for x in waits if x.done()])]
@@ -152,5 +155,11 @@ async def test_one_tenants_waits_and_forgets_neither_stall_another_tenant_nor_th
         caught = await client.post("/v1/caught-up", headers={"Authorization": b},
                                    json={"position": last, "timeout": 30})
         assert caught.json()["caught_up"]
-        assert time.perf_counter() - sent < 1.0, (time.perf_counter() - sent, sent - t0)
+        lag = time.perf_counter() - sent
+        print(f"forgets let through: {len(accepted)}, applied {lag:.3f} s after the last was appended")
+        assert lag < 1.0, (lag, sent - t0)
     w.stop()
+
+
+async def _true(value: bool) -> bool:
+    return value
