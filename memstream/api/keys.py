@@ -10,6 +10,7 @@ revoking; the operator's actions are logged on ``memstream.api``.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -54,25 +55,22 @@ class ApiKeys:
         self._session: dict[str, dict] = {}  # keys of this process only (``session_key``)
         self._read: tuple | None = None  # (the file's stat, its keys) as last read
 
-    def _load(self) -> dict:
-        """The file's keys, read again whenever it changed (a revoke in another process ends a key
-        at the next request; a burst of requests does not read and parse it each time)."""
-        return json.loads(json.dumps(self._keys()))  # a copy: callers change what they load
-
     def _keys(self) -> dict:
-        """The file's keys, not to be changed (no copy: read on every request)."""
-        self._load_fresh()
-        return self._read[1] if self._read else {}
-
-    def _load_fresh(self) -> None:
+        """The file's keys, read again whenever it changed (a revoke in another process ends a key
+        at the next request; a burst of requests does not read and parse it each time). Not to be
+        changed: ``_load`` gives a copy."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             self._read = None
-            return
+            return {}
         seen = (st.st_mtime_ns, st.st_size, st.st_ino)
         if self._read is None or self._read[0] != seen:
             self._read = (seen, json.loads(self.path.read_text()))
+        return self._read[1]
+
+    def _load(self) -> dict:
+        return copy.deepcopy(self._keys())
 
     def _save(self, keys: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

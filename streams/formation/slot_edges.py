@@ -56,22 +56,23 @@ async def follow(decider: EdgeDecider, facts: FactView, relations: Iterable[str]
     say; ``forgot``: (actor, reason, values) of a command that forgot facts of these values,
     whose edges are forgotten with them."""
     user_id = decider.ctx.turn.user_id
+    user = user_entity_id(user_id)
     for relation in sorted(relations):
         rows = await facts.slot(user_id, attributes_of(relation))
         if not rows:
             continue  # no fact ever filled it: the relation extractor's alone
         await decider.view.ensure_user(user_id)
-        current = [r for r in rows if r.current]
+        current = sorted((r for r in rows if r.current), key=lambda r: (r.valid_from, r.recorded_at, r.fact_id))
         if relation not in MULTI_VALUED:  # one value at a time: the newest word
-            current = sorted(current, key=lambda r: (r.valid_from, r.recorded_at, r.fact_id))[-1:]
+            current = current[-1:]
         held: dict[str, FactRow] = {}  # value -> the version holding it from the earliest
-        for r in sorted(current, key=lambda r: (r.valid_from, r.recorded_at, r.fact_id)):
+        for r in current:
             held.setdefault(r.value.casefold(), r)
         forgotten = {v.casefold() for v in (forgot[2] if forgot else ())}
         kept = [r for r in rows if r.status != "forgotten"]
-        edges = decider.view.edges(user_id, user_entity_id(user_id), relation)
+        edges = decider.view.edges(user_id, user, relation)
         for e in sorted(edges, key=lambda e: (e.valid_from, e.edge_id)):
-            names = _names(decider, e)
+            names = target_names(decider.view, e)
             if e.forgotten:
                 continue
             # An edge of a forgotten value goes, unless a version still held says it while the
@@ -83,12 +84,12 @@ async def follow(decider: EdgeDecider, facts: FactView, relations: Iterable[str]
             elif e.current:
                 decider.close(e, _ended(rows, names) or e.valid_from, "the facts no longer say so")
         for value, row in held.items():
-            stating = [e for e in decider.view.edges(user_id, user_entity_id(user_id), relation)
-                       if e.current and value in _names(decider, e)]
+            stating = [e for e in decider.view.edges(user_id, user, relation)
+                       if e.current and value in target_names(decider.view, e)]
             if any(e.valid_from == row.valid_from for e in stating):
                 continue
             for e in stating:  # held from another time than the facts say: ended, and opened anew
-                end = min(_ended(rows, _names(decider, e)) or e.valid_from, row.valid_from)
+                end = min(_ended(rows, target_names(decider.view, e)) or e.valid_from, row.valid_from)
                 decider.close(e, end, "the facts say it holds from another time")
             decider.add(RelationCandidate(source=USER, relation=relation, target=row.value, target_is_entity=True,
                                           confidence=1.0, explicit=True, valid_at=row.valid_from))
@@ -97,10 +98,6 @@ async def follow(decider: EdgeDecider, facts: FactView, relations: Iterable[str]
 def overlap(fact: FactRow, edge: EdgeRow) -> bool:
     """Whether the fact version and the edge were believed at some common recorded time."""
     return (fact.recorded_at < (edge.closed_at or _NEVER)) and (edge.recorded_at < (fact.superseded_at or _NEVER))
-
-
-def _names(decider: EdgeDecider, edge: EdgeRow) -> set[str]:
-    return target_names(decider.view, edge)
 
 
 def target_names(graph: GraphView, edge: EdgeRow) -> set[str]:
