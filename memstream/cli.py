@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import socket
@@ -423,6 +424,48 @@ def mcp_cmd(ctx: click.Context, user: str | None, tenant: str | None, transport:
             "streamable HTTP on 127.0.0.1:%d has no authentication: any local process reaches these users' memory; "
             "put it behind the host's own authentication", port)
         server.run("streamable-http", host="127.0.0.1", port=port)
+
+
+@main.group("keys")
+def keys_group() -> None:
+    """The key store's key-encryption key (docs/erasure.md)."""
+
+
+@keys_group.command("rotate")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def keys_rotate(ctx: click.Context, as_json: bool) -> None:
+    """Make a new key-encryption key current, wrap every data key again under it and retire the
+    old one (local: its file shredded; KMS: scheduled for deletion). Run it on a schedule: a
+    forgotten person stays recoverable from a key-store backup only until the next rotation."""
+    s = _settings(ctx)
+    rotation = asyncio.run(_rotate(s, resolve_dsn(s)))
+    _echo(dataclasses.asdict(rotation), as_json,
+          [f"current {rotation.kek_id}; {rotation.rewrapped} keys wrapped again; "
+           + (f"retired {', '.join(rotation.retired)}" if not rotation.left else
+              f"{rotation.left} keys are bound to user ids no projection names: the old key-encryption key is kept")])
+    if rotation.left:
+        ctx.exit(1)
+
+
+async def _rotate(s: Settings, dsn: str):
+    from memstream.projections.db import create_pool
+    from memstream.sealing import data_keys
+    from memstream.sealing.rotation import rotate
+
+    pool = await create_pool(dsn, s.postgres_schema, min_size=0, max_size=2)
+    try:
+        keys = await data_keys(s, pool)
+
+        async def user_ids():  # keys wrapped before they were bound to the digest: their users
+            async with pool.acquire() as conn:
+                async with conn.transaction():
+                    async for r in conn.cursor("SELECT user_id FROM episodes UNION SELECT user_id FROM memory_facts"):
+                        yield r["user_id"]
+
+        return await rotate(keys, user_ids())
+    finally:
+        await pool.close()
 
 
 @main.group("api-keys")

@@ -55,12 +55,15 @@ class Settings(BaseModel):
 
     # Crypto-shredding (memstream.sealing): every record of a user on the log is sealed with a
     # data key of theirs. The wrapped keys live in ``keys_schema`` (never rebuilt: back it up),
-    # wrapped by ``kek``: "local" (a key file under ``home``) or "kms:<key id, ARN or alias>".
+    # wrapped by ``kek``: "local" (key files under ``home``/keys), "file:<path>" (key files at
+    # <path>, <path>.2, ...: keep them off the disk the database is on) or "kms:<key id, ARN or
+    # alias>" (an alias, to rotate). ``kek_retire_days``: how long KMS keeps a rotated-out key.
     # ``seal_records=False`` writes new records plain (a replay still opens sealed ones): then
     # forgetting a user cannot reach the log's copies.
     seal_records: bool = True
     keys_schema: str = "memstream_keys"
     kek: str = "local"
+    kek_retire_days: int = Field(7, ge=7, le=30)
 
     home: Path = Path(".memstream")  # local stack data, logs and jars
     tier0_turns: int = Field(20, ge=1)  # recent turns kept per conversation in Redis
@@ -120,8 +123,8 @@ class Settings(BaseModel):
     @field_validator("kek")
     @classmethod
     def _known_kek(cls, value: str) -> str:
-        if value != "local" and not (value.startswith("kms:") and len(value) > 4):
-            raise ValueError("'local', or 'kms:' and a KMS key id, ARN or alias")
+        if value != "local" and not (value.startswith(("kms:", "file:")) and len(value.split(":", 1)[1]) > 0):
+            raise ValueError("'local', 'file:' and a path, or 'kms:' and a KMS key id, ARN or alias")
         return value
 
     @field_validator("read_fact_weights", "read_episode_weights", "read_budgets", "api_limits", mode="before")

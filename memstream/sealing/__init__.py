@@ -15,13 +15,20 @@ __all__ = ["DataKeys", "Kek", "KekUnavailable", "KmsKek", "LocalKek", "NotSealed
            "kek_for"]
 
 
-def kek_for(kek: str, home: Path) -> Kek:
-    """The key-encryption key a ``Settings.kek`` names: "local" is ``<home>/keys/kek``."""
+def kek_path(kek: str, home: Path) -> Path | None:
+    """Where a local key-encryption key's files are: "local" is ``<home>/keys/kek``."""
     if kek == "local":
-        return LocalKek(Path(home) / "keys" / "kek")
+        return Path(home) / "keys" / "kek"
+    return Path(kek.removeprefix("file:")) if kek.startswith("file:") else None
+
+
+def kek_for(kek: str, home: Path, retire_days: int = 7) -> Kek:
+    """The key-encryption key a ``Settings.kek`` names."""
+    if (path := kek_path(kek, home)) is not None:
+        return LocalKek(path)
     import boto3
 
-    return KmsKek(boto3.client("kms"), kek.removeprefix("kms:"))
+    return KmsKek(boto3.client("kms"), kek.removeprefix("kms:"), retire_days)
 
 
 async def data_keys(settings, pool) -> DataKeys:
@@ -30,8 +37,9 @@ async def data_keys(settings, pool) -> DataKeys:
     elsewhere (another ``MEMSTREAM_HOME``) must not make a second one."""
     store = PostgresWrappedKeys(pool, settings.keys_schema)
     await store.migrate()
-    path = Path(settings.home) / "keys" / "kek"
-    if settings.kek == "local" and not path.exists() and await store.holds_keys():
+    path = kek_path(settings.kek, settings.home)
+    if path is not None and not LocalKek.exists(path) and await store.holds_keys():
         raise WrongKek(f"no key-encryption key at {path.resolve()}, but {settings.keys_schema} holds data keys "
-                       "wrapped by one: run this process with the deployment's MEMSTREAM_HOME (or restore the file)")
-    return DataKeys(kek_for(settings.kek, settings.home), store)
+                       "wrapped by one: run this process with the deployment's MEMSTREAM_HOME and MEMSTREAM_KEK "
+                       "(or restore the files)")
+    return await DataKeys(kek_for(settings.kek, settings.home, settings.kek_retire_days), store).ready()

@@ -9,12 +9,19 @@ three states: *live* (new content is sealed under it), *retired* by a forget (it
 new, so what the user says after the forget gets the next generation, while the decisions about
 what came before are still sealed under it), and *destroyed* (blobs sealed under it open as
 ``Shredded`` from then on, anywhere). A generation is never reused. The store holds no user id,
-only its SHA-256.
+only a keyed digest of it (HMAC-SHA-256 under a secret the KEK wraps, kept in the store): an
+e-mail address cannot be confirmed by hashing it. A data key is wrapped bound to that digest, so
+a KEK rotation can wrap it again without knowing whose it is (keys wrapped before were bound to
+the user id: ``bound_to_user``, wrapped again when their user is next read, or by the rotation
+given the user ids).
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import hmac
+import logging
 import os
 import struct
 import time
@@ -26,7 +33,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from memstream.schemas.errors import MemstreamError
-from memstream.sealing.kek import Kek
+from memstream.sealing.kek import Kek, KekUnavailable
+
+log = logging.getLogger("memstream.sealing")
 
 MAGIC = b"ms1"
 _HEAD = struct.Struct(">3sI12s")
@@ -47,7 +56,34 @@ class WrongKek(MemstreamError):
 
 
 def user_key(user_id: str) -> bytes:
+    """The unkeyed digest key stores held before the keyed one (``digest``), and what it is made of."""
     return hashlib.sha256(user_id.encode()).digest()
+
+
+def digest(secret: bytes, user_id: str) -> bytes:
+    """What the key store names a user by: keyed, so a guess at a user id cannot be checked
+    without the secret; made from ``user_key`` so a store keyed by that is re-keyed in place."""
+    return hmac.digest(secret, user_key(user_id), "sha256")
+
+
+SECRET_CONTEXT = "memstream:digest-secret"  # what the digest secret is bound to when wrapped
+
+
+def bound(user: bytes) -> str:
+    """What a data key is bound to when wrapped: the user's digest (a rotation knows it)."""
+    return "digest:" + user.hex()
+
+
+@dataclasses.dataclass(frozen=True)
+class WrappedKey:
+    """A data key as stored, for a rotation: wrapped under ``kek_id``, bound to the user's digest
+    or, when ``bound_to_user``, to the user id (before the digest was keyed)."""
+
+    user: bytes
+    generation: int
+    kek_id: str
+    wrapped: bytes
+    bound_to_user: bool
 
 
 class WrappedKeys(Protocol):
@@ -70,7 +106,18 @@ class WrappedKeys(Protocol):
     from the first time too.
     ``last_forgets(users)``: when each of ``users`` that has one said their last forget.
     ``holds_keys()``: whether any key was ever stored.
-    ``user`` is ``user_key(user_id)``."""
+    ``user`` is ``digest(secret, user_id)``.
+
+    The digest secret: ``secret()`` is ``(kek_id, wrapped)`` or None; ``adopt_secret(kek_id,
+    wrapped, rekey)`` stores it unless one is, first re-keying every row named by ``user_key``
+    to ``rekey(that)``, and returns the stored one.
+
+    Rotation: ``refuse(kek_ids)``: no key is created under them from then on (``create`` returns
+    None: wrap again); ``stale(kek_id, limit)``: up to ``limit`` keys not destroyed that are
+    wrapped under another KEK or bound to the user id; ``rewrapped(key, kek_id, wrapped)`` stores
+    ``key`` wrapped again (bound to the digest) unless it changed meanwhile (destroyed);
+    ``rewrap_secret(old_kek_id, kek_id, wrapped)`` likewise for the secret; ``vacuum()`` leaves
+    no copy of a destroyed or replaced key in the store's own files."""
 
     async def current(self, user: bytes) -> tuple[int, str, bytes] | None: ...
 
@@ -86,6 +133,20 @@ class WrappedKeys(Protocol):
 
     async def holds_keys(self) -> bool: ...
 
+    async def secret(self) -> tuple[str, bytes] | None: ...
+
+    async def adopt_secret(self, kek_id: str, wrapped: bytes, rekey) -> tuple[str, bytes]: ...
+
+    async def refuse(self, kek_ids: Sequence[str]) -> None: ...
+
+    async def stale(self, kek_id: str, limit: int) -> list[WrappedKey]: ...
+
+    async def rewrapped(self, key: WrappedKey, kek_id: str, wrapped: bytes) -> bool: ...
+
+    async def rewrap_secret(self, old_kek_id: str, kek_id: str, wrapped: bytes) -> bool: ...
+
+    async def vacuum(self) -> None: ...
+
 
 class MemoryWrappedKeys:
     """A process's own store (tests, one-off tools): lost with the process."""
@@ -96,6 +157,9 @@ class MemoryWrappedKeys:
         self._last: dict[bytes, int] = {}
         self._stamps: dict[tuple[bytes, bytes], int] = {}  # (user, forget) -> generation
         self._stamped_at: dict[bytes, float] = {}
+        self._secret: tuple[str, bytes] | None = None
+        self._refused: set[str] = set()
+        self._by_user: set[tuple[bytes, int]] = set()  # keys bound to the user id
 
     async def current(self, user: bytes):
         return None if (g := self._live.get(user)) is None else (g, *self._keys[user, g])
@@ -104,6 +168,8 @@ class MemoryWrappedKeys:
         return self._keys.get((user, generation))
 
     async def create(self, user: bytes, kek_id: str, wrapped: bytes):
+        if kek_id in self._refused:
+            return None
         if user not in self._live:
             self._last[user] = g = self._last.get(user, 0) + 1
             self._live[user], self._keys[user, g] = g, (kek_id, wrapped)
@@ -127,6 +193,44 @@ class MemoryWrappedKeys:
 
     async def holds_keys(self) -> bool:
         return bool(self._last)
+
+    async def secret(self):
+        return self._secret
+
+    async def adopt_secret(self, kek_id: str, wrapped: bytes, rekey):
+        if self._secret is None:
+            if self._last:  # a store from before the keyed digest: bound to user ids
+                self._keys = {(rekey(u), g): v for (u, g), v in self._keys.items()}
+                self._by_user = set(self._keys)
+                self._live = {rekey(u): g for u, g in self._live.items()}
+                self._last = {rekey(u): g for u, g in self._last.items()}
+                self._stamps = {(rekey(u), f): g for (u, f), g in self._stamps.items()}
+                self._stamped_at = {rekey(u): t for u, t in self._stamped_at.items()}
+            self._secret = kek_id, wrapped
+        return self._secret
+
+    async def refuse(self, kek_ids) -> None:
+        self._refused.update(kek_ids)
+
+    async def stale(self, kek_id: str, limit: int) -> list[WrappedKey]:
+        return [WrappedKey(u, g, k, w, (u, g) in self._by_user) for (u, g), (k, w) in self._keys.items()
+                if k != kek_id or (u, g) in self._by_user][:limit]
+
+    async def rewrapped(self, key: WrappedKey, kek_id: str, wrapped: bytes) -> bool:
+        if self._keys.get((key.user, key.generation)) != (key.kek_id, key.wrapped):
+            return False
+        self._keys[key.user, key.generation] = kek_id, wrapped
+        self._by_user.discard((key.user, key.generation))
+        return True
+
+    async def rewrap_secret(self, old_kek_id: str, kek_id: str, wrapped: bytes) -> bool:
+        if self._secret is None or self._secret[0] != old_kek_id:
+            return False
+        self._secret = kek_id, wrapped
+        return True
+
+    async def vacuum(self) -> None:
+        pass
 
 
 class PostgresWrappedKeys:
@@ -179,6 +283,15 @@ class PostgresWrappedKeys:
             if await conn.fetchval("SELECT to_regclass($1) IS NULL", f"{k}.data_keys_live"):
                 await conn.execute(f"CREATE UNIQUE INDEX data_keys_live ON {k}.data_keys (user_key) "
                                    "WHERE wrapped IS NOT NULL AND retired_at IS NULL")
+            # Keyed digests and rotation. A key wrapped before is bound to the user id.
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {k}.secrets (name text PRIMARY KEY, kek_id text NOT NULL, "
+                "wrapped bytea NOT NULL); "
+                f"CREATE TABLE IF NOT EXISTS {k}.refused_keks (kek_id text PRIMARY KEY, "
+                "refused_at timestamptz NOT NULL DEFAULT now())")
+            if not await conn.fetchval("SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = $1::regclass "
+                                       "AND attname = 'bound_to_user' AND NOT attisdropped)", f"{k}.data_keys"):
+                await conn.execute(f"ALTER TABLE {k}.data_keys ADD COLUMN bound_to_user boolean NOT NULL DEFAULT true")
 
     async def current(self, user: bytes):
         r = await self._pool.fetchrow(f"SELECT generation, kek_id, wrapped FROM {self._k}.data_keys "
@@ -192,16 +305,26 @@ class PostgresWrappedKeys:
 
     async def create(self, user: bytes, kek_id: str, wrapped: bytes):
         # A second creator conflicts on the live key (the partial index) or on the generation.
+        # A KEK a rotation refused wraps nothing new (``refuse`` locks the table out meanwhile).
         r = await self._pool.fetchrow(
-            f"INSERT INTO {self._k}.data_keys (user_key, generation, kek_id, wrapped) "
-            f"SELECT $1, coalesce(max(generation), 0) + 1, $2, $3 FROM {self._k}.data_keys WHERE user_key = $1 "
+            f"INSERT INTO {self._k}.data_keys (user_key, generation, kek_id, wrapped, bound_to_user) "
+            f"SELECT $1, coalesce(max(generation), 0) + 1, $2, $3, false FROM {self._k}.data_keys WHERE user_key = $1 "
+            f"HAVING NOT EXISTS (SELECT FROM {self._k}.refused_keks WHERE kek_id = $2) "
             "ON CONFLICT DO NOTHING RETURNING generation, kek_id, wrapped", user, kek_id, wrapped)
+        if r is None and await self._pool.fetchval(f"SELECT EXISTS (SELECT FROM {self._k}.refused_keks "
+                                                   "WHERE kek_id = $1)", kek_id):
+            return None
         return await self.current(user) if r is None else (r["generation"], r["kek_id"], bytes(r["wrapped"]))
 
     async def destroy(self, user: bytes, generation: int | None = None) -> None:
-        await self._pool.execute(f"UPDATE {self._k}.data_keys SET wrapped = NULL, destroyed_at = now() "
-                                 "WHERE user_key = $1 AND wrapped IS NOT NULL AND ($2::int IS NULL OR generation <= $2)",
-                                 user, generation)
+        done = await self._pool.execute(
+            f"UPDATE {self._k}.data_keys SET wrapped = NULL, destroyed_at = now() "
+            "WHERE user_key = $1 AND wrapped IS NOT NULL AND ($2::int IS NULL OR generation <= $2)", user, generation)
+        if done != "UPDATE 0":
+            # The row's old version, wrapped key and all, stays in the heap until vacuumed: a
+            # copy of the disk taken then could still unwrap it. Only pages with dead rows are
+            # visited (the visibility map), so this costs the forget, not the table's size.
+            await self._pool.execute(f"VACUUM {self._k}.data_keys")
 
     async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int:
         k = self._k
@@ -229,6 +352,73 @@ class PostgresWrappedKeys:
     async def holds_keys(self) -> bool:
         return await self._pool.fetchval(f"SELECT EXISTS (SELECT FROM {self._k}.data_keys)")
 
+    async def secret(self):
+        r = await self._pool.fetchrow(f"SELECT kek_id, wrapped FROM {self._k}.secrets WHERE name = 'digest'")
+        return None if r is None else (r["kek_id"], bytes(r["wrapped"]))
+
+    async def adopt_secret(self, kek_id: str, wrapped: bytes, rekey):
+        k = self._k
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"memstream-keys:{self._schema}")
+            if (r := await conn.fetchrow(f"SELECT kek_id, wrapped FROM {k}.secrets WHERE name = 'digest'")) is not None:
+                return r["kek_id"], bytes(r["wrapped"])
+            olds = [bytes(u) for u in await conn.fetchval(
+                f"SELECT array(SELECT user_key FROM {k}.data_keys UNION SELECT user_key FROM {k}.forgets)")]
+            if olds:
+                log.info("key store %s: naming %d users by a keyed digest", self._schema, len(olds))
+                news = [rekey(u) for u in olds]
+                for table in ("data_keys", "forgets"):
+                    await conn.execute(f"UPDATE {k}.{table} t SET user_key = m.new FROM "
+                                       "unnest($1::bytea[], $2::bytea[]) AS m(old, new) WHERE t.user_key = m.old",
+                                       olds, news)
+            await conn.execute(f"INSERT INTO {k}.secrets (name, kek_id, wrapped) VALUES ('digest', $1, $2)",
+                               kek_id, wrapped)
+        if olds:
+            await self.vacuum()  # the unkeyed digests' rows
+        return kek_id, wrapped
+
+    async def refuse(self, kek_ids: Sequence[str]) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            # Waits for keys being created to be stored (and ``stale`` to see them); creates after
+            # it see the refusal.
+            await conn.execute(f"LOCK TABLE {self._k}.data_keys IN SHARE ROW EXCLUSIVE MODE")
+            await conn.execute(f"INSERT INTO {self._k}.refused_keks (kek_id) SELECT unnest($1::text[]) "
+                               "ON CONFLICT DO NOTHING", list(kek_ids))
+
+    async def stale(self, kek_id: str, limit: int) -> list[WrappedKey]:
+        rows = await self._pool.fetch(f"SELECT user_key, generation, kek_id, wrapped, bound_to_user FROM "
+                                      f"{self._k}.data_keys WHERE wrapped IS NOT NULL AND (kek_id <> $1 OR bound_to_user) "
+                                      "ORDER BY user_key, generation LIMIT $2", kek_id, limit)
+        return [WrappedKey(bytes(r["user_key"]), r["generation"], r["kek_id"], bytes(r["wrapped"]), r["bound_to_user"])
+                for r in rows]
+
+    async def rewrapped(self, key: WrappedKey, kek_id: str, wrapped: bytes) -> bool:
+        return await self._pool.execute(
+            f"UPDATE {self._k}.data_keys SET kek_id = $3, wrapped = $4, bound_to_user = false WHERE user_key = $1 "
+            "AND generation = $2 AND kek_id = $5 AND wrapped = $6", key.user, key.generation, kek_id, wrapped,
+            key.kek_id, key.wrapped) == "UPDATE 1"
+
+    async def rewrap_secret(self, old_kek_id: str, kek_id: str, wrapped: bytes) -> bool:
+        return await self._pool.execute(f"UPDATE {self._k}.secrets SET kek_id = $2, wrapped = $3 WHERE name = 'digest' "
+                                        "AND kek_id = $1", old_kek_id, kek_id, wrapped) == "UPDATE 1"
+
+    async def vacuum(self) -> None:
+        """Rewrite the tables holding wrapped keys (the old files are emptied at once), then end
+        the WAL segment and checkpoint so the segments holding what was replaced are dropped
+        (recycled in place unless ``wal_recycle`` is off; archives and replicas keep theirs: the
+        KEK rotation is what makes those copies useless). Needs the rights to checkpoint; without
+        them, the rewrite alone is done."""
+        for table in ("data_keys", "secrets"):
+            await self._pool.execute(f"VACUUM FULL {self._k}.{table}")
+        import asyncpg
+
+        try:
+            await self._pool.execute("SELECT pg_switch_wal()")
+            await self._pool.execute("CHECKPOINT")
+        except asyncpg.InsufficientPrivilegeError as exc:
+            log.warning("key store vacuumed, but this role cannot end the WAL segment or checkpoint (%s): "
+                        "the replaced keys' old WAL stays until the server's next checkpoint", exc)
+
 
 def generation_of(sealed: bytes) -> int:
     """The key generation a sealed blob was sealed under (readable without any key)."""
@@ -247,6 +437,7 @@ class DataKeys:
 
     def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000, fresh_s: float = 5.0):
         self._kek, self._store, self._keep, self._fresh_s = kek, store, keep, fresh_s
+        self._secret: bytes | None = None  # the digest secret, once read (``ready``)
         self._keys: OrderedDict[tuple[bytes, int], AESGCM] = OrderedDict()
         # user -> (their live generation, when the store said so), for the ``keep`` most recent
         self._sealing: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
@@ -258,23 +449,55 @@ class DataKeys:
             self._locks[user] = lock = asyncio.Lock()
         return lock
 
+    @property
+    def kek(self) -> Kek:
+        return self._kek
+
+    @property
+    def store(self) -> WrappedKeys:
+        return self._store
+
+    async def ready(self) -> "DataKeys":
+        """Read the digest secret (made, wrapped by the KEK, on a store's first use)."""
+        if self._secret is None:
+            found = await self._store.secret()
+            if found is None:
+                made = AESGCM.generate_key(256)
+                kek_id, wrapped = await asyncio.to_thread(self._kek.wrap, made, SECRET_CONTEXT)
+                found = await self._store.adopt_secret(kek_id, wrapped, lambda old: hmac.digest(made, old, "sha256"))
+            kek_id, wrapped = found
+            if not self._kek.holds(kek_id):
+                raise WrongKek(f"the key store's digest secret is wrapped by {kek_id}, this process has "
+                               f"{self._kek.kek_id}: every process of a deployment needs the same key-encryption key")
+            self._secret = await asyncio.to_thread(self._kek.unwrap, wrapped, SECRET_CONTEXT, kek_id)
+        return self
+
+    def _user(self, user_id: str) -> bytes:
+        return digest(self._secret, user_id)
+
+    def digest(self, user_id: str) -> bytes:
+        """What the store names ``user_id`` by (after ``ready``)."""
+        return self._user(user_id)
+
     async def _live(self, user_id: str) -> tuple[int, AESGCM]:
         """The user's live key for sealing (made on first use), asked again once stale."""
-        user = user_key(user_id)
+        await self.ready()
+        user = self._user(user_id)
         held = self._sealing.get(user)
         if held is not None and time.monotonic() - held[1] < self._fresh_s and (aead := self._held(user, held[0])):
             return held[0], aead
         async with self._lock(user):
-            for _ in range(3):  # None: a forget retired the key just made; the next one is live
+            for _ in range(3):  # None: a forget retired the key just made (or a rotation its KEK): again
                 found = await self._store.current(user)
                 if found is None:
                     # A KMS key-encryption key is a network call: never on the event loop.
-                    wrapped = await asyncio.to_thread(self._kek.wrap, AESGCM.generate_key(256), user_id)
-                    found = await self._store.create(user, self._kek.kek_id, wrapped)
+                    kek_id, wrapped = await asyncio.to_thread(self._kek.wrap, AESGCM.generate_key(256), bound(user))
+                    found = await self._store.create(user, kek_id, wrapped)
                 if found is not None:
                     break
             else:
-                raise RuntimeError("the user's key was retired as often as it was made")
+                raise RuntimeError("the user's key was retired as often as it was made (a forget each time, or "
+                                   "a KEK rotation this process' key-encryption key has not seen)")
             generation, kek_id, wrapped = found
             aead = self._held(user, generation) or await self._unwrap(user_id, user, generation, kek_id, wrapped)
             self._sealing[user] = generation, time.monotonic()
@@ -285,7 +508,8 @@ class DataKeys:
 
     async def _key(self, user_id: str, generation: int) -> AESGCM | None:
         """The user's key ``generation`` while it is not destroyed (live or retired)."""
-        user = user_key(user_id)
+        await self.ready()
+        user = self._user(user_id)
         if aead := self._held(user, generation):
             return aead
         async with self._lock(user):
@@ -299,24 +523,35 @@ class DataKeys:
         return aead
 
     async def _unwrap(self, user_id: str, user: bytes, generation: int, kek_id: str, wrapped: bytes) -> AESGCM:
-        if kek_id != self._kek.kek_id:
+        if not self._kek.holds(kek_id):
             raise WrongKek(f"a data key of this user is wrapped by {kek_id}, this process has {self._kek.kek_id}: "
-                           "every process of a deployment needs the same key-encryption key")
-        self._keys[user, generation] = aead = AESGCM(await asyncio.to_thread(self._kek.unwrap, wrapped, user_id))
+                           "every process of a deployment needs the same key-encryption key (or the key store "
+                           "was restored from before a rotation that retired it)")
+        try:
+            data_key = await asyncio.to_thread(self._kek.unwrap, wrapped, bound(user), kek_id)
+        except KekUnavailable:
+            # Wrapped before keys were bound to the digest: bound to the user id. Wrapped again
+            # now that the user id is known, so a rotation can do without it.
+            data_key = await asyncio.to_thread(self._kek.unwrap, wrapped, user_id, kek_id)
+            new_kek, rewrapped = await asyncio.to_thread(self._kek.wrap, data_key, bound(user))
+            await self._store.rewrapped(WrappedKey(user, generation, kek_id, wrapped, True), new_kek, rewrapped)
+        self._keys[user, generation] = aead = AESGCM(data_key)
         while len(self._keys) > self._keep:
             self._keys.popitem(last=False)
         return aead
 
     async def generation(self, user_id: str) -> int:
         """The user's live key generation, 0 when they have none (a forget then ends nothing)."""
-        found = await self._store.current(user_key(user_id))
+        await self.ready()
+        found = await self._store.current(self._user(user_id))
         return 0 if found is None else found[0]
 
     async def stamp(self, user_id: str, forget: bytes, at: float | None = None) -> int:
         """The key generation the forget with event id ``forget`` is of (``WrappedKeys.stamp``),
         retired from then on: what this process seals next for the user is under a new one (under
         the user's lock: a live key being looked up meanwhile is not held on after it)."""
-        user = user_key(user_id)
+        await self.ready()
+        user = self._user(user_id)
         async with self._lock(user):
             generation = await self._store.stamp(user, forget, at)
             if (held := self._sealing.get(user)) is not None and held[0] <= generation:
@@ -325,7 +560,8 @@ class DataKeys:
 
     async def last_forgets(self, user_ids) -> dict[str, float]:
         """When each of ``user_ids`` that has one was last forgotten (``WrappedKeys.last_forgets``)."""
-        by_key = {user_key(u): u for u in user_ids}
+        await self.ready()
+        by_key = {self._user(u): u for u in user_ids}
         return {by_key[k]: at for k, at in (await self._store.last_forgets(list(by_key))).items()}
 
     async def seal(self, user_id: str, plaintext: bytes, context: str, generation: int | None = None) -> bytes:
@@ -350,13 +586,15 @@ class DataKeys:
 
     def drop(self, user_id: str, generation: int) -> None:
         """Let go of the user's keys up to ``generation`` held in memory (the store keeps them)."""
-        self._evict(user_key(user_id), generation)
+        if self._secret is not None:  # else nothing is held
+            self._evict(self._user(user_id), generation)
 
     async def destroy(self, user_id: str, generation: int | None = None) -> None:
         """Destroy the user's key ``generation`` and every older one (None: every key they have),
         never a newer one: a forget applied twice, or after the user came back, must not destroy
         the key of what they said since."""
-        user = user_key(user_id)
+        await self.ready()
+        user = self._user(user_id)
         async with self._lock(user):
             await self._store.destroy(user, generation)
             self._evict(user, generation)

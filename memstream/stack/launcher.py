@@ -244,6 +244,12 @@ ROLLBACK;
 _CRASH = re.compile(r"terminated by signal|was terminated by exception|PANIC:|exited with exit code [1-9]")
 
 
+# What a forget needs of the server (docs/erasure.md), the same in docker-compose.yml: a WAL
+# segment past its checkpoint is deleted, not renamed for reuse with the old bytes in it; the
+# server log names no value from a constraint error's DETAIL (a user id in a key).
+ERASURE_SETTINGS = {"wal_recycle": "off", "log_error_verbosity": "terse"}
+
+
 def _pgserver():
     try:
         with warnings.catch_warnings():
@@ -288,6 +294,12 @@ class Postgres:
             self.down()
             server.ensure_postgres_running()  # get_server would hand back its cached handle
             _wait_for(self._answers, "postgres", 30, self.pgdata / "log")
+        changed = [name for name, value in ERASURE_SETTINGS.items()
+                   if server.psql(f"SHOW {name};").split()[2] != value]
+        for name in changed:
+            server.psql(f"ALTER SYSTEM SET {name} = '{ERASURE_SETTINGS[name]}';")
+        if changed:
+            server.psql("SELECT pg_reload_conf();")
         self.self_check(server)
 
     def self_check(self, server) -> None:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 
 from memstream.sealing.kek import LocalKek
-from memstream.sealing.keys import (DataKeys, MemoryWrappedKeys, NotSealed, PostgresWrappedKeys, Shredded, generation_of,
-                                    user_key)
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from memstream.sealing.keys import (_HEAD, MAGIC, DataKeys, MemoryWrappedKeys, NotSealed, PostgresWrappedKeys, Shredded,
+                                    _aad, generation_of, user_key)
+from memstream.sealing.rotation import rotate
 
 pytestmark = pytest.mark.asyncio
 
@@ -133,15 +136,82 @@ class DataKeysContract:
             with pytest.raises(Shredded):
                 await keys.open("bo", blob, "f")
 
-    async def test_the_store_holds_no_user_id(self, tmp_path):
+    async def test_the_store_names_a_user_by_a_digest_no_guess_confirms(self, tmp_path):
+        """Keyed: hashing a guessed e-mail address finds nothing; the deployment's processes
+        agree on the digest (the secret is in the store, wrapped by the KEK)."""
         keys = await self.keys(tmp_path)
         await keys.seal("ana@example.com", b"x", "f")
-        assert await keys._store.current(user_key("ana@example.com")) is not None
+        assert await keys.store.current(user_key("ana@example.com")) is None
+        assert await keys.store.current(keys.digest("ana@example.com")) is not None
+        other = await DataKeys(LocalKek(tmp_path / "kek"), keys.store).ready()
+        assert other.digest("ana@example.com") == keys.digest("ana@example.com")
+
+    async def test_a_rotation_wraps_every_key_again_and_retires_the_old_kek(self, tmp_path):
+        keys = await self.keys(tmp_path)
+        ana = await keys.seal("ana", b"kept", "f")
+        bo = await keys.seal("bo", b"forgotten", "f")
+        await keys.stamp("bo", b"1" * 16)
+        await keys.destroy("bo")
+        first = keys.kek.kek_id
+        rotation = await rotate(keys)
+        assert rotation.retired == [first] and rotation.rewrapped == 1 and rotation.left == 0
+        assert not LocalKek(tmp_path / "kek").holds(first)
+        for process in (keys, await DataKeys(LocalKek(tmp_path / "kek"), keys.store).ready()):
+            assert await process.open("ana", ana, "f") == b"kept"
+            with pytest.raises(Shredded):
+                await process.open("bo", bo, "f")
+        assert generation_of(await keys.seal("bo", b"back", "f")) == 2
+        assert await keys.store.stale(keys.kek.kek_id, 10) == []
+
+    async def test_a_process_that_wraps_under_a_refused_kek_wraps_again_under_the_new_one(self, tmp_path):
+        keys = await self.keys(tmp_path)
+        await keys.seal("ana", b"x", "f")
+        first = keys.kek.kek_id
+        await keys.store.refuse([first])  # a rotation under way elsewhere, its new version not yet made
+        with pytest.raises(RuntimeError, match="rotation"):
+            await keys.seal("bo", b"x", "f")
+        keys.kek.rotate()  # its new version is there: the next wrap uses it
+        sealed = await keys.seal("bo", b"y", "f")
+        assert await keys.open("bo", sealed, "f") == b"y"
+        assert (await keys.store.current(keys.digest("bo")))[1] != first
+
+    async def test_keys_wrapped_before_the_digest_was_keyed_open_and_are_bound_again(self, tmp_path):
+        """A store from before: named by SHA-256 of the user id, keys bound to the user id. The
+        first process adopts a secret and re-keys it in place; a key is bound to the digest when
+        its user is read, or by a rotation given the user ids."""
+        kek = LocalKek(tmp_path / "kek")
+        old_store = await self.legacy_store(tmp_path, kek, {"ana": b"a" * 32, "bo": b"b" * 32})
+        keys = await DataKeys(kek, old_store).ready()
+        ana, bo = legacy_blob(b"a" * 32, "ana", b"hers"), legacy_blob(b"b" * 32, "bo", b"his")
+        assert await keys.open("ana", ana, "f") == b"hers"
+        assert [k.user for k in await keys.store.stale(kek.kek_id, 10)] == [keys.digest("bo")]
+        assert (await rotate(keys)).left == 1  # bo's id not given: the old KEK stays
+        assert (await rotate(keys, _each(["bo", "someone"]))).left == 0
+        fresh = await DataKeys(LocalKek(tmp_path / "kek"), keys.store).ready()
+        assert await fresh.open("ana", ana, "f") == b"hers" and await fresh.open("bo", bo, "f") == b"his"
+        assert await keys.stamp("bo", b"0" * 16) == 1
+
+
+async def _each(items):
+    for i in items:
+        yield i
+
+
+def legacy_blob(data_key: bytes, user_id: str, plaintext: bytes, context: str = "f") -> bytes:
+    """A blob sealed under generation 1 of a key, as every version seals."""
+    nonce = b"n" * 12
+    return _HEAD.pack(MAGIC, 1, nonce) + AESGCM(data_key).encrypt(nonce, plaintext, _aad(user_id, context))
 
 
 class TestMemoryWrappedKeys(DataKeysContract):
     async def keys(self, tmp_path):
         return DataKeys(LocalKek(tmp_path / "kek"), MemoryWrappedKeys())
+
+    async def legacy_store(self, tmp_path, kek, data_keys: dict[str, bytes]):
+        store = MemoryWrappedKeys()
+        for user_id, data_key in data_keys.items():
+            await store.create(user_key(user_id), *kek.wrap(data_key, user_id))
+        return store
 
 
 class TestPostgresWrappedKeys(DataKeysContract):
@@ -154,6 +224,14 @@ class TestPostgresWrappedKeys(DataKeysContract):
         await store.migrate()
         return DataKeys(LocalKek(tmp_path / "kek"), store)
 
+    async def legacy_store(self, tmp_path, kek, data_keys: dict[str, bytes]):
+        store = PostgresWrappedKeys(self._p, self._schema)
+        await store.migrate()
+        for user_id, data_key in data_keys.items():
+            await store.create(user_key(user_id), *kek.wrap(data_key, user_id))
+        await self._p.execute(f"UPDATE {self._schema}.data_keys SET bound_to_user = true")
+        return store
+
     async def test_no_row_names_the_user(self, tmp_path):
         keys = await self.keys(tmp_path)
         await keys.seal("ana@example.com", b"x", "f")
@@ -163,9 +241,8 @@ class TestPostgresWrappedKeys(DataKeysContract):
     async def test_a_key_store_of_one_row_per_user_is_brought_up_to_date_with_its_keys(self, tmp_path):
         """The shape before a forget retired keys: keyed by the user alone. Its keys still open,
         and the next generation follows the one it held."""
-        made = DataKeys(LocalKek(tmp_path / "kek"), MemoryWrappedKeys())
-        sealed = await made.seal("ana", b"kept", "f")
-        g, kek_id, wrapped = await made._store.current(user_key("ana"))
+        kek_id, wrapped = LocalKek(tmp_path / "kek").wrap(b"a" * 32, "ana")
+        sealed, g = legacy_blob(b"a" * 32, "ana", b"kept"), 1
         old = f"{self._schema}_old"
         await self._p.execute(f"DROP SCHEMA IF EXISTS {old} CASCADE; CREATE SCHEMA {old}; "
                               f"CREATE TABLE {old}.data_keys (user_key bytea PRIMARY KEY, generation int NOT NULL, "

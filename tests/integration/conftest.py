@@ -151,7 +151,7 @@ class Worker:
 def workers(settings: Settings, tmp_path: Path):
     started: list[Worker] = []
 
-    def start(group_id: str | None = None) -> Worker:
+    def start(group_id: str | None = None, settings: Settings = settings) -> Worker:
         w = Worker(settings, tmp_path / f"worker{len(started)}.log", group_id)
         started.append(w)
         return w

@@ -2,11 +2,15 @@
 on the real stack."""
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import pytest
 
 from memstream.portability import export_user
+from memstream.projections.db import create_pool
+from memstream.sealing import WrongKek, data_keys
+from memstream.sealing.kek import KekUnavailable, LocalKek
 from memstream.schemas import UserForgotten
 from memstream.schemas.events import new_event_id
 from memstream.streams.producer import TurnLog
@@ -163,3 +167,80 @@ async def test_one_tenants_waits_and_forgets_neither_stall_another_tenant_nor_th
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def _files_holding(root, needles: list[bytes]) -> list[str]:
+    found = []
+    for path in root.rglob("*"):
+        try:
+            data = path.read_bytes() if path.is_file() else b""
+        except (FileNotFoundError, PermissionError):  # gone while we looked
+            continue
+        if any(n in data for n in needles):
+            found.append(str(path.relative_to(root)))
+    return found
+
+
+async def test_a_key_store_backup_from_before_a_forget_restored_after_a_rotation_opens_nothing_of_theirs(
+        settings, dsn, conn, workers, stack, tmp_path):
+    """The data key a forget destroyed lives on in a backup, a replica, an old WAL segment: a
+    rotation leaves it wrapped under a KEK that no longer exists, and the database's own files
+    hold no copy of it once the key store is vacuumed."""
+    import subprocess
+    import sys
+
+    from memstream.stack.worker_process import worker_env
+
+    from .conftest import ROOT
+
+    s = settings.model_copy(update={"kek": f"file:{tmp_path / 'kek' / 'kek'}"})  # a KEK of its own, rotated here
+    w = workers(settings=s)
+    await w.wait_assigned()
+    await append_and_wait(s, conn, [turn("kx", "I live in Faro.", 0), turn("ky", "I live in Braga.", 1)])
+    pool = await create_pool(dsn, s.postgres_schema, min_size=0, max_size=2)
+    try:
+        keys = await data_keys(s, pool)
+        k = f'"{s.keys_schema}"'
+        backup = {t: [dict(r) for r in await conn.fetch(f"SELECT * FROM {k}.{t}")] for t in ("data_keys", "secrets")}
+        theirs = [r for r in backup["data_keys"] if bytes(r["user_key"]) == keys.digest("kx")]
+        assert theirs and all(r["wrapped"] for r in theirs)
+        sealed = await keys.seal("kx", b"what the backup would open", "f")
+        await conn.execute("CHECKPOINT")  # the scan below finds what is there to find
+        assert _files_holding(stack.postgres.pgdata, [bytes(r["wrapped"]) for r in theirs])
+        async with TurnLog(s) as log:
+            await log.append(UserForgotten(event_id=new_event_id(), user_id="kx", occurred_at=datetime.now(timezone.utc),
+                                           actor="user"))
+
+        async def shredded():
+            header = await export_user(s, "kx", tmp_path / "kx.jsonl")
+            return header["events"] == 0 and header["left_out"]["forgotten"] >= 1
+
+        await wait_until(shredded, timeout=30, what="kx's log unreadable")
+        rotated = subprocess.run([sys.executable, "-m", "memstream.cli", "keys", "rotate", "--json"], cwd=ROOT,
+                                 env=worker_env(s), capture_output=True, text=True, timeout=120)
+        assert rotated.returncode == 0, rotated.stderr
+        old_kek = theirs[0]["kek_id"]
+        assert json.loads(rotated.stdout)["retired"] == [old_kek]
+        # No file of the database, heap or WAL, holds kx's wrapped key any more.
+        assert _files_holding(stack.postgres.pgdata, [bytes(r["wrapped"]) for r in theirs]) == []
+        # ky's memory reads on, under the new KEK.
+        assert (await export_user(s, "ky", tmp_path / "ky.jsonl"))["events"] >= 1
+        # The backup, restored: every key in it is wrapped under a KEK that is gone.
+        async with pool.acquire() as c, c.transaction():
+            for table, rows in backup.items():
+                await c.execute(f"DELETE FROM {k}.{table}")
+                for r in rows:
+                    await c.execute(f"INSERT INTO {k}.{table} ({', '.join(r)}) "
+                                    f"VALUES ({', '.join(f'${i + 1}' for i in range(len(r)))})", *r.values())
+        kek = LocalKek(tmp_path / "kek" / "kek")
+        for r in theirs:
+            with pytest.raises(KekUnavailable):
+                kek.unwrap(bytes(r["wrapped"]), "digest:" + keys.digest("kx").hex(), r["kek_id"])
+        with pytest.raises(WrongKek):
+            await data_keys(s, pool)
+        fresh_process = keys.__class__(kek, keys.store)
+        with pytest.raises(WrongKek):
+            await fresh_process.open("kx", sealed, "f")
+    finally:
+        await pool.close()
+        w.stop()

@@ -96,3 +96,11 @@ def test_no_secret_has_a_default_and_the_services_run_as_they_should_in_producti
     # The image's processes run as a user of their own, not root.
     users = re.findall(r"^USER\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M)
     assert users and users[-1] not in {"root", "0"}
+
+
+def test_postgres_runs_with_what_a_forget_needs_as_the_local_stack_does():
+    from memstream.stack.launcher import ERASURE_SETTINGS
+
+    command = SERVICES["postgres"]["command"]
+    given = dict(command[i + 1].split("=", 1) for i, c in enumerate(command) if c == "-c")
+    assert {k: given.get(k) for k in ERASURE_SETTINGS} == ERASURE_SETTINGS
