@@ -15,7 +15,7 @@ import click
 from memstream.config import Settings
 from memstream.progress import progress
 from memstream.projections.redaction import redact_logs
-from memstream.schemas.events import ACTORS
+from memstream.schemas.events import ACTORS, ERASURE_REASONS
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -704,7 +704,8 @@ def _shorten(text: str, n: int = 70) -> str:
 @click.argument("user")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @click.option("--actor", type=click.Choice(ACTORS), default="operator", show_default=True)
-@click.option("--reason", default="", help="why, for the log")
+@click.option("--reason", type=click.Choice(ERASURE_REASONS), default="unspecified", show_default=True,
+              help="why, for the log (a kind, never text: the forget stays readable there)")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def forget_user(ctx, user, yes, actor, reason, as_json) -> None:

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 from memstream.schemas import (EdgeForgotten, EpisodeForgotten, FactCorrected, FactForgotten, LogPosition,
                                UserForgotten, new_event_id)
-from memstream.schemas.errors import MemstreamError
+from memstream.schemas.errors import InvalidArgument, MemstreamError
+from memstream.schemas.events import ERASURE_REASONS
 
 class NotFound(MemstreamError, LookupError):
     """The id names nothing of this user's: unknown, or another user's (the message says which,
@@ -83,6 +84,10 @@ async def forget_edge(log, reader, user_id: str, edge_id: uuid.UUID, *, actor: s
     return await log.append(EdgeForgotten(**_envelope(user_id, actor, reason), edge_id=edge_id, **said))
 
 
-async def forget_user(log, user_id: str, *, actor: str = "user", reason: str = "") -> LogPosition:
-    """Every row and cache key of the user goes, in every projection (idempotent)."""
+async def forget_user(log, user_id: str, *, actor: str = "user", reason: str = "unspecified") -> LogPosition:
+    """Every row and cache key of the user goes, in every projection (idempotent). ``reason``: an
+    ``ErasureReason`` (the forget stays plain on the log: no free text)."""
+    if reason not in ERASURE_REASONS:
+        raise InvalidArgument(f"reason must be one of {', '.join(ERASURE_REASONS)}, not {reason!r}: a user's "
+                              "forget stays readable on the log forever, so it carries no free text")
     return await log.append(UserForgotten(**_envelope(user_id, actor, reason)))

@@ -288,13 +288,21 @@ class EdgeForgotten(_Control, tag="EdgeForgotten", kw_only=True, frozen=True):
     target: Annotated[str, msgspec.Meta(max_length=500)] | None = None
 
 
+# Why a whole user was forgotten. A user forget stays plain on the log forever (it is read after
+# the key is gone), so it carries one of these, never text a host or tenant wrote.
+ErasureReason = Literal["unspecified", "user_request", "account_closed", "retention", "legal", "other"]
+ERASURE_REASONS: tuple[str, ...] = get_args(ErasureReason)
+
+
 class UserForgotten(_Control, tag="UserForgotten", kw_only=True, frozen=True):
     """Forget the user: every row and cache key of theirs is deleted, by every projection, and
     their data key ``generation`` is destroyed (filled when the record is sealed onto the log;
-    0: they had none). Kept plain on the log, so it is read after the key is gone."""
+    0: they had none). Kept plain on the log, so it is read after the key is gone: its
+    ``reason`` is an ``ErasureReason`` (v1 took free text: upcast to "other")."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
+    SCHEMA_VERSION: ClassVar[int] = 2
 
+    reason: ErasureReason = "unspecified"
     generation: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 

@@ -40,3 +40,10 @@ def upcast(raw: Raw, target_version: int) -> Raw:
 def _fact_forgotten_kept_its_turns(raw: Raw) -> Raw:
     """A v1 forget of a fact left the turns it was read from: decided again (a reform), it still does."""
     return {**raw, "keep_episodes": True}
+
+
+@upcaster("UserForgotten", 1)
+def _user_forgotten_reason_is_a_kind(raw: Raw) -> Raw:
+    """A v1 user forget's reason was free text: only whether one was given survives the upcast
+    (the text itself stays in the old record on the log, which cannot be rewritten)."""
+    return {**raw, "reason": "other" if raw.get("reason") else "unspecified"}

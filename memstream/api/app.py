@@ -36,7 +36,7 @@ from memstream.config import Settings
 from memstream.projections.redaction import redact_logs
 from memstream.schemas import LogPosition, TurnRecorded, decode_event
 from memstream.schemas.errors import InvalidArgument, InvalidEvent
-from memstream.schemas.events import new_event_id
+from memstream.schemas.events import ErasureReason, new_event_id
 from memstream.schemas.read_models import (AsOf, Episode, FactVersion, Graph, MemoryContext, MemoryPage, SearchResult,
                                            UserOverview, UserPage)
 
@@ -569,7 +569,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                                   reason=body.reason, **extra))
 
     @app.delete("/v1/users/{user_id}", status_code=202, response_model=Appended, tags=["memories"])
-    async def forget_user(user_id: str = Depends(user), who: Principal = Depends(caller), reason: str = ""):
+    async def forget_user(user_id: str = Depends(user), who: Principal = Depends(caller),
+                          reason: ErasureReason = "unspecified"):
         """Forget everything memstream holds about the user: rows, caches and, by crypto-shredding, the log."""
         from memstream.control import forget_user as forget
 

@@ -161,7 +161,10 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
     everyone = (await client.get("/v1/users", headers=auth(keys["ops"]), params={"prefix": "acme"})).json()
     assert everyone["users"] == ["acme:ana"]
 
-    gone = await client.delete("/v1/users/acme:ana", headers=acme)
+    # A user's forget stays plain on the log forever: a tenant names a kind of reason, never text.
+    worded = await client.delete("/v1/users/acme:ana", headers=acme, params={"reason": "she is Ana Lima of Porto"})
+    assert worded.status_code in (400, 422) and "user_request" in worded.text
+    gone = await client.delete("/v1/users/acme:ana", headers=acme, params={"reason": "user_request"})
     assert gone.status_code == 202
     slashed = await client.delete("/v1/users/acme:team%2Fana", headers=acme)  # the log takes such ids: so must erasure
     assert slashed.status_code == 202

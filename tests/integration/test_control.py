@@ -148,7 +148,7 @@ async def test_forgetting_a_user_leaves_no_row_or_key_of_theirs_survives_a_kill_
     for k in left | {near}:
         await redis.set(k, "what the old build held")
     async with TurnLog(settings) as log:
-        pos = await control.forget_user(log, "dee", reason="asked to be forgotten")
+        pos = await control.forget_user(log, "dee", reason="user_request")
     w.kill()  # halfway: the forget is on the log, nothing applied it yet (or part of it)
     w2 = workers()
     await w2.wait_assigned()
@@ -462,7 +462,7 @@ async def _forget_eve(stack, settings, conn, dsn, embedder, w, shorten):
         await shorten()
 
         async with TurnLog(settings) as log:
-            pos = await control.forget_user(log, "eve", reason="erase me")
+            pos = await control.forget_user(log, "eve", reason="user_request")
         reader = await make_reader(dsn, settings, embedder)
         try:
             assert (await reader.read("eve", "c1", "what is my nickname?", after=pos, wait_timeout=60)).caught_up

@@ -50,6 +50,24 @@ def test_golden_fact_forgotten_v1_keeps_the_turns_it_was_read_from():
                                 "keep_episodes": False}).keep_episodes
 
 
+def test_golden_user_forgotten_v1_keeps_no_free_text_and_v2_takes_only_a_kind_of_reason():
+    # A user forget is plain on the log forever: from v2 its reason is a kind, never text a
+    # tenant wrote; a v1 record's text is not carried on.
+    import msgspec
+
+    from memstream.schemas import UserForgotten
+    from memstream.schemas.events import ERASURE_REASONS
+
+    forget = decode_event((FIXTURES / "UserForgotten.v1.json").read_bytes())
+    assert isinstance(forget, UserForgotten) and forget.schema_version == 2
+    assert (forget.reason, forget.generation, forget.actor) == ("other", 2, "host")
+    raw = json.loads((FIXTURES / "UserForgotten.v1.json").read_text())
+    assert decode_event(json.dumps({**raw, "reason": ""}).encode()).reason == "unspecified"
+    assert "user_request" in ERASURE_REASONS
+    with pytest.raises((msgspec.ValidationError, InvalidEvent)):
+        decode_event(json.dumps({**raw, "schema_version": 2}).encode())
+
+
 def test_golden_episode_recorded_v1_decodes_with_its_embedding():
     d = decode_decision((FIXTURES / "EpisodeRecorded.v1.json").read_bytes())
     assert isinstance(d, EpisodeRecorded)
