@@ -6,8 +6,11 @@ first); the other steps skip them.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
+import time
 from typing import Callable
 
 import asyncpg
@@ -87,13 +90,20 @@ class EpisodesProjection:
         self._pool, self._redis, self._schema = pool, redis, schema
         self._dead, self._keep = dead_letters, tier0_turns
         self._store = EpisodeStore()
-        self._epoch: int | None = None
+        self._cache = CacheEpoch("episodes")
         # Conversations whose Tier 0 push failed, in the order they failed, with their partition:
         # rebuilt from Postgres by a later push of that partition (its owner: another worker
         # may be forgetting them), or their keys would lack those turns.
         self._stale: dict[tuple[str, str], int] = {}
 
     async def process(self, records: list[Record]) -> None:
+        try:
+            await self._process(records)
+        except CacheUnavailable:
+            await self._cache.abandon(self._pool)
+            await self._process(records, abandoned=True)
+
+    async def _process(self, records: list[Record], abandoned: bool = False) -> None:
         rows, letters, decided = [], [], []
         for r in records:
             if r.sealing is not None:  # shredded: skipped; else it does not open
@@ -115,17 +125,17 @@ class EpisodesProjection:
         self._dead.observe(len(records) - len(letters))
         forgotten = Forgotten([], [], set())
         async with self._pool.acquire() as conn:
-            if self._epoch is None:
-                self._epoch = await epoch(conn, "episodes")
+            await self._cache.purge(conn, self._redis, self._schema)
             async with conn.transaction():
                 unapplied = await _claimed(conn, self.name, records)
+                epoch_now = await self._cache.read(conn)
                 rows = [(r, row) for r, row in rows if unapplied(r)]
                 positions = {**next_offsets(records), **events_covered(d for r, d in decided if unapplied(r))}
 
                 async def erase() -> None:
                     if self._redis is not None and (forgotten.episodes or forgotten.users):
-                        await _erased("tier 0", session_cache.forget(self._redis, self._schema, self._epoch,
-                                                                     forgotten.episodes, forgotten.users))
+                        await _erased("tier 0", session_cache.forget(self._redis, self._schema, epoch_now,
+                                                                     forgotten.episodes, forgotten.users), abandoned)
 
                 try:
                     async with _checked(conn):
@@ -153,13 +163,13 @@ class EpisodesProjection:
                 # after it would have left them out of Tier 0 for good.
                 partition = {(row.user_id, row.conversation_id): r.partition for r, row in rows
                              if not isinstance(row, MemoryForgotten)}
-                rebuilt = await self._push(conn, [t for t in _not_forgotten_after(rows)
-                                                  if (t.user_id, t.episode_id) not in forgotten.kept_out],
+                rebuilt = await self._push(conn, epoch_now, [t for t in _not_forgotten_after(rows)
+                                                             if (t.user_id, t.episode_id) not in forgotten.kept_out],
                                            partition, {r.partition for r in records})
         for c in rebuilt:
             del self._stale[c]
 
-    async def _push(self, conn, turns: list, partition: dict, partitions: set[int]) -> list:
+    async def _push(self, conn, epoch_now: int, turns: list, partition: dict, partitions: set[int]) -> list:
         """Tier 0 given ``turns`` (the keys it lacks, and up to ``STALE_PER_PUSH`` stale ones of
         ``partitions``, seeded from ``conn``'s view of the store); returns the stale ones it
         rebuilt. A failure is logged and remembered, not raised: a derived cache."""
@@ -171,7 +181,7 @@ class EpisodesProjection:
                 async with conn.transaction():  # a savepoint: its failure must not fail the batch
                     return await episodes_query.recent_of(conn, conversations, n)
 
-            await session_cache.push_turns(self._redis, self._schema, self._epoch, turns, self._keep, history,
+            await session_cache.push_turns(self._redis, self._schema, epoch_now, turns, self._keep, history,
                                            stale=due)
             return due
         except Exception:  # the read path falls back to Postgres for a conversation with no key
@@ -220,17 +230,67 @@ async def _checked(conn):
 
 
 class CacheUnavailable(Retryable):
-    """Redis could not erase what a forget removed: the batch is retried, its position unmoved."""
+    """Redis could not erase what a forget removed: the batch is applied again once the cache's
+    epoch is abandoned (``CacheEpoch.abandon``), its position unmoved meanwhile."""
 
 
-async def _erased(cache: str, erasing) -> None:
-    # Before the commit, or the batch is retried: once the position passes a forget, no cache may
-    # serve what it forgot (the read path reads Redis whenever it holds something; Redis back
-    # from an outage would still hold it).
+async def _erased(cache: str, erasing, abandoned: bool = False) -> None:
+    # Before the commit: once the position passes a forget, no cache may serve what it forgot
+    # (the read path reads Redis whenever it holds something; Redis back from an outage would
+    # still hold it). Unless the cache's epoch was abandoned since: no reader reads those keys.
     try:
         await erasing
     except Exception as exc:
-        raise CacheUnavailable(f"{cache}: {type(exc).__name__}: {exc}") from exc
+        if not abandoned:
+            raise CacheUnavailable(f"{cache}: {type(exc).__name__}: {exc}") from exc
+        log.warning("%s: Redis could not erase a forget's keys (%s); they are of an abandoned epoch, deleted "
+                    "when Redis answers", cache, type(exc).__name__)
+
+
+class CacheEpoch:
+    """A projection's cache epoch (part of its Redis keys), read again at every batch: another
+    worker may have abandoned it. Abandoning is how a forget passes while Redis is down (README:
+    Redis is reported, not required): the epoch moves on, every reader reads it again within
+    ``EPOCH_FRESH_S`` and so never reads the old keys, and those are deleted once Redis answers
+    (``purge``). The cost: that projection's cache starts cold."""
+
+    PURGE_EVERY_S = 5.0  # how often a purge is tried while Redis does not answer
+
+    def __init__(self, projection: str):
+        self.projection, self.value, self._tried = projection, None, 0.0
+
+    async def read(self, conn) -> int:
+        self.value = await epoch(conn, self.projection)
+        return self.value
+
+    async def abandon(self, pool) -> int:
+        async with pool.acquire() as conn:
+            self.value = await conn.fetchval("UPDATE projection_epochs SET epoch = epoch + 1, purge_pending = true "
+                                             "WHERE projection = $1 RETURNING epoch", self.projection)
+        log.warning("%s cache: epoch %d abandoned (Redis could not erase a forget's keys); now %d",
+                    self.projection, self.value - 1, self.value)
+        # Committed before the batch is applied again: by the time its position passes the
+        # forget, every reader has read the new epoch.
+        await asyncio.sleep(cache_keys.EPOCH_FRESH_S)
+        return self.value
+
+    async def purge(self, conn, redis, schema: str) -> None:
+        """Delete the keys of abandoned epochs, if any wait and Redis answers (best effort)."""
+        if redis is None or time.monotonic() - self._tried < self.PURGE_EVERY_S:
+            return
+        rows = await conn.fetch("SELECT projection, epoch, purge_pending FROM projection_epochs")
+        if not any(r["purge_pending"] for r in rows):
+            return
+        self._tried = time.monotonic()
+        epochs = {r["projection"]: r["epoch"] for r in rows}
+        try:
+            gone = await cache_keys.drop_stale(redis, schema, epochs)
+        except Exception as exc:
+            log.warning("abandoned cache keys not deleted yet (%s: %s)", type(exc).__name__, exc)
+            return
+        await conn.execute("UPDATE projection_epochs SET purge_pending = false WHERE purge_pending AND "
+                           "epoch = ($1::jsonb ->> projection)::int", json.dumps(epochs))
+        log.info("deleted %d keys of abandoned cache epochs", gone)
 
 
 class _DecisionProjection:
@@ -245,10 +305,23 @@ class _DecisionProjection:
     def __init__(self, *, pool: asyncpg.Pool, dead_letters, redis=None, schema: str | None = None):
         self._pool, self._dead, self._redis, self._schema = pool, dead_letters, redis, schema
         self._store = self.store()
+        self._abandoned = False
+
+    cache: CacheEpoch | None = None  # of a projection with a Redis cache a forget erases
 
     async def process(self, records: list[Record]) -> None:
+        try:
+            await self._process(records)
+        except CacheUnavailable:
+            await self.cache.abandon(self._pool)
+            await self._process(records, abandoned=True)
+
+    async def _process(self, records: list[Record], abandoned: bool = False) -> None:
+        self._abandoned = abandoned
         decoded = self.decoded(records)
         async with self._pool.acquire() as conn:
+            if self.cache is not None:
+                await self.cache.purge(conn, self._redis, self._schema)
             async with conn.transaction():
                 unapplied = await _claimed(conn, self.name, records)
                 decoded = [(r, d) for r, d in decoded if unapplied(r)]
@@ -305,7 +378,10 @@ class FactsProjection(_DecisionProjection):
     """decisions -> memory_facts (every version, with history) and Tier 1 profiles."""
 
     name, kinds, store = "facts", (FactDecision, MemoryForgotten), FactStore
-    _epoch: int | None = None
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.cache = CacheEpoch("profile")
 
     def merged(self, results: list) -> dict:
         return {user: profile for profiles in results for user, profile in profiles.items()}
@@ -314,20 +390,18 @@ class FactsProjection(_DecisionProjection):
         # A batch with a forget: every profile it changed (emptied, or without a forgotten fact),
         # the forgetting users' keys of other epochs gone first (a switch's leftovers).
         forgetting = {d.user_id for _, d in items if isinstance(d, MemoryForgotten)}
+        now = await self.cache.read(conn)
         if self._redis is not None and forgetting:
-            if self._epoch is None:
-                self._epoch = await epoch(conn, "profile")
-            if stale := cache_keys.older(self._schema, self._epoch, "t1", forgetting):
-                await _erased("tier 1", self._redis.delete(*stale))
-            await _erased("tier 1", profile_store.cache(self._redis, self._schema, self._epoch, profiles or {}))
+            if stale := cache_keys.older(self._schema, now, "t1", forgetting):
+                await _erased("tier 1", self._redis.delete(*stale), self._abandoned)
+            await _erased("tier 1", profile_store.cache(self._redis, self._schema, now, profiles or {}),
+                          self._abandoned)
 
     async def after_commit(self, conn, profiles) -> None:
         if self._redis is None or not profiles:
             return
         try:
-            if self._epoch is None:
-                self._epoch = await epoch(conn, "profile")
-            await profile_store.cache(self._redis, self._schema, self._epoch, profiles)
+            await profile_store.cache(self._redis, self._schema, self.cache.value, profiles)
         except Exception:
             log.exception("tier 1 cache update failed for %d profiles", len(profiles))
 

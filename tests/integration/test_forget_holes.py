@@ -3,7 +3,9 @@ on the real stack."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -171,10 +173,11 @@ async def _true(value: bool) -> bool:
 
 def _files_holding(root, needles: list[bytes]) -> list[str]:
     found = []
-    for path in root.rglob("*"):
+    # os.walk, not rglob: the server drops other tests' files while we look.
+    for path in (Path(d) / f for d, _, files in os.walk(root) for f in files):
         try:
-            data = path.read_bytes() if path.is_file() else b""
-        except (FileNotFoundError, PermissionError):  # gone while we looked
+            data = path.read_bytes()
+        except OSError:  # gone while we looked, or a socket
             continue
         if any(n in data for n in needles):
             found.append(str(path.relative_to(root)))

@@ -268,7 +268,7 @@ async def test_turns_a_failed_tier0_push_missed_are_seeded_again_once_redis_answ
     try:
         projection = EpisodesProjection(pool=pool, redis=up, schema=schema, dead_letters=Letters(), tier0_turns=20)
         await projection.process(records[:1])
-        epoch = projection._epoch
+        epoch = projection._cache.value
         projection._redis = down  # this batch's push fails, as when Redis times out
         await projection.process(records[1:2])
         assert "tier 0 cache update failed for 1 turns" in caplog.text
