@@ -106,6 +106,9 @@ class Settings(BaseModel):
 
     # Workers serve Prometheus metrics on this port (formation) and the next (projections).
     metrics_port: int | None = Field(None, ge=1, le=65534)
+    # Where the metrics listen: loopback unless asked (a container's scraper: "0.0.0.0"). They
+    # carry no user id or content, but no auth either.
+    metrics_host: str = "127.0.0.1"
 
     # Read path (``MemoryReader.connect``). From the environment, a JSON object naming only the
     # fields to change, e.g. MEMSTREAM_READ_FACT_WEIGHTS='{"recency": 0.2}'; the rest keep the

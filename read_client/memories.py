@@ -107,6 +107,7 @@ async def memory_stats(conn, user_id: str) -> MemoryStats:
 
 
 MAX_NODES = 300
+MAX_EDGES = 2_000  # a graph page: one user's graph is not one response's worth, however large
 
 
 def _prefix_end(prefix: str) -> str | None:
@@ -142,12 +143,13 @@ def _node_id(r, side: str) -> str:
 async def graph_at(conn, user_id: str, as_of: AsOf) -> Graph:
     nodes = await graph_q.nodes(conn, user_id, MAX_NODES + 1)
     span = await graph_q.span(conn, user_id)
-    rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time)
+    rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time, k=MAX_EDGES + 1)
     return Graph(user_id=user_id, as_of=as_of, nodes=[GraphNode(**dict(r)) for r in nodes[:MAX_NODES]],
                  edges=[GraphEdge(**{k: r[k] for k in Edge.model_fields if k in r}, source=r["source_name"],
                                   target=r["target_name"], source_id=_node_id(r, "source"),
-                                  target_id=_node_id(r, "target")) for r in rows],
-                 earliest=span["earliest"], latest=span["latest"], truncated=len(nodes) > MAX_NODES)
+                                  target_id=_node_id(r, "target")) for r in rows[:MAX_EDGES]],
+                 earliest=span["earliest"], latest=span["latest"],
+                 truncated=len(nodes) > MAX_NODES or len(rows) > MAX_EDGES)
 
 
 async def with_source_turns(conn, user_id: str, versions: list[FactVersion]) -> list[FactVersion]:

@@ -220,7 +220,8 @@ class Graph(BaseModel):
     edges: list[GraphEdge]
     earliest: datetime | None = Field(description="when the first known relationship began or was recorded, whichever came first")
     latest: datetime | None = Field(description="the last opening, closing or recording of a relationship")
-    truncated: bool = Field(False, description="more nodes than one drawing holds: the first ones by name")
+    truncated: bool = Field(False, description="more nodes or edges than one response holds: the first ones (nodes by "
+                            "name, edges by relation)")
 
 
 class SearchResult(BaseModel):

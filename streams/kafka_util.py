@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer
@@ -28,12 +29,14 @@ async def partitions_of(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
     return sorted(metadata.partitions_for_topic(topic) or ())
 
 
-async def drain(consumer: AIOKafkaConsumer, tps, high, handle) -> None:
+async def drain(consumer: AIOKafkaConsumer, tps, high, handle, idle_s: float = 60.0) -> None:
     """Hands ``handle`` every record of the assigned partitions ``tps`` from the consumer's
-    position up to the high-water mark ``high[tp]`` (exclusive), as batches of ``Record``."""
+    position up to the high-water mark ``high[tp]`` (exclusive), as batches of ``Record``.
+    ``TimeoutError`` when no partition moved for ``idle_s`` seconds (a broker gone)."""
     from memstream.streams.records import Record
 
     remaining = {tp for tp in tps if high[tp] > await consumer.position(tp)}
+    moved = time.monotonic()
     while remaining:
         fetched = await consumer.getmany(*remaining, timeout_ms=1000)
         for tp, msgs in fetched.items():
@@ -41,5 +44,12 @@ async def drain(consumer: AIOKafkaConsumer, tps, high, handle) -> None:
                      for m in msgs if m.offset < high[tp]]
             if batch:
                 await handle(batch)
-            if msgs and msgs[-1].offset + 1 >= high[tp]:
+            if msgs:
+                moved = time.monotonic()
+        # By position, not by the last record: the log may end in records no fetch returns
+        # (transaction markers), and the position passes them.
+        for tp in list(remaining):
+            if await consumer.position(tp) >= high[tp]:
                 remaining.discard(tp)
+        if remaining and time.monotonic() - moved > idle_s:
+            raise TimeoutError(f"reading the log stopped {idle_s:.0f} s short of its end at {sorted(map(str, remaining))}")

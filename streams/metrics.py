@@ -24,6 +24,8 @@ class WorkerMetrics:
                                registry=r)
         self.shredded = Counter("memstream_shredded_records", "Records sealed with a destroyed key, skipped",
                                 ["topic"], registry=r)
+        self.plain_records = Counter("memstream_plain_records", "Plain records of users read after the deployment "
+                                     "began sealing: no forget reaches their copy on the log", ["topic"], registry=r)
         self.dead_letters = Counter("memstream_dead_letters", "Records dead-lettered", ["stage"], registry=r)
         self.batch = Histogram("memstream_batch_seconds", "Time a step took for one batch", ["step"],
                                buckets=_SECONDS, registry=r)
@@ -42,9 +44,9 @@ class WorkerMetrics:
         self.llm_cost = Counter("memstream_llm_estimated_usd", "Estimated LLM cost at the configured prices",
                                 ["stage", "model"], registry=r)
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)  # every interface: scraped from outside a container
-        log.info("metrics on :%d/metrics", port)
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+        log.info("metrics on %s:%d/metrics", host, port)
 
     def decided(self, decisions: Sequence) -> None:
         for d in decisions:

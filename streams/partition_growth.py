@@ -43,7 +43,7 @@ from memstream.streams.kafka_util import drain, groupless_consumer, partitions_o
 from memstream.streams.log_topics import create_tables, live_log, move_from, moved, progress
 from memstream.streams.producer import idempotent_producer
 from memstream.streams.switch_lock import switching
-from memstream.streams.topics import FOREVER, _wait_for_leaders, steps_on
+from memstream.streams.topics import FOREVER, _wait_for_leaders, dynamic_configs, steps_on
 
 log = logging.getLogger("memstream.partitions")
 
@@ -333,31 +333,18 @@ async def _fence(admin, topic: str) -> None:
     """No producer can append to ``topic`` from now on (the broker refuses any record)."""
     # AlterConfigs replaces a topic's whole dynamic config: send what is set (retention forever)
     # with the fence, or the old topics would fall back to the broker's 7-day retention.
-    configs = {**await _dynamic_configs(admin, topic), **FENCE}
+    configs = {**await dynamic_configs(admin, topic), **FENCE}
     answers = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=configs)])
     errors = [(code, msg) for a in answers for code, msg, *_ in a.resources if code]
     if errors:
         raise GrowthError(f"the broker refused the fence on {topic}: {errors}")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if (await _dynamic_configs(admin, topic)).get("max.message.bytes") == FENCE["max.message.bytes"]:
+        if (await dynamic_configs(admin, topic)).get("max.message.bytes") == FENCE["max.message.bytes"]:
             await asyncio.sleep(0.5)  # the partition leaders apply the config from the metadata log
             return
         await asyncio.sleep(0.1)
     raise GrowthError(f"the broker did not take the fence on {topic} within 30 s")
-
-
-async def _dynamic_configs(admin, topic: str) -> dict[str, str]:
-    """The configs set on ``topic`` itself (not the broker's defaults)."""
-    described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-    out = {}
-    for answer in described:
-        for res in answer.resources:
-            for name, value, _read_only, source, *_ in res[4]:
-                # DescribeConfigs v0 says "is default" (a bool), v1+ the source (1: set on the topic).
-                if (not source) if isinstance(source, bool) else source == 1:
-                    out[name] = value
-    return out
 
 
 async def _drained(consumer, pool, topic: str, n: int, steps: list[str], timeout_s: float, slack: int = 0) -> None:

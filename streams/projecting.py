@@ -15,7 +15,7 @@ from typing import Callable
 
 import asyncpg
 
-from memstream.projections import cache_keys, session_cache
+from memstream.projections import cache_keys, kept_schemas, session_cache
 from memstream.projections.episodes import core as episodes
 from memstream.projections.episodes import query as episodes_query
 from memstream.projections.positions import claim, epoch, events_covered
@@ -132,7 +132,8 @@ class EpisodesProjection:
                 rows = [(r, row) for r, row in rows if unapplied(r)]
                 positions = {**next_offsets(records), **events_covered(d for r, d in decided if unapplied(r))}
 
-                async def erase() -> None:
+                async def erase() -> None:  # what a forget removes beyond this schema's rows
+                    await kept_schemas.forget_users(conn, self._schema, forgotten.users)
                     if self._redis is not None and (forgotten.episodes or forgotten.users):
                         await _erased("tier 0", session_cache.forget(self._redis, self._schema, epoch_now,
                                                                      forgotten.episodes, forgotten.users), abandoned)

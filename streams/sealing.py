@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections import OrderedDict
 from typing import Sequence
 
 import msgspec
@@ -28,6 +30,7 @@ from memstream.streams.records import SHREDDED, Record
 log = logging.getLogger("memstream.sealing")
 
 _FORGETS = (UserForgotten.__struct_config__.tag, MemoryForgotten.__struct_config__.tag)
+_PLAIN = (NothingDecided.__struct_config__.tag,)  # besides forgets and SYSTEM_USER's: never sealed
 
 
 class _Envelope(msgspec.Struct):
@@ -67,12 +70,18 @@ def _context(type_name: str) -> str:
 class RecordSealer:
     """Seals records for the log and opens batches read from it. ``keys`` None or ``seal``
     False: records are written plain (records already sealed still open when ``keys`` is
-    given). ``shredded`` counts the records opened as shredded."""
+    given). ``shredded`` counts the records opened as shredded; ``plain_records`` the plain
+    records of users read after the deployment began sealing."""
+
+    ENDED_KEPT = 100_000  # users whose ended generation is held; beyond, the key store answers (destroyed keys)
+    SINCE_ASKED_S = 60.0  # how often a deployment that has never sealed is asked again
 
     def __init__(self, keys: DataKeys | None, *, seal: bool = True):
         self.keys, self._sealing = keys, seal and keys is not None
-        self._ended: dict[str, int] = {}  # user -> the last key generation the log has ended
-        self.shredded = 0
+        # user -> the last key generation the log has ended, most recently ended last
+        self._ended: OrderedDict[str, int] = OrderedDict()
+        self._since: tuple[float | None, float] | None = None  # (sealing since, when asked)
+        self.shredded, self.plain_records, self._plain_said = 0, 0, float("-inf")
 
     async def seal(self, record, generation: int | None = None) -> bytes:
         """``record`` as the log keeps it. ``generation``: the key generation of the record it was
@@ -109,12 +118,39 @@ class RecordSealer:
             if env.sealed is None:
                 if env.type in _FORGETS:
                     self._note_forget(env.type, r.value)
+                elif self._sealing and env.type not in _PLAIN and env.user_id != SYSTEM_USER \
+                        and await self._written_while_sealing(r.timestamp_ms):
+                    self._plain_seen()
                 out.append(r)
             elif self.keys is None:
                 out.append(dataclasses.replace(r, sealing="sealed, and this process has no data keys"))
             else:
                 out.append(await self._open(r, env))
         return out
+
+    async def _written_while_sealing(self, timestamp_ms: int) -> bool:
+        now = time.monotonic()
+        if self._since is None or (self._since[0] is None and now - self._since[1] > self.SINCE_ASKED_S):
+            self._since = await self.keys.sealing_since(), now
+        return self._since[0] is not None and timestamp_ms / 1000 > self._since[0]
+
+    def _plain_seen(self) -> None:
+        """A plain record of a person's, written after this deployment began sealing: a process
+        with MEMSTREAM_SEAL_RECORDS=false beside sealing ones, or a client writing the events
+        topic by hand (supported: it cannot be told from the first). Applied as it is, but no
+        forget can reach its copy on the log: said, at most once a minute (docs/erasure.md)."""
+        self.plain_records += 1
+        now = time.monotonic()
+        if now - self._plain_said >= 60.0:
+            self._plain_said = now
+            log.warning("%d plain records of users written after this deployment began sealing: a forget cannot "
+                        "erase them from the log (a process with MEMSTREAM_SEAL_RECORDS=false, or a client "
+                        "writing the events topic instead of the ingress topic)", self.plain_records)
+
+    def _end(self, user_id: str, generation: int) -> None:
+        self._ended[user_id] = max(self._ended.pop(user_id, 0), generation)
+        while len(self._ended) > self.ENDED_KEPT:
+            self._ended.popitem(last=False)
 
     async def _open(self, r: Record, env: _Envelope) -> Record:
         try:
@@ -123,7 +159,7 @@ class RecordSealer:
                 raise Shredded("sealed under a key the log has ended")
             value = await self.keys.open(env.user_id, env.sealed, _context(env.type))
         except Shredded:
-            self._ended[env.user_id] = max(self._ended.get(env.user_id, 0), generation)
+            self._end(env.user_id, generation)
             self.shredded += 1
             return dataclasses.replace(r, value=None, sealing=SHREDDED)
         except NotSealed as exc:
@@ -136,7 +172,7 @@ class RecordSealer:
         except InvalidEvent:
             return
         if getattr(record, "kind", "user") == "user" and record.generation:
-            self._ended[record.user_id] = max(self._ended.get(record.user_id, 0), record.generation)
+            self._end(record.user_id, record.generation)
             if self.keys is not None:
                 self.keys.drop(record.user_id, record.generation)
 

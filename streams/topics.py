@@ -54,9 +54,16 @@ async def ensure_topics(settings: Settings) -> None:
                    settings.ingress_topic: window, settings.dead_letter_topic: window}
         wanted = [NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=c)
                   for name, c in configs.items() if name not in existing]
-        bounded = [ConfigResource(ConfigResourceType.TOPIC, name, configs=window)
-                   for name in (settings.ingress_topic, settings.dead_letter_topic) if name in existing]
-        if bounded:  # a changed window applies to topics made before
+        # A changed window applies to topics made before. AlterConfigs replaces every setting of
+        # the topic: the others an operator set are given back with it, and nothing is sent
+        # when the window is already there.
+        bounded = []
+        for name in (settings.ingress_topic, settings.dead_letter_topic):
+            if name in existing:
+                have = await dynamic_configs(admin, name)
+                if any(have.get(k) != v for k, v in window.items()):
+                    bounded.append(ConfigResource(ConfigResourceType.TOPIC, name, configs={**have, **window}))
+        if bounded:
             await admin.alter_configs(bounded)
         if wanted:
             try:
@@ -116,3 +123,16 @@ async def _check_copartitioned(admin: AIOKafkaAdminClient, settings: Settings) -
     counts = {d["topic"]: len(d["partitions"]) for d in described}
     if len(set(counts.values())) != 1:
         raise RuntimeError(f"events and decisions topics must have one partition count, found {counts}")
+
+
+async def dynamic_configs(admin, topic: str) -> dict[str, str]:
+    """The configs set on ``topic`` itself (not the broker's defaults)."""
+    described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    out = {}
+    for answer in described:
+        for res in answer.resources:
+            for name, value, _read_only, source, *_ in res[4]:
+                # DescribeConfigs v0 says "is default" (a bool), v1+ the source (1: set on the topic).
+                if (not source) if isinstance(source, bool) else source == 1:
+                    out[name] = value
+    return out

@@ -69,6 +69,7 @@ class Runtime:
         self.metrics = WorkerMetrics(usd_per_mtok=(settings.llm_usd_per_mtok_input, settings.llm_usd_per_mtok_output))
         self._lock = asyncio.Lock()
         self._shredded: dict[str, int] = {}
+        self._plain: dict[str, int] = {}
         self.partitions: int | None = None
         self.steps: dict[str, tuple[Step, PositionGate]] = {}
         self._revocations = 0  # so far: a batch begun before the last one is not formation's any more
@@ -298,6 +299,8 @@ class Runtime:
                 sealer = self.sealers[topic]
                 self.metrics.shredded.labels(topic).inc(sealer.shredded - self._shredded.get(topic, 0))
                 self._shredded[topic] = sealer.shredded
+                self.metrics.plain_records.labels(topic).inc(sealer.plain_records - self._plain.get(topic, 0))
+                self._plain[topic] = sealer.plain_records
             for name in names:
                 step = self.steps[name][0]
                 if mine := [opened.get(id(r), r) for r in admitted[name]]:
@@ -449,7 +452,7 @@ def run_worker(settings: Settings, dsn: str, role: str, loglevel: str = "INFO") 
     asyncio.run(wait_for_switch(dsn, settings.postgres_schema))
     runtime = Runtime(settings, dsn, role)
     if settings.metrics_port is not None:
-        runtime.metrics.serve(settings.metrics_port + ROLES.index(role))
+        runtime.metrics.serve(settings.metrics_port + ROLES.index(role), settings.metrics_host)
     app = create_app(settings, runtime)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
     worker.execute_from_commandline()

@@ -117,7 +117,10 @@ class WrappedKeys(Protocol):
     wrapped under another KEK or bound to the user id; ``rewrapped(key, kek_id, wrapped)`` stores
     ``key`` wrapped again (bound to the digest) unless it changed meanwhile (destroyed);
     ``rewrap_secret(old_kek_id, kek_id, wrapped)`` likewise for the secret; ``vacuum()`` leaves
-    no copy of a destroyed or replaced key in the store's own files."""
+    no copy of a destroyed or replaced key in the store's own files.
+
+    ``sealing_since()``: when the first data key was made (Unix seconds; None: never) — from
+    then on the deployment seals its records."""
 
     async def current(self, user: bytes) -> tuple[int, str, bytes] | None: ...
 
@@ -147,6 +150,8 @@ class WrappedKeys(Protocol):
 
     async def vacuum(self) -> None: ...
 
+    async def sealing_since(self) -> float | None: ...
+
 
 class MemoryWrappedKeys:
     """A process's own store (tests, one-off tools): lost with the process."""
@@ -160,6 +165,7 @@ class MemoryWrappedKeys:
         self._secret: tuple[str, bytes] | None = None
         self._refused: set[str] = set()
         self._by_user: set[tuple[bytes, int]] = set()  # keys bound to the user id
+        self._first: float | None = None
 
     async def current(self, user: bytes):
         return None if (g := self._live.get(user)) is None else (g, *self._keys[user, g])
@@ -171,6 +177,7 @@ class MemoryWrappedKeys:
         if kek_id in self._refused:
             return None
         if user not in self._live:
+            self._first = self._first or time.time()
             self._last[user] = g = self._last.get(user, 0) + 1
             self._live[user], self._keys[user, g] = g, (kek_id, wrapped)
         return await self.current(user)
@@ -231,6 +238,9 @@ class MemoryWrappedKeys:
 
     async def vacuum(self) -> None:
         pass
+
+    async def sealing_since(self) -> float | None:
+        return self._first
 
 
 class PostgresWrappedKeys:
@@ -402,6 +412,9 @@ class PostgresWrappedKeys:
         return await self._pool.execute(f"UPDATE {self._k}.secrets SET kek_id = $2, wrapped = $3 WHERE name = 'digest' "
                                         "AND kek_id = $1", old_kek_id, kek_id, wrapped) == "UPDATE 1"
 
+    async def sealing_since(self) -> float | None:
+        return await self._pool.fetchval(f"SELECT extract(epoch FROM min(created_at))::float8 FROM {self._k}.data_keys")
+
     async def vacuum(self) -> None:
         """Rewrite the tables holding wrapped keys (the old files are emptied at once), then end
         the WAL segment and checkpoint so the segments holding what was replaced are dropped
@@ -433,12 +446,18 @@ class DataKeys:
     retire or destroy a key this one seals under: sealing asks the store for the live key again
     after ``fresh_s`` seconds, so what is sealed under a key retired elsewhere is at most that
     old (opening needs no such check: a record is opened once, in log order, and the forget that
-    ends its key comes after it)."""
+    ends its key comes after it).
 
-    def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000, fresh_s: float = 5.0):
-        self._kek, self._store, self._keep, self._fresh_s = kek, store, keep, fresh_s
+    Letting go: a process that only seals (a host) never reads the forget that ends a key. Its
+    older generations go as soon as the store names a newer live one (at most ``fresh_s`` after
+    the forget, at the user's next write), and any key unused for ``idle_s`` goes too."""
+
+    def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000, fresh_s: float = 5.0,
+                 idle_s: float = 300.0):
+        self._kek, self._store, self._keep, self._fresh_s, self._idle_s = kek, store, keep, fresh_s, idle_s
         self._secret: bytes | None = None  # the digest secret, once read (``ready``)
-        self._keys: OrderedDict[tuple[bytes, int], AESGCM] = OrderedDict()
+        # (user, generation) -> the key and when it was last used, least recently used first
+        self._keys: OrderedDict[tuple[bytes, int], tuple[AESGCM, float]] = OrderedDict()
         # user -> (their live generation, when the store said so), for the ``keep`` most recent
         self._sealing: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
         # Per user, while in use: one user's key lookups never wait on another's.
@@ -499,6 +518,8 @@ class DataKeys:
                 raise RuntimeError("the user's key was retired as often as it was made (a forget each time, or "
                                    "a KEK rotation this process' key-encryption key has not seen)")
             generation, kek_id, wrapped = found
+            for older in range(1, generation):  # a forget retired them: nothing here seals under them again
+                self._keys.pop((user, older), None)
             aead = self._held(user, generation) or await self._unwrap(user_id, user, generation, kek_id, wrapped)
             self._sealing[user] = generation, time.monotonic()
             self._sealing.move_to_end(user)
@@ -518,9 +539,14 @@ class DataKeys:
             return self._held(user, generation) or await self._unwrap(user_id, user, generation, *found)
 
     def _held(self, user: bytes, generation: int) -> AESGCM | None:
-        if (aead := self._keys.get((user, generation))) is not None:
-            self._keys.move_to_end((user, generation))
-        return aead
+        now = time.monotonic()
+        while self._keys and now - next(iter(self._keys.values()))[1] > self._idle_s:
+            self._keys.popitem(last=False)
+        if (held := self._keys.get((user, generation))) is None:
+            return None
+        self._keys[user, generation] = held[0], now
+        self._keys.move_to_end((user, generation))
+        return held[0]
 
     async def _unwrap(self, user_id: str, user: bytes, generation: int, kek_id: str, wrapped: bytes) -> AESGCM:
         if not self._kek.holds(kek_id):
@@ -535,7 +561,8 @@ class DataKeys:
             data_key = await asyncio.to_thread(self._kek.unwrap, wrapped, user_id, kek_id)
             new_kek, rewrapped = await asyncio.to_thread(self._kek.wrap, data_key, bound(user))
             await self._store.rewrapped(WrappedKey(user, generation, kek_id, wrapped, True), new_kek, rewrapped)
-        self._keys[user, generation] = aead = AESGCM(data_key)
+        aead = AESGCM(data_key)
+        self._keys[user, generation] = aead, time.monotonic()
         while len(self._keys) > self._keep:
             self._keys.popitem(last=False)
         return aead
@@ -583,6 +610,10 @@ class DataKeys:
             return aead.decrypt(sealed[7:_HEAD.size], sealed[_HEAD.size:], _aad(user_id, context))
         except InvalidTag:
             raise NotSealed("the blob does not open for this user and field (damaged, or moved)") from None
+
+    async def sealing_since(self) -> float | None:
+        """When this deployment began sealing (``WrappedKeys.sealing_since``)."""
+        return await self._store.sealing_since()
 
     def drop(self, user_id: str, generation: int) -> None:
         """Let go of the user's keys up to ``generation`` held in memory (the store keeps them)."""

@@ -61,6 +61,7 @@ SELECT {_EDGE} FROM {_JOIN}
 WHERE e.user_id = $1 AND NOT e.forgotten AND e.recorded_at <= $3 AND e.valid_from <= $2
   AND (e.valid_to IS NULL OR e.closed_at > $3 OR e.valid_to > $2)
 ORDER BY e.relation, e.valid_from, e.edge_id
+LIMIT $4
 """
 
 _TIMELINE = f"""
@@ -97,11 +98,11 @@ async def nearest_with_hops(conn, user_id: str, embedding: np.ndarray, k: int, h
 
 async def as_of(conn, user_id: str, valid_time: datetime, recorded_time: datetime,
                 embedding: np.ndarray | None = None, k: int = 100, model: str | None = None) -> Sequence[asyncpg.Record]:
-    """The graph as believed at ``recorded_time`` about ``valid_time``: all of it, or the ``k``
-    edges nearest ``embedding`` among those embedded by ``model`` (distances of two models do
-    not compare)."""
+    """The graph as believed at ``recorded_time`` about ``valid_time``: its first ``k`` edges (by
+    relation), or the ``k`` edges nearest ``embedding`` among those embedded by ``model``
+    (distances of two models do not compare)."""
     if embedding is None:
-        return await conn.fetch(_AS_OF_ALL, user_id, valid_time, recorded_time)
+        return await conn.fetch(_AS_OF_ALL, user_id, valid_time, recorded_time, k)
     return await conn.fetch(_AS_OF, user_id, valid_time, recorded_time, embedding, k, model)
 
 

@@ -225,8 +225,11 @@ class Formation:
         self._gate_observations, self._record_position = gate_observations, record_position
         # Fact texts repeat ("Lives in Berlin"); vectors are a pure function of (model, text).
         self._fact_vectors: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
-        # Turns whose episodes this process forgot (Postgres holds the ones before: the barrier).
-        self._forgotten_turns: dict[str, set[uuid.UUID]] = {}
+        # Turns whose episodes this process forgot (Postgres holds the ones before: the barrier),
+        # by user, the users who forgot last at the end; beyond FORGOTTEN_KEPT turns the oldest
+        # users' go (their forgets applied long since: Postgres answers), except in a reform.
+        self._forgotten_turns: collections.OrderedDict[str, set[uuid.UUID]] = collections.OrderedDict()
+        self._forgotten_n = 0
         # The pipeline (``admit``): records in flight, each user's last chain, each partition's
         # last finish, and the views of users whose decisions the projections may not hold yet.
         self._in_flight, self._max_in_flight = 0, in_flight
@@ -294,6 +297,7 @@ class Formation:
         self._unfinished.clear()
         self._fact_vectors.clear()  # fact texts of users this worker may no longer form (nor see forgotten)
         self._forgotten_turns.clear()
+        self._forgotten_n = 0
         self._in_flight = 0
         for t in tasks:
             t.cancel()
@@ -612,6 +616,15 @@ class Formation:
         vectors = dict(zip(sentences, (to_bytes(v) for v in await self._embed_facts(sentences)))) if sentences else {}
         return decider.finish(vectors, self._embedder.model_id)
 
+    def _forgot_turns(self, user_id: str, turns) -> None:
+        held = self._forgotten_turns.setdefault(user_id, set())
+        self._forgotten_n -= len(held)
+        held.update(turns)
+        self._forgotten_n += len(held)
+        self._forgotten_turns.move_to_end(user_id)
+        while self._pool is not None and len(self._forgotten_turns) > 1 and self._forgotten_n > FORGOTTEN_KEPT:
+            self._forgotten_n -= len(self._forgotten_turns.popitem(last=False)[1])
+
     async def _was_forgotten(self, turn: TurnRecorded) -> bool:
         if turn.event_id in self._forgotten_turns.get(turn.user_id, ()):
             return True
@@ -757,7 +770,7 @@ class Formation:
                                        forgot=(e.actor, e.reason, [f.value for f in rows]))
             if not e.keep_episodes:
                 turns = list(dict.fromkeys(t for f in rows for t in (f.source_event_id, *f.observed_in)))
-                self._forgotten_turns.setdefault(e.user_id, set()).update(turns)
+                self._forgot_turns(e.user_id, turns)
                 made += [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten-turn:{n}"),
                                          kind="episode", target=t, keep_derived=True) for n, t in enumerate(turns)]
             return made
@@ -788,7 +801,7 @@ class Formation:
                                              extractor=f"control:{e.actor}", why=f"forgotten{why}",
                                              forgot=(e.actor, e.reason, [f.value for f in said]))
         if isinstance(e, EpisodeForgotten):
-            self._forgotten_turns.setdefault(e.user_id, set()).add(e.turn_event_id)
+            self._forgot_turns(e.user_id, [e.turn_event_id])
             # The turn goes; what it alone said goes with it, decided here one by one rather than
             # by the projections' episode rule (``keep_derived``): a fact another turn said again
             # stays, noted, and so does the user's edge stating it — one truth.
@@ -817,7 +830,7 @@ class Formation:
                                              why=f"forgotten{why}", forgot=(e.actor, e.reason, [f.value for f in alone]))
         if isinstance(e, UserForgotten):
             self._fact_vectors.clear()  # fact texts, some of them theirs
-            self._forgotten_turns.pop(e.user_id, None)
+            self._forgotten_n -= len(self._forgotten_turns.pop(e.user_id, ()))
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user",
                                     generation=await self._sealer.stamp(e))]
         return []
@@ -943,6 +956,7 @@ class Formation:
 
 
 _RANK: contextvars.ContextVar[int] = contextvars.ContextVar("rank", default=0)  # of the turn a call is for
+FORGOTTEN_KEPT = 100_000  # forgotten turns held in memory (beyond, Postgres answers: the barrier passed them)
 VIEWS_KEPT = 2_000  # users whose views formation keeps between their turns (a dropped one is read afresh)
 
 

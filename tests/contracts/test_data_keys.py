@@ -192,6 +192,21 @@ class DataKeysContract:
         assert await keys.stamp("bo", b"0" * 16) == 1
 
 
+    async def test_a_process_that_only_seals_lets_go_of_a_forgotten_key(self, tmp_path):
+        """A host never reads the forget that ends a key: it lets go of the key once the store
+        names a newer one, and of any key it has not used for a while."""
+        keys = await self.keys(tmp_path)
+        host = DataKeys(LocalKek(tmp_path / "kek"), keys.store, fresh_s=0.0, idle_s=3600)
+        await host.seal("ana", b"before", "f")
+        await host.seal("bo", b"his", "f")
+        await keys.stamp("ana", b"1" * 16)  # elsewhere: the forget, and the destroy
+        await keys.destroy("ana", 1)
+        assert generation_of(await host.seal("ana", b"after", "f")) == 2
+        assert sorted(g for u, g in host._keys if u == host.digest("ana")) == [2]
+        host._idle_s = 0.0
+        host._held(host.digest("bo"), 1)
+        assert not host._keys
+
 async def _each(items):
     for i in items:
         yield i

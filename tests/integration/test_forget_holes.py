@@ -247,3 +247,25 @@ async def test_a_key_store_backup_from_before_a_forget_restored_after_a_rotation
     finally:
         await pool.close()
         w.stop()
+
+
+async def test_a_schema_a_switch_kept_for_an_undo_takes_a_later_forget_too(settings, conn, workers):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("kept", "I live in Faro.", 0), turn("neighbour", "I live in Tui.", 1)])
+    old = f"{settings.postgres_schema}_old_1"  # as `memstream switch` keeps the schema that was live
+    await conn.execute(f'CREATE SCHEMA "{old}"')
+    try:
+        for table in ("episodes", "memory_facts"):
+            await conn.execute(f'CREATE TABLE "{old}".{table} AS SELECT * FROM {table}')
+        async with TurnLog(settings) as log:
+            await log.append(UserForgotten(event_id=new_event_id(), user_id="kept", occurred_at=datetime.now(timezone.utc),
+                                           actor="user", reason="user_request"))
+        await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM episodes WHERE user_id = 'kept'"),
+                         what="the forget applied")
+        for table in ("episodes", "memory_facts"):
+            assert await conn.fetchval(f'SELECT count(*) FROM "{old}".{table} WHERE user_id = $1', "kept") == 0
+            assert await conn.fetchval(f'SELECT count(*) FROM "{old}".{table} WHERE user_id = $1', "neighbour") > 0
+    finally:
+        await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
+        w.stop()

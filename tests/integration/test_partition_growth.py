@@ -111,7 +111,7 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
     assert report.copied[settings.events_topic] > 0 and report.copied[settings.decisions_topic] > 0
     assert "the log moved: appending to" in caplog.text  # the append that met the fence went on, on the new topic
     from aiokafka.admin import AIOKafkaAdminClient
-    from memstream.streams.partition_growth import _dynamic_configs
+    from memstream.streams.topics import dynamic_configs as _dynamic_configs
 
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     await admin.start()

@@ -44,3 +44,25 @@ async def test_a_run_drops_its_topics_and_what_was_made_from_them_but_no_others(
 
 async def _listed(settings, names) -> bool:
     return set(names) <= await topics(settings)
+
+
+async def test_a_start_keeps_what_an_operator_set_on_the_ingress_and_dead_letter_topics(settings):
+    """AlterConfigs replaces a topic's every setting: the window is applied with the others."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    from memstream.streams.topics import dynamic_configs, plaintext_window
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        for topic in (settings.ingress_topic, settings.dead_letter_topic):
+            await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={
+                **await dynamic_configs(admin, topic), "compression.type": "zstd"})])
+        await ensure_topics(settings.model_copy(update={"plaintext_retention_s": 7200}))  # a changed window
+        for topic in (settings.ingress_topic, settings.dead_letter_topic):
+            have = await dynamic_configs(admin, topic)
+            assert have.get("compression.type") == "zstd", topic
+            window = plaintext_window(settings.model_copy(update={"plaintext_retention_s": 7200}))
+            assert {k: have.get(k) for k in window} == window
+    finally:
+        await admin.close()

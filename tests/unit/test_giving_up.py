@@ -38,7 +38,7 @@ class Open:
 
 
 class Plain:
-    shredded = 0
+    shredded = plain_records = 0
 
     async def open(self, records):
         return records

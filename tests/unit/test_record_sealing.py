@@ -156,3 +156,23 @@ async def test_a_user_back_right_after_a_forget_keeps_what_they_say_before_its_k
     replayed = await RecordSealer(keys).open(on_log([before, forget, back]))
     assert [r.sealing for r in replayed] == ["shredded", None, None]
     assert decode_event(replayed[2].value).user_message == "I am back."
+
+
+async def test_a_plain_record_of_a_user_written_after_sealing_began_is_counted_and_said_not_refused(keys, caplog):
+    """A process with sealing off beside sealing ones, or a client writing the events topic by
+    hand: applied (the second is supported and cannot be told from the first), counted, said."""
+    import logging
+    import time
+
+    from memstream.schemas import encode
+    from memstream.streams.records import Record
+
+    sealer = RecordSealer(keys)
+    await sealer.seal(turn("ana", "sealed"))  # sealing begins
+    plain = [Record("t.events", 0, i, b"bo", encode(turn("bo", "plain")), (), int(time.time() * 1000) + 1000)
+             for i in range(3)]
+    old = Record("t.events", 0, 9, b"bo", encode(turn("bo", "from before")), (), 1_000)
+    with caplog.at_level(logging.WARNING, "memstream.sealing"):
+        opened = await sealer.open([old, *plain])
+    assert [r.sealing for r in opened] == [None] * 4 and sealer.plain_records == 3
+    assert caplog.text.count("plain records of users") == 1
