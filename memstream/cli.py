@@ -893,6 +893,21 @@ def bench_reform(ctx: click.Context, turns: int, users: int, as_json: bool) -> N
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
 
 
+@bench.command("keys")
+@click.option("--users", default=100_000, show_default=True, type=click.IntRange(min=10))
+@click.option("--forgets", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def bench_keys(ctx: click.Context, users: int, forgets: int, as_json: bool) -> None:
+    """What erasure costs the key store: a forget's destroy (update and vacuum) among N users'
+    keys, p50/p95, and a KEK rotation of all of them. Self-contained (its own schema and KEK)."""
+    from memstream.bench.keys import run_keys_bench
+
+    s = _settings(ctx)
+    report = asyncio.run(run_keys_bench(s, resolve_dsn(s), users=users, forgets=min(forgets, users)))
+    click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
+
+
 @bench.command("formation")
 @click.option("--turns", default=3000, show_default=True, type=click.IntRange(min=1))
 @click.option("--users", default=50, show_default=True, type=click.IntRange(min=1))
