@@ -302,6 +302,7 @@ class UserForgotten(_Control, tag="UserForgotten", kw_only=True, frozen=True):
 
     SCHEMA_VERSION: ClassVar[int] = 2
 
+    schema_version: int = 2
     reason: ErasureReason = "unspecified"
     generation: Annotated[int, msgspec.Meta(ge=0)] | None = None
 

@@ -253,7 +253,7 @@ class CacheEpoch:
     worker may have abandoned it. Abandoning is how a forget passes while Redis is down (README:
     Redis is reported, not required): the epoch moves on, every reader reads it again within
     ``EPOCH_FRESH_S`` and so never reads the old keys, and those are deleted once Redis answers
-    (``purge``). The cost: that projection's cache starts cold."""
+    (``purge``). The cost: that projection's cache starts cold, and the batch waits 5 s."""
 
     PURGE_EVERY_S = 5.0  # how often a purge is tried while Redis does not answer
 
@@ -271,8 +271,9 @@ class CacheEpoch:
         log.warning("%s cache: epoch %d abandoned (Redis could not erase a forget's keys); now %d",
                     self.projection, self.value - 1, self.value)
         # Committed before the batch is applied again: by the time its position passes the
-        # forget, every reader has read the new epoch.
-        await asyncio.sleep(cache_keys.EPOCH_FRESH_S)
+        # forget, every reader has read the new epoch, and a read begun before then has ended
+        # (its deadline is 2 s: the wait is a switch's, ``rebuild._drop_stale_caches``).
+        await asyncio.sleep(cache_keys.EPOCH_FRESH_S + 4)
         return self.value
 
     async def purge(self, conn, redis, schema: str) -> None:

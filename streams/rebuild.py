@@ -441,6 +441,12 @@ async def switch(settings: Settings, dsn: str, schema: str, *, drop_old: bool = 
         await conn.close()  # the lock goes with it: the workers go on
     paused_s = time.monotonic() - paused
     stale = await _drop_stale_caches(settings, live, epochs)
+    if stale is None:  # Redis did not answer: the projections delete them once it does (``CacheEpoch.purge``)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'UPDATE "{live}".projection_epochs SET purge_pending = true')
+        finally:
+            await conn.close()
     log.info("switched: %s is live (was %s), the old one %s; %d records caught up; workers paused %.1f s "
              "(%.1f s of it for them to leave their groups; phases %s)", live, schema,
              "dropped" if drop_old else f"kept as {old}", caught, paused_s, gone_s,

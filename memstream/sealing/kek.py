@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -52,6 +53,13 @@ class Kek(Protocol):
     def rotate(self) -> list[str]: ...
 
     def retire(self, kek_ids: list[str]) -> None: ...
+
+    def refresh(self) -> None: ...
+
+
+class KekRefused(KekUnavailable):
+    """The key store refuses keys wrapped under this KEK: a rotation retired it. Wrap again once
+    this process has the new one (``Kek.refresh``)."""
 
 
 def _fingerprint(key: bytes) -> str:
@@ -146,7 +154,12 @@ class LocalKek:
 
     def holds(self, kek_id: str) -> bool:
         self._refresh()  # a version retired elsewhere is let go of here too
+        if self._by_id(kek_id) is None:
+            self._load()  # a network file system may report the directory unchanged for a while
         return self._by_id(kek_id) is not None
+
+    def refresh(self) -> None:
+        self._load()
 
     def wrap(self, data_key: bytes, user_id: str) -> tuple[str, bytes]:
         self._refresh()
@@ -198,12 +211,20 @@ class KmsKek:
     a new KMS key, points the alias at it and schedules the old one for deletion after
     ``pending_days`` (KMS' own floor is 7)."""
 
+    ALIAS_SETTLES_S = 120.0  # how long a rotation waits for the alias to name the new key everywhere it asks
+
     def __init__(self, client, key_id: str, pending_days: int = 7):
         self._kms, self._key, self._pending = client, key_id, pending_days
+        self._current: str | None = None  # the key's ARN, once a rotation made it
 
     @property
     def kek_id(self) -> str:
-        return f"kms:{self._key}"
+        """What blobs wrapped now are named by: the new key's ARN after a rotation here (KMS names
+        every blob by the ARN it reports), else the configured id."""
+        return f"kms:{self._current or self._key}"
+
+    def refresh(self) -> None:
+        pass  # KMS resolves the alias at every call
 
     def holds(self, kek_id: str) -> bool:
         return kek_id.startswith("kms:")  # KMS decides, by the key the blob names and its policy
@@ -230,7 +251,7 @@ class KmsKek:
         # ReEncrypt: the data key is never in this process' memory.
         context = {"memstream_user": user_id}
         r = self._call("wrap a data key again", self._kms.re_encrypt, CiphertextBlob=blob,
-                       SourceEncryptionContext=context, DestinationKeyId=self._key,
+                       SourceEncryptionContext=context, DestinationKeyId=self._current or self._key,
                        DestinationEncryptionContext=context,
                        **{f"Source{k}": v for k, v in _source(kek_id).items()})
         return f"kms:{r.get('KeyId') or self._key}", r["CiphertextBlob"]
@@ -243,15 +264,30 @@ class KmsKek:
         new = self._call("create a key", self._kms.create_key, Description="memstream key-encryption key",
                          KeyUsage="ENCRYPT_DECRYPT")["KeyMetadata"]["Arn"]
         self._call("point the alias at the new key", self._kms.update_alias, AliasName=self._key, TargetKeyId=new)
-        return [f"kms:{old}", self.kek_id]  # blobs of before are named by the ARN or, before it, the alias
+        self._current = new
+        # An alias change reaches every KMS endpoint within seconds, not at once: until this
+        # process wraps under the new key through it, others may still wrap under the old one.
+        deadline = time.monotonic() + self.ALIAS_SETTLES_S
+        while self._call("wrap through the alias", self._kms.encrypt, KeyId=self._key, Plaintext=b"probe",
+                         EncryptionContext={"memstream_user": "probe"}).get("KeyId", new) != new:
+            if time.monotonic() > deadline:
+                raise KekUnavailable(f"{self._key} still names the old key {self.ALIAS_SETTLES_S:.0f} s after the "
+                                     "rotation pointed it at the new one")
+            time.sleep(1.0)
+        return [f"kms:{old}", f"kms:{self._key}"]  # blobs of before are named by the ARN or, before it, the alias
 
     def retire(self, kek_ids: list[str]) -> None:
         for kek_id in kek_ids:
             key = kek_id.removeprefix("kms:")
             if key.startswith("alias/"):  # now names the new key
                 continue
-            self._call(f"schedule {key} for deletion", self._kms.schedule_key_deletion, KeyId=key,
-                       PendingWindowInDays=self._pending)
+            try:
+                self._call(f"schedule {key} for deletion", self._kms.schedule_key_deletion, KeyId=key,
+                           PendingWindowInDays=self._pending)
+            except KekUnavailable as exc:  # retired by an earlier rotation: pending deletion, or gone
+                if not any(code in str(exc) for code in ("KMSInvalidStateException", "NotFoundException")):
+                    raise
+                continue
             log.info("key-encryption key %s scheduled for deletion in %d days", kek_id, self._pending)
 
 

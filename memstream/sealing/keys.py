@@ -18,6 +18,7 @@ given the user ids).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -33,7 +34,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from memstream.schemas.errors import MemstreamError
-from memstream.sealing.kek import Kek, KekUnavailable
+from memstream.sealing.kek import Kek, KekRefused, KekUnavailable
 
 log = logging.getLogger("memstream.sealing")
 
@@ -112,9 +113,11 @@ class WrappedKeys(Protocol):
     wrapped, rekey)`` stores it unless one is, first re-keying every row named by ``user_key``
     to ``rekey(that)``, and returns the stored one.
 
-    Rotation: ``refuse(kek_ids)``: no key is created under them from then on (``create`` returns
-    None: wrap again); ``stale(kek_id, limit)``: up to ``limit`` keys not destroyed that are
-    wrapped under another KEK or bound to the user id; ``rewrapped(key, kek_id, wrapped)`` stores
+    Rotation: ``rotating()``: an async context held by one rotation at a time (another waits);
+    ``refuse(kek_ids)``: no key is created under them from then on (``create`` raises
+    ``KekRefused``: wrap again); ``refused()``: every id refused so far; ``stale(kek_id, limit,
+    after)``: up to ``limit`` keys not destroyed that are wrapped under another KEK or bound to
+    the user id, in (user, generation) order after ``after``; ``rewrapped(key, kek_id, wrapped)`` stores
     ``key`` wrapped again (bound to the digest) unless it changed meanwhile (destroyed);
     ``rewrap_secret(old_kek_id, kek_id, wrapped)`` likewise for the secret; ``vacuum()`` leaves
     no copy of a destroyed or replaced key in the store's own files.
@@ -140,9 +143,13 @@ class WrappedKeys(Protocol):
 
     async def adopt_secret(self, kek_id: str, wrapped: bytes, rekey) -> tuple[str, bytes]: ...
 
+    def rotating(self): ...
+
     async def refuse(self, kek_ids: Sequence[str]) -> None: ...
 
-    async def stale(self, kek_id: str, limit: int) -> list[WrappedKey]: ...
+    async def refused(self) -> list[str]: ...
+
+    async def stale(self, kek_id: str, limit: int, after: tuple[bytes, int] | None = None) -> list[WrappedKey]: ...
 
     async def rewrapped(self, key: WrappedKey, kek_id: str, wrapped: bytes) -> bool: ...
 
@@ -166,6 +173,7 @@ class MemoryWrappedKeys:
         self._refused: set[str] = set()
         self._by_user: set[tuple[bytes, int]] = set()  # keys bound to the user id
         self._first: float | None = None
+        self._rotation = asyncio.Lock()
 
     async def current(self, user: bytes):
         return None if (g := self._live.get(user)) is None else (g, *self._keys[user, g])
@@ -175,7 +183,7 @@ class MemoryWrappedKeys:
 
     async def create(self, user: bytes, kek_id: str, wrapped: bytes):
         if kek_id in self._refused:
-            return None
+            raise KekRefused(f"{kek_id} was retired by a rotation")
         if user not in self._live:
             self._first = self._first or time.time()
             self._last[user] = g = self._last.get(user, 0) + 1
@@ -216,12 +224,18 @@ class MemoryWrappedKeys:
             self._secret = kek_id, wrapped
         return self._secret
 
+    def rotating(self):
+        return self._rotation
+
     async def refuse(self, kek_ids) -> None:
         self._refused.update(kek_ids)
 
-    async def stale(self, kek_id: str, limit: int) -> list[WrappedKey]:
-        return [WrappedKey(u, g, k, w, (u, g) in self._by_user) for (u, g), (k, w) in self._keys.items()
-                if k != kek_id or (u, g) in self._by_user][:limit]
+    async def refused(self) -> list[str]:
+        return sorted(self._refused)
+
+    async def stale(self, kek_id: str, limit: int, after: tuple[bytes, int] | None = None) -> list[WrappedKey]:
+        return [WrappedKey(u, g, k, w, (u, g) in self._by_user) for (u, g), (k, w) in sorted(self._keys.items())
+                if (after is None or (u, g) > after) and (k != kek_id or (u, g) in self._by_user)][:limit]
 
     async def rewrapped(self, key: WrappedKey, kek_id: str, wrapped: bytes) -> bool:
         if self._keys.get((key.user, key.generation)) != (key.kek_id, key.wrapped):
@@ -302,6 +316,9 @@ class PostgresWrappedKeys:
             if not await conn.fetchval("SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = $1::regclass "
                                        "AND attname = 'bound_to_user' AND NOT attisdropped)", f"{k}.data_keys"):
                 await conn.execute(f"ALTER TABLE {k}.data_keys ADD COLUMN bound_to_user boolean NOT NULL DEFAULT true")
+                # No default from here: a process of before (which names users by the unkeyed
+                # digest) fails to make a key instead of making a second one the others never find.
+                await conn.execute(f"ALTER TABLE {k}.data_keys ALTER COLUMN bound_to_user DROP DEFAULT")
 
     async def current(self, user: bytes):
         r = await self._pool.fetchrow(f"SELECT generation, kek_id, wrapped FROM {self._k}.data_keys "
@@ -323,7 +340,7 @@ class PostgresWrappedKeys:
             "ON CONFLICT DO NOTHING RETURNING generation, kek_id, wrapped", user, kek_id, wrapped)
         if r is None and await self._pool.fetchval(f"SELECT EXISTS (SELECT FROM {self._k}.refused_keks "
                                                    "WHERE kek_id = $1)", kek_id):
-            return None
+            raise KekRefused(f"{kek_id} was retired by a rotation")
         return await self.current(user) if r is None else (r["generation"], r["kek_id"], bytes(r["wrapped"]))
 
     async def destroy(self, user: bytes, generation: int | None = None) -> None:
@@ -395,10 +412,33 @@ class PostgresWrappedKeys:
             await conn.execute(f"INSERT INTO {self._k}.refused_keks (kek_id) SELECT unnest($1::text[]) "
                                "ON CONFLICT DO NOTHING", list(kek_ids))
 
-    async def stale(self, kek_id: str, limit: int) -> list[WrappedKey]:
+    @contextlib.asynccontextmanager
+    async def rotating(self):
+        lock = f"memstream-rotate:{self._schema}"
+        while True:  # a waiter holds no connection of the pool: the holder needs one to work with
+            conn = await self._pool.acquire()
+            if await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", lock):
+                break
+            await self._pool.release(conn)
+            await asyncio.sleep(0.5)
+        try:
+            yield
+        finally:
+            try:
+                await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", lock)
+            finally:
+                await self._pool.release(conn)
+
+    async def refused(self) -> list[str]:
+        return [r["kek_id"] for r in await self._pool.fetch(f"SELECT kek_id FROM {self._k}.refused_keks ORDER BY 1")]
+
+    async def stale(self, kek_id: str, limit: int, after: tuple[bytes, int] | None = None) -> list[WrappedKey]:
+        # In primary-key order from ``after``: one pass over the table, however many pages.
         rows = await self._pool.fetch(f"SELECT user_key, generation, kek_id, wrapped, bound_to_user FROM "
                                       f"{self._k}.data_keys WHERE wrapped IS NOT NULL AND (kek_id <> $1 OR bound_to_user) "
-                                      "ORDER BY user_key, generation LIMIT $2", kek_id, limit)
+                                      "AND ($3::bytea IS NULL OR (user_key, generation) > ($3, $4)) "
+                                      "ORDER BY user_key, generation LIMIT $2", kek_id, limit,
+                                      *(after or (None, 0)))
         return [WrappedKey(bytes(r["user_key"]), r["generation"], r["kek_id"], bytes(r["wrapped"]), r["bound_to_user"])
                 for r in rows]
 
@@ -451,6 +491,8 @@ class DataKeys:
     Letting go: a process that only seals (a host) never reads the forget that ends a key. Its
     older generations go as soon as the store names a newer live one (at most ``fresh_s`` after
     the forget, at the user's next write), and any key unused for ``idle_s`` goes too."""
+
+    REFUSED_TRIES = 6  # wraps refused by a rotation before giving up (a retryable KekRefused), ~5 s
 
     def __init__(self, kek: Kek, store: WrappedKeys, keep: int = 10_000, fresh_s: float = 5.0,
                  idle_s: float = 300.0):
@@ -506,17 +548,26 @@ class DataKeys:
         if held is not None and time.monotonic() - held[1] < self._fresh_s and (aead := self._held(user, held[0])):
             return held[0], aead
         async with self._lock(user):
-            for _ in range(3):  # None: a forget retired the key just made (or a rotation its KEK): again
+            refused = 0
+            for _ in range(3 + self.REFUSED_TRIES):  # None: a forget retired the key just made: again
                 found = await self._store.current(user)
                 if found is None:
                     # A KMS key-encryption key is a network call: never on the event loop.
                     kek_id, wrapped = await asyncio.to_thread(self._kek.wrap, AESGCM.generate_key(256), bound(user))
-                    found = await self._store.create(user, kek_id, wrapped)
+                    try:
+                        found = await self._store.create(user, kek_id, wrapped)
+                    except KekRefused:
+                        # A rotation is under way and this process has not seen its new KEK yet.
+                        refused += 1
+                        if refused == self.REFUSED_TRIES:
+                            raise
+                        await asyncio.to_thread(self._kek.refresh)
+                        await asyncio.sleep(min(2.0, 0.1 * 2 ** refused))
+                        continue
                 if found is not None:
                     break
             else:
-                raise RuntimeError("the user's key was retired as often as it was made (a forget each time, or "
-                                   "a KEK rotation this process' key-encryption key has not seen)")
+                raise RuntimeError("the user's key was retired by a forget as often as it was made")
             generation, kek_id, wrapped = found
             for older in range(1, generation):  # a forget retired them: nothing here seals under them again
                 self._keys.pop((user, older), None)

@@ -64,6 +64,12 @@ def test_golden_user_forgotten_v1_keeps_no_free_text_and_v2_takes_only_a_kind_of
     raw = json.loads((FIXTURES / "UserForgotten.v1.json").read_text())
     assert decode_event(json.dumps({**raw, "reason": ""}).encode()).reason == "unspecified"
     assert "user_request" in ERASURE_REASONS
+    for reason in ERASURE_REASONS:  # a v2 forget reads back as written
+        again = decode_event(encode(UserForgotten(**{**{f: getattr(forget, f) for f in forget.__struct_fields__},
+                                                     "schema_version": 2, "reason": reason})))
+        assert (again.schema_version, again.reason) == (2, reason)
+    assert json.loads(encode(UserForgotten(event_id=forget.event_id, user_id="ana", occurred_at=forget.occurred_at,
+                                           actor="user", reason="legal")))["schema_version"] == 2
     with pytest.raises((msgspec.ValidationError, InvalidEvent)):
         decode_event(json.dumps({**raw, "schema_version": 2}).encode())
 
@@ -220,3 +226,12 @@ def test_any_valid_turn_round_trips_through_the_wire_format(user_id, user_messag
 
 def test_the_checked_in_json_schema_is_current():
     assert SCHEMA_PATH.read_text() == render(), "run `memstream jsonschema`"
+
+
+def test_every_type_writes_the_version_it_is():
+    # A record written as v1 of a v2 type would be upcast on reading, changing what it says.
+    from memstream.schemas.events import DECISION_TYPES, EVENT_TYPES
+
+    for cls in (*EVENT_TYPES, *DECISION_TYPES):
+        default = dict(zip(cls.__struct_fields__[-len(cls.__struct_defaults__):], cls.__struct_defaults__))
+        assert default["schema_version"] == cls.SCHEMA_VERSION, cls.__name__
