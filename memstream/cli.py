@@ -546,18 +546,13 @@ def _uuid(value: str, what: str) -> uuid.UUID:
 
 def _control(ctx: click.Context, act) -> object:
     """Runs ``act(log, reader)`` on the settings' stores; typed errors become usage errors."""
-    from memstream.read_client import MemoryReader
-    from memstream.streams.producer import TurnLog
+    from memstream.memory import connect
 
     s = _settings(ctx)
 
     async def run():
-        reader = await MemoryReader.connect(s, resolve_dsn(s))
-        try:
-            async with TurnLog(s) as log:
-                return await act(log, reader)
-        finally:
-            await reader.close()
+        async with connect(s, dsn=resolve_dsn(s)) as memory:
+            return await act(memory.log, memory.reader)
 
     return _typed(run())
 

@@ -43,17 +43,11 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
 
     @contextlib.asynccontextmanager
     async def lifespan(server):
-        from memstream.read_client import MemoryReader
-        from memstream.streams.producer import TurnLog
+        from memstream.memory import connect
 
-        state["reader"] = await MemoryReader.connect(settings, dsn, embedder=embedder)
-        state["log"] = TurnLog(settings)
-        await state["log"].start()
-        try:
+        async with connect(settings, dsn=dsn, embedder=embedder) as memory:
+            state["memory"], state["reader"], state["log"] = memory, memory.reader, memory.log
             yield state
-        finally:
-            await state["log"].stop()
-            await state["reader"].close()
 
     mcp = MCPServer("memstream", instructions=INSTRUCTIONS, lifespan=lifespan)
 

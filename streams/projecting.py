@@ -97,11 +97,7 @@ class EpisodesProjection:
         self._stale: dict[tuple[str, str], int] = {}
 
     async def process(self, records: list[Record]) -> None:
-        try:
-            await self._process(records)
-        except CacheUnavailable:
-            await self._cache.abandon(self._pool)
-            await self._process(records, abandoned=True)
+        await _abandoning(self._cache, self._pool, self._process, records)
 
     async def _process(self, records: list[Record], abandoned: bool = False) -> None:
         rows, letters, decided = [], [], []
@@ -248,6 +244,16 @@ async def _erased(cache: str, erasing, abandoned: bool = False) -> None:
                     "when Redis answers", cache, type(exc).__name__)
 
 
+async def _abandoning(cache: "CacheEpoch", pool, process, records: list[Record]) -> None:
+    """``process(records)``; applied again on an abandoned cache epoch when Redis cannot erase
+    what a forget of them removed."""
+    try:
+        await process(records)
+    except CacheUnavailable:
+        await cache.abandon(pool)
+        await process(records, abandoned=True)
+
+
 class CacheEpoch:
     """A projection's cache epoch (part of its Redis keys), read again at every batch: another
     worker may have abandoned it. Abandoning is how a forget passes while Redis is down (README:
@@ -312,11 +318,7 @@ class _DecisionProjection:
     cache: CacheEpoch | None = None  # of a projection with a Redis cache a forget erases
 
     async def process(self, records: list[Record]) -> None:
-        try:
-            await self._process(records)
-        except CacheUnavailable:
-            await self.cache.abandon(self._pool)
-            await self._process(records, abandoned=True)
+        await _abandoning(self.cache, self._pool, self._process, records)
 
     async def _process(self, records: list[Record], abandoned: bool = False) -> None:
         self._abandoned = abandoned

@@ -12,14 +12,12 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import tempfile
 import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import quote, unquote
 
 import fastapi_offline
 from fastapi import Depends, FastAPI, Request
@@ -27,11 +25,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memstream.api.keys import ApiKeys, Principal
+from memstream.api.middleware import (API_HEADERS, MAX_BODY_BYTES, PAGE_HEADERS, STATIC, UNAUTHORIZED, USER_ID,
+                                      Problem, BoundedBodies, Headers, KeyFirst, presented_key, problem_response,
+                                      UserSegment)
+from memstream.api.middleware import RedactedAccessLog, route_of  # noqa: F401  (the CLI and tests import them here)
+from memstream.api.models import (TYPED_ROUTES, Appended, CaughtUp, CaughtUpIn, ContextIn, CorrectIn, ForgetIn, Me,
+                                  Position, SearchIn, TurnIn, appended_at)
 from memstream.config import Settings
 from memstream.projections.redaction import redact_logs
 from memstream.schemas import LogPosition, TurnRecorded, decode_event
@@ -42,239 +45,6 @@ from memstream.schemas.read_models import (AsOf, Episode, FactVersion, Graph, Me
 
 log = logging.getLogger("memstream.api")
 
-MAX_BODY_BYTES = 256 * 1024
-STATIC = Path(__file__).parent / "static"
-# The inspector runs only its own script and talks only to this server: remembered text that
-# looks like HTML or script is shown as text (inspector.js), and this stops it running if not.
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                                           "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
-                                           "base-uri 'none'; frame-ancestors 'none'",
-                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
-                "X-Frame-Options": "DENY"}
-# What the API answers is a person's memory: no browser or proxy keeps it (an export included).
-API_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
-
-
-class Problem(Exception):
-    def __init__(self, status: int, title: str, detail: str):
-        self.status, self.title, self.detail = status, title, detail
-
-
-def _problem(status: int, title: str, detail: str) -> JSONResponse:
-    slug = title.lower().replace(" ", "-")
-    return JSONResponse({"type": f"https://memstream.dev/problems/{slug}", "title": title, "status": status,
-                         "detail": detail}, status_code=status, media_type="application/problem+json")
-
-
-def _route_path(scope) -> str:
-    """The path the routes match: without the root path the app is mounted under (servers put it
-    in ``path`` too, or not, as the ASGI spec has changed its mind)."""
-    path, root = scope["path"], scope.get("root_path", "")
-    return path[len(root):] if root and path.startswith(root) else path
-
-
-class _BoundedBodies:
-    """ASGI middleware: a body past ``limit`` bytes is 413 before the route sees it."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await _problem(413, "Body too large", f"request bodies are at most {self.limit} bytes")(
-                scope, receive, send)
-        seen = 0
-
-        async def bounded():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise Problem(413, "Body too large", f"request bodies are at most {self.limit} bytes")
-            return message
-
-        try:
-            await self.app(scope, bounded, send)
-        except Problem as exc:
-            await _problem(exc.status, exc.title, exc.detail)(scope, receive, send)
-
-
-def _presented_key(headers) -> str | None:
-    """The API key a request presents: ``Authorization: Bearer <key>`` or ``X-API-Key``."""
-    scheme, _, token = headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
-
-
-class _KeyFirst:
-    """ASGI middleware: a ``/v1`` request without a valid key is 401 before its body is read (a
-    malformed body would otherwise be told apart to anyone, 422 before the route's key check)."""
-
-    def __init__(self, app, keys):
-        self.app, self.keys = app, keys
-
-    async def __call__(self, scope, receive, send):
-        from starlette.datastructures import Headers
-
-        if (scope["type"] == "http" and _route_path(scope).startswith("/v1/")
-                and self.keys.principal(_presented_key(Headers(scope=scope))) is None):
-            return await _problem(401, "Unauthorized", UNAUTHORIZED)(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
-class _Headers:
-    """ASGI middleware: ``headers`` on every response under ``prefix``."""
-
-    def __init__(self, app, prefix: str, headers: dict[str, str]):
-        self.app, self.prefix = app, prefix
-        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not _route_path(scope).startswith(self.prefix):
-            return await self.app(scope, receive, send)
-
-        async def with_headers(message):
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
-
-
-class _UserSegment:
-    """ASGI middleware: the user id of a ``/v1/users/<id>/...`` path taken from the raw path, so a
-    user id holding "/" (the log takes it; sent as "%2F") names that user, not a route. Routing
-    sees it quoted, one path segment; the ``user`` dependency takes it from ``USER_ID``."""
-
-    PREFIX = b"/v1/users/"
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        raw = scope.get("raw_path") if scope["type"] == "http" else None
-        root = scope.get("root_path", "") if raw else ""
-        if root and raw.startswith(root.encode()):  # mounted under a root path: the routes see past it
-            raw = raw[len(root.encode()):]
-        if raw and raw.startswith(self.PREFIX) and len(raw) > len(self.PREFIX):
-            segment, slash, rest = raw[len(self.PREFIX):].split(b"?", 1)[0].partition(b"/")
-            user_id = unquote(segment.decode("utf-8", "replace"))
-            path = "/v1/users/" + quote(user_id, safe="") + slash.decode() + unquote(rest.decode("utf-8", "replace"))
-            scope = {**scope, USER_ID: user_id, "path": (root if scope["path"].startswith(root) else "") + path}
-        return await self.app(scope, receive, send)
-
-
-USER_ID = "memstream.user_id"
-
-
-class Position(BaseModel):
-    topic: str
-    partition: int = Field(ge=0, lt=2**31)
-    offset: int = Field(ge=0, lt=2**63)
-
-
-class Appended(BaseModel):
-    position: Position
-    reminder_id: uuid.UUID | None = None  # of a ReminderScheduled appended: to resolve it later
-
-
-TYPED_ROUTES = {"FactCorrected": "POST /v1/users/{user}/facts/{id}/correct",
-                "FactForgotten": "POST /v1/users/{user}/forget", "EpisodeForgotten": "POST /v1/users/{user}/forget",
-                "EdgeForgotten": "POST /v1/users/{user}/forget", "UserForgotten": "DELETE /v1/users/{user}"}
-
-
-class TurnIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    conversation_id: str
-    user_message: str
-    assistant_message: str
-    occurred_at: datetime | None = None
-    metadata: dict[str, Any] | None = None
-
-
-class ContextIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    conversation_id: str
-    message: str
-    k: int = Field(5, ge=1, le=100)
-    k_facts: int = Field(10, ge=0, le=100)
-    k_edges: int = Field(8, ge=0, le=100)
-    as_of: AsOf | None = None
-    after: Position | None = Field(None, description="read your writes: a position an append returned")
-    wait_timeout: float = Field(5.0, ge=0, le=30)
-
-
-class SearchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    query: str = Field(max_length=10_000)
-    kinds: list[Literal["facts", "episodes", "edges"]] = ["facts", "episodes", "edges"]
-    k: int = 10
-    as_of: AsOf | None = None
-    since: datetime | None = Field(None, description="episodes that occurred at or after this time")
-    until: datetime | None = Field(None, description="episodes that occurred before this time")
-
-
-class CorrectIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    value: str
-    text: str | None = None
-    actor: Literal["user", "host", "operator"] = "host"
-    reason: str = ""
-
-
-class ForgetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    fact_id: uuid.UUID | None = None
-    episode_id: uuid.UUID | None = None
-    edge_id: uuid.UUID | None = None
-    actor: Literal["user", "host", "operator"] = "host"
-    reason: str = ""
-    keep_episodes: bool = Field(False, description="with fact_id: keep the turns the fact was read from")
-
-
-class CaughtUpIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    position: Position
-    timeout: float = Field(5.0, ge=0, le=30)
-
-
-class CaughtUp(BaseModel):
-    caught_up: bool = Field(description="every read projection has applied the position")
-
-
-class Me(BaseModel):
-    name: str
-    tenant: str | None
-    operator: bool
-
-
-def _position(p: LogPosition) -> Appended:
-    return Appended(position=Position(topic=p.topic, partition=p.partition, offset=p.offset))
-
-
-# A user's routes, whatever the user id holds (a decoded "%2F" is a slash in the path).
-_USER_IN_PATH = re.compile(r"^/v1/users/.+?((?:/(?:graph|turns|events|context|search|memories|forget|export|"
-                           r"facts/[^/]+/(?:history|correct|episodes)))?)$", re.DOTALL)
-
-
-def route_of(path: str) -> str:
-    """A request's path as logs may keep it: without the user id it names, or its query."""
-    return _USER_IN_PATH.sub(r"/v1/users/{user_id}\1", path.split("?", 1)[0])
-
-
-class RedactedAccessLog(logging.Filter):
-    """uvicorn's access log lines with ``route_of`` their paths: user ids are often e-mail
-    addresses, and a log outlives every forget."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str):
-            record.args = (*record.args[:2], route_of(record.args[2]), *record.args[3:])
-        return True
-
-
-UNAUTHORIZED = "send a memstream API key: Authorization: Bearer <key>"
 LIVE_LOG_FRESH_S = 1.0  # a move of the log to more partitions is seen by then
 
 
@@ -290,18 +60,13 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        from memstream.read_client import MemoryReader
-        from memstream.streams.producer import TurnLog
+        from memstream.memory import connect
 
         state["dsn"] = dsn or settings.dsn()
         state["exports"] = asyncio.Semaphore(2)  # each reads a user's partitions from offset 0
         state["exporting"] = set()  # the principals with one running: one at a time each
-        async with contextlib.AsyncExitStack() as stack:
-            state["reader"] = await MemoryReader.connect(settings, state["dsn"], embedder=embedder)
-            stack.push_async_callback(state["reader"].close)
-            state["log"] = TurnLog(settings.model_copy(update={"postgres_dsn": state["dsn"]}))
-            await state["log"].start()
-            stack.push_async_callback(state["log"].stop)
+        async with connect(settings, dsn=state["dsn"], embedder=embedder) as memory:
+            state["memory"], state["reader"], state["log"] = memory, memory.reader, memory.log
             yield
 
     app = FastAPI(title="memstream", version="1", lifespan=lifespan, docs_url=None,
@@ -315,26 +80,26 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         return get_swagger_ui_html(openapi_url=app.openapi_url, title="memstream API",
                                    swagger_js_url="/docs/assets/swagger-ui-bundle.js",
                                    swagger_css_url="/docs/assets/swagger-ui.css", swagger_favicon_url="data:,")
-    app.add_middleware(_BoundedBodies, limit=max_body_bytes)
-    app.add_middleware(_KeyFirst, keys=keys)  # added after the body bound: runs before it
-    app.add_middleware(_Headers, prefix="/inspector", headers=PAGE_HEADERS)
-    app.add_middleware(_Headers, prefix="/v1/", headers=API_HEADERS)
-    app.add_middleware(_UserSegment)  # added last: runs first, so every check sees the user it names
+    app.add_middleware(BoundedBodies, limit=max_body_bytes)
+    app.add_middleware(KeyFirst, keys=keys)  # added after the body bound: runs before it
+    app.add_middleware(Headers, prefix="/inspector", headers=PAGE_HEADERS)
+    app.add_middleware(Headers, prefix="/v1/", headers=API_HEADERS)
+    app.add_middleware(UserSegment)  # added last: runs first, so every check sees the user it names
 
     @app.exception_handler(Problem)
     async def problem(request, exc: Problem):
-        return _problem(exc.status, exc.title, exc.detail)
+        return problem_response(exc.status, exc.title, exc.detail)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request, exc: RequestValidationError):
         where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return _problem(422, "Invalid request", where)
+        return problem_response(422, "Invalid request", where)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):
         if isinstance(exc.__cause__, Problem):  # FastAPI wraps what reading the body raised (a body too large)
-            return _problem(exc.__cause__.status, exc.__cause__.title, exc.__cause__.detail)
-        return _problem(exc.status_code, "Not found" if exc.status_code == 404 else "HTTP error", str(exc.detail))
+            return problem_response(exc.__cause__.status, exc.__cause__.title, exc.__cause__.detail)
+        return problem_response(exc.status_code, "Not found" if exc.status_code == 404 else "HTTP error", str(exc.detail))
 
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
@@ -343,23 +108,23 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
         if isinstance(as_retryable(exc), Retryable):  # a store down (Postgres, Kafka, a socket), not a bug
             log.warning("a store is unavailable: %r", exc)
-            return _problem(503, "Unavailable", "a store memstream needs did not answer; retry")
+            return problem_response(503, "Unavailable", "a store memstream needs did not answer; retry")
         log.exception("unexpected error on %s %s", request.method, route_of(request.url.path))
-        return _problem(500, "Internal error", "an unexpected error; it is logged")
+        return problem_response(500, "Internal error", "an unexpected error; it is logged")
 
     @app.exception_handler(Limited)
     async def limited(request, exc: Limited):
-        response = _problem(429, "Too many requests", f"this tenant sent {exc.what}: retry later")
+        response = problem_response(429, "Too many requests", f"this tenant sent {exc.what}: retry later")
         response.headers["Retry-After"] = str(max(1, round(exc.retry_after + 0.5)))
         return response
 
     @app.exception_handler(InvalidArgument)
     @app.exception_handler(InvalidEvent)
     async def invalid(request, exc: Exception):
-        return _problem(400, "Invalid argument", str(exc))
+        return problem_response(400, "Invalid argument", str(exc))
 
     def caller(request: Request) -> Principal:
-        if (who := keys.principal(_presented_key(request.headers))) is None:
+        if (who := keys.principal(presented_key(request.headers))) is None:
             raise Problem(401, "Unauthorized", UNAUTHORIZED)
         limits.request(who.tenant)
         return who
@@ -372,7 +137,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     def user(request: Request, user_id: str, who: Principal = Depends(caller)) -> str:
         from memstream.read_client.arguments import check_user
 
-        user_id = request.scope.get(USER_ID, user_id)  # as the raw path said it (_UserSegment)
+        user_id = request.scope.get(USER_ID, user_id)  # as the raw path said it (UserSegment)
         if not who.reaches(user_id):
             raise Problem(403, "Forbidden", f"this key reaches the users of tenant {who.tenant!r} only "
                                             f"(user ids '{who.tenant}:...')")
@@ -394,7 +159,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         from memstream.streams.errors import BrokerUnavailable
 
         try:
-            return _position(await coro)
+            return appended_at(await coro)
         except NotFound as exc:  # never whether another tenant's id exists
             raise Problem(404, "Not found", exc.public) from None
         except BrokerUnavailable as exc:  # where the brokers are, and why not, is the operator's
