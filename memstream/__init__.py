@@ -3,6 +3,13 @@
 ``from memstream import connect`` is the front door for a host (``memstream.memory``)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from memstream.config import Settings
+    from memstream.memory import Memory, connect
+    from memstream.schemas import TurnRecorded
+
 __all__ = ["Memory", "Settings", "TurnRecorded", "connect"]
 
 
@@ -21,3 +28,7 @@ def __getattr__(name: str):
 
         return TurnRecorded
     raise AttributeError(f"module 'memstream' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

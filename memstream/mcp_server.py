@@ -137,25 +137,18 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
     async def correct_memory(fact_id: str, value: str, text: str | None = None, reason: str = "",
                              user_id: str | None = None, ctx: Context = None) -> dict[str, Any]:
         """Correct a fact the user says is wrong: its new ``value`` (and sentence ``text``)."""
-        from memstream.control import correct_fact
-
-        return {"appended": position(await correct_fact(state["log"], state["reader"], whose(user_id, ctx), _id(fact_id),
-                                                        value, text=text, actor="user", reason=reason))}
+        return {"appended": position(await state["memory"].correct(whose(user_id, ctx), _id(fact_id), value, text=text,
+                                                                   actor="user", reason=reason))}
 
     @tool
     async def forget_memory(fact_id: str | None = None, episode_id: str | None = None, edge_id: str | None = None,
                             reason: str = "", user_id: str | None = None, ctx: Context = None) -> dict[str, Any]:
         """Forget one fact, past turn or relationship the user asks you to forget (exactly one id).
         A fact goes with the relationship stating it and the past turns it was read from."""
-        from memstream.control import forget_edge, forget_episode, forget_fact
-
-        named = [(act, i) for act, i in ((forget_fact, fact_id), (forget_episode, episode_id), (forget_edge, edge_id))
-                 if i is not None]
-        if len(named) != 1:
-            raise InvalidArgument("name exactly one of fact_id, episode_id, edge_id")
-        act, memory_id = named[0]
-        return {"appended": position(await act(state["log"], state["reader"], whose(user_id, ctx), _id(memory_id),
-                                               actor="user", reason=reason))}
+        ids = {k: None if v is None else _id(v) for k, v in
+               (("fact_id", fact_id), ("episode_id", episode_id), ("edge_id", edge_id))}
+        return {"appended": position(await state["memory"].forget(whose(user_id, ctx), **ids, actor="user",
+                                                                  reason=reason))}
 
     return mcp
 

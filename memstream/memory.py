@@ -9,7 +9,7 @@ the memory built from it, and owns both connections.
 
 Writes return a ``LogPosition``; a read given ``after=`` that position waits until what was
 written is in every section it reads (read-your-writes). The HTTP API, the MCP server and the
-CLI's control commands are this class behind their own surface.
+CLI's control commands open one of these for the log and the reader they use.
 """
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ class Memory:
         self._reader: MemoryReader | None = None
 
     async def __aenter__(self) -> Memory:
+        if self._reader is not None:
+            raise RuntimeError("this Memory is open already: one `async with` at a time")
         self._dsn = self._dsn or self.settings.dsn()
         self._reader = await MemoryReader.connect(self.settings, self._dsn, embedder=self._embedder)
         try:
@@ -84,7 +86,8 @@ class Memory:
                        occurred_at: datetime | None = None, metadata: dict[str, Any] | None = None) -> LogPosition:
         """Append one conversation turn: a ``TurnRecorded``, or its fields (a fresh event id,
         ``occurred_at`` now by default). Returns where it is on the log."""
-        if turn is not None and (user_id or conversation_id or user_message or assistant_message or metadata):
+        if turn is not None and (user_id or conversation_id or user_message or assistant_message or metadata
+                                 or occurred_at is not None):
             from memstream.schemas.errors import InvalidArgument
 
             raise InvalidArgument("remember takes a TurnRecorded or its fields, not both")
@@ -98,8 +101,15 @@ class Memory:
         return await self.log.append_many(turns)
 
     async def append(self, event: Event) -> LogPosition:
-        """Append any host-written record: a reminder (``ReminderScheduled``, ``ReminderResolved``),
-        an identity (``PersonIdentitySet``, ``ExpertIdentityUpserted``, ``ExpertIdentityDeleted``)."""
+        """Append a host-written record: a reminder (``ReminderScheduled``, ``ReminderResolved``),
+        an identity (``PersonIdentitySet``, ``ExpertIdentityUpserted``, ``ExpertIdentityDeleted``).
+        Corrections and forgets go through ``correct``, ``forget`` and ``forget_user``, which
+        check the memory they name is the user's."""
+        from memstream.schemas.errors import InvalidArgument
+        from memstream.schemas.events import CONTROL_TYPES
+
+        if isinstance(event, CONTROL_TYPES):
+            raise InvalidArgument(f"{type(event).__name__}: use correct, forget or forget_user")
         return await self.log.append(event)
 
     # Reading: no LLM on this path.
@@ -177,7 +187,11 @@ class Memory:
         """Write the user's log, opened, to ``path`` (JSON lines); returns its header."""
         from memstream.portability import export_user
 
-        settings = self.settings.model_copy(update={"postgres_dsn": self._dsn or self.settings.dsn()})
+        from memstream.streams.log_topics import live_log_at
+
+        dsn = self._dsn or self.settings.dsn()
+        # Where the log lives now: a growth of its partitions moves it to new topics.
+        settings = await live_log_at(self.settings.model_copy(update={"postgres_dsn": dsn}), dsn)
         return await export_user(settings, user_id, Path(path))
 
 

@@ -30,9 +30,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memstream.api.keys import ApiKeys, Principal
 from memstream.api.middleware import (API_HEADERS, MAX_BODY_BYTES, PAGE_HEADERS, STATIC, UNAUTHORIZED, USER_ID,
-                                      Problem, BoundedBodies, Headers, KeyFirst, presented_key, problem_response,
-                                      UserSegment)
-from memstream.api.middleware import RedactedAccessLog, route_of  # noqa: F401  (the CLI and tests import them here)
+                                      BoundedBodies, KeyFirst, Problem, SecurityHeaders, UserSegment, presented_key,
+                                      problem_response)
+from memstream.api.middleware import RedactedAccessLog  # noqa: F401  (the CLI imports it from here)
+from memstream.api.middleware import route_of
 from memstream.api.models import (TYPED_ROUTES, Appended, CaughtUp, CaughtUpIn, ContextIn, CorrectIn, ForgetIn, Me,
                                   Position, SearchIn, TurnIn, appended_at)
 from memstream.config import Settings
@@ -82,8 +83,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                                    swagger_css_url="/docs/assets/swagger-ui.css", swagger_favicon_url="data:,")
     app.add_middleware(BoundedBodies, limit=max_body_bytes)
     app.add_middleware(KeyFirst, keys=keys)  # added after the body bound: runs before it
-    app.add_middleware(Headers, prefix="/inspector", headers=PAGE_HEADERS)
-    app.add_middleware(Headers, prefix="/v1/", headers=API_HEADERS)
+    app.add_middleware(SecurityHeaders, prefix="/inspector", headers=PAGE_HEADERS)
+    app.add_middleware(SecurityHeaders, prefix="/v1/", headers=API_HEADERS)
     app.add_middleware(UserSegment)  # added last: runs first, so every check sees the user it names
 
     @app.exception_handler(Problem)
@@ -308,39 +309,26 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     async def correct(fact_id: uuid.UUID, body: CorrectIn, user_id: str = Depends(user),
                       who: Principal = Depends(caller)):
         """Correct a fact: a new, explicit version (applied once the facts projection catches up)."""
-        from memstream.control import correct_fact
-
-        return await appended(correct_fact(state["log"], state["reader"], user_id, fact_id, body.value, text=body.text,
-                                           actor=actor(body.actor, who), reason=body.reason))
+        return await appended(state["memory"].correct(user_id, fact_id, body.value, text=body.text,
+                                                      actor=actor(body.actor, who), reason=body.reason))
 
     @app.post("/v1/users/{user_id}/forget", status_code=202, response_model=Appended, tags=["memories"])
     async def forget(body: ForgetIn, user_id: str = Depends(user), who: Principal = Depends(caller)):
         """Forget one fact, episode or edge (exactly one of the ids). A fact takes the edges stating
         it and the turns it was read from (``GET .../facts/{id}/episodes``) with it, unless
         ``keep_episodes``."""
-        from memstream.control import forget_edge, forget_episode, forget_fact
-
         limits.forget(who.tenant)
-
-        named = [(k, v) for k, v in (("fact_id", body.fact_id), ("episode_id", body.episode_id),
-                                     ("edge_id", body.edge_id)) if v is not None]
-        if len(named) != 1:
-            raise Problem(400, "Invalid argument", "name exactly one of fact_id, episode_id, edge_id")
-        if body.keep_episodes and named[0][0] != "fact_id":
-            raise Problem(400, "Invalid argument", "keep_episodes goes with fact_id")
-        act = {"fact_id": forget_fact, "episode_id": forget_episode, "edge_id": forget_edge}[named[0][0]]
-        extra = {"keep_episodes": body.keep_episodes} if named[0][0] == "fact_id" else {}
-        return await appended(act(state["log"], state["reader"], user_id, named[0][1], actor=actor(body.actor, who),
-                                  reason=body.reason, **extra))
+        return await appended(state["memory"].forget(
+            user_id, fact_id=body.fact_id, episode_id=body.episode_id, edge_id=body.edge_id,
+            keep_episodes=body.keep_episodes, actor=actor(body.actor, who), reason=body.reason))
 
     @app.delete("/v1/users/{user_id}", status_code=202, response_model=Appended, tags=["memories"])
     async def forget_user(user_id: str = Depends(user), who: Principal = Depends(caller),
                           reason: ErasureReason = "unspecified"):
         """Forget everything memstream holds about the user: rows, caches and, by crypto-shredding, the log."""
-        from memstream.control import forget_user as forget
-
         limits.forget(who.tenant)
-        return await appended(forget(state["log"], user_id, actor="operator" if who.operator else "host", reason=reason))
+        return await appended(state["memory"].forget_user(user_id, actor="operator" if who.operator else "host",
+                                                          reason=reason))
 
     async def live(fresh: bool = False) -> Settings:
         """The settings with the topics the log lives in now (it may have moved since start) and

@@ -10,8 +10,6 @@ from urllib.parse import quote, unquote
 
 from fastapi.responses import JSONResponse
 
-log = logging.getLogger("memstream.api")
-
 UNAUTHORIZED = "send a memstream API key: Authorization: Bearer <key>"
 MAX_BODY_BYTES = 256 * 1024
 STATIC = Path(__file__).parent / "static"
@@ -95,7 +93,7 @@ class KeyFirst:
         return await self.app(scope, receive, send)
 
 
-class Headers:
+class SecurityHeaders:
     """ASGI middleware: ``headers`` on every response under ``prefix``."""
 
     def __init__(self, app, prefix: str, headers: dict[str, str]):

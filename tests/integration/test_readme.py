@@ -35,8 +35,3 @@ async def test_the_readme_host_snippet_runs_as_written_and_reads_its_own_write(s
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Lives in Lisbon" in done.stdout, done.stdout
     assert done.stdout.rstrip().endswith("User: where do I live?")
-
-
-async def test_the_readme_quick_start_is_at_most_15_lines_on_connect():
-    lines = [line for line in host_snippet().splitlines() if line.strip()]
-    assert len(lines) <= 15 and "from memstream import connect" in lines, lines

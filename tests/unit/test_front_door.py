@@ -22,8 +22,12 @@ def constructs(tree: ast.AST) -> set[str]:
             f = node.func
             if isinstance(f, ast.Name) and f.id in OWNED:
                 found.add(f.id)
+            elif isinstance(f, ast.Attribute) and f.attr in OWNED:  # producer.TurnLog(...)
+                found.add(f.attr)
             elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in OWNED:
                 found.add(f"{f.value.id}.{f.attr}")
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and f.value.attr in OWNED:
+                found.add(f"{f.value.attr}.{f.attr}")
     return found
 
 
@@ -37,8 +41,16 @@ def test_the_clis_control_commands_construct_neither():
 
 
 def test_the_check_finds_a_surface_that_does():
-    assert constructs(ast.parse("async def f(s):\n    r = await MemoryReader.connect(s)\n    log = TurnLog(s)")) == {
-        "MemoryReader.connect", "TurnLog"}
+    source = ("async def f(s):\n    r = await MemoryReader.connect(s)\n    log = TurnLog(s)\n"
+              "    log = producer.TurnLog(s)\n    r = await read_client.MemoryReader.connect(s)")
+    assert constructs(ast.parse(source)) == {"MemoryReader.connect", "TurnLog"}
+
+
+def test_the_readme_quick_start_is_at_most_15_lines_on_connect():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Using it from a host"):]
+    lines = [line for line in section.split("```python\n", 1)[1].split("```", 1)[0].splitlines() if line.strip()]
+    assert len(lines) <= 15 and "from memstream import connect" in lines, lines
 
 
 def test_the_front_door_is_the_package_and_a_memory_is_used_inside_its_context():
@@ -46,5 +58,22 @@ def test_the_front_door_is_the_package_and_a_memory_is_used_inside_its_context()
     memory = connect(memstream.Settings())
     with pytest.raises(RuntimeError, match="async with"):
         memory.log
+    assert {"connect", "Memory"} <= set(dir(memstream))
     with pytest.raises(AttributeError):
         memstream.nothing_of_that_name
+
+
+async def test_corrections_and_forgets_go_through_the_calls_that_check_whose_memory_it_is():
+    from datetime import datetime, timezone
+
+    from memstream.schemas import UserForgotten
+    from memstream.schemas.errors import InvalidArgument
+    from memstream.schemas.events import new_event_id
+
+    memory = connect(memstream.Settings())
+    forget = UserForgotten(event_id=new_event_id(), user_id="u", occurred_at=datetime.now(timezone.utc), actor="user")
+    with pytest.raises(InvalidArgument, match="forget_user"):
+        await memory.append(forget)
+    turn = memstream.TurnRecorded.new(user_id="u", conversation_id="c", user_message="x", assistant_message="y")
+    with pytest.raises(InvalidArgument, match="not both"):
+        await memory.remember(turn, occurred_at=datetime.now(timezone.utc))
