@@ -261,7 +261,7 @@ class CacheEpoch:
     ``EPOCH_FRESH_S`` and so never reads the old keys, and those are deleted once Redis answers
     (``purge``). The cost: that projection's cache starts cold, and the batch waits 5 s."""
 
-    PURGE_EVERY_S = 5.0  # how often a purge is tried while Redis does not answer
+    PURGE_EVERY_S = 5.0  # how often a pending purge is looked for (and tried, while Redis does not answer)
 
     def __init__(self, projection: str):
         self.projection, self.value, self._tried = projection, None, 0.0
@@ -284,12 +284,13 @@ class CacheEpoch:
 
     async def purge(self, conn, redis, schema: str) -> None:
         """Delete the keys of abandoned epochs, if any wait and Redis answers (best effort)."""
+        # Looked at once every PURGE_EVERY_S, not at every batch: a batch already reads its epoch.
         if redis is None or time.monotonic() - self._tried < self.PURGE_EVERY_S:
             return
+        self._tried = time.monotonic()
         rows = await conn.fetch("SELECT projection, epoch, purge_pending FROM projection_epochs")
         if not any(r["purge_pending"] for r in rows):
             return
-        self._tried = time.monotonic()
         epochs = {r["projection"]: r["epoch"] for r in rows}
         try:
             gone = await cache_keys.drop_stale(redis, schema, epochs)

@@ -23,7 +23,7 @@ from memstream.schemas.vocabulary import MULTI_VALUED, canonical, fact_sentence
 from memstream.projections.graph.core import EdgeRow, EntityRow, Key, Row, fold, key
 from memstream.streams.formation.by_user import ByUser
 from memstream.schemas import (AliasAdded, Decision, EdgeClosed, EdgeOpened, EntityCreated, Event,
-                               MemoryForgotten, TurnRecorded)
+                               MemoryForgotten)
 
 log = logging.getLogger("memstream.formation")
 
