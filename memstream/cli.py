@@ -25,7 +25,7 @@ def _settings(ctx: click.Context) -> Settings:
 def _log(ctx: click.Context) -> Settings:
     """The settings with the topics the log lives in now (moved by `partitions grow`)."""
     if "log" not in ctx.obj:
-        from memstream.streams.log_topics import live_log_at
+        from memstream.streams.log.log_topics import live_log_at
 
         s = _settings(ctx)
         ctx.obj["log"] = asyncio.run(live_log_at(s, resolve_dsn(s)))
@@ -156,7 +156,7 @@ def migrate(ctx: click.Context) -> None:
 
 async def _key_store(s: Settings, dsn: str) -> None:
     from memstream.projections.db import create_pool
-    from memstream.sealing import data_keys
+    from memstream.keys import data_keys
 
     pool = await create_pool(dsn, s.postgres_schema, min_size=0, max_size=1)
     try:
@@ -178,7 +178,7 @@ def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool, metri
     import os
 
     from memstream.projections.db import migrate as run_migrations
-    from memstream.streams.topics import ensure_topics
+    from memstream.streams.log.topics import ensure_topics
 
     if metrics_port is not None:
         os.environ["MEMSTREAM_METRICS_PORT"] = str(metrics_port)  # the roles' child processes read it too
@@ -193,11 +193,11 @@ def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool, metri
     if not no_prepare:
         asyncio.run(prepare())
     if role == "all":
-        from memstream.streams.supervisor import supervise
+        from memstream.streams.worker.supervisor import supervise
 
         extra = ["--schema", s.postgres_schema]
         ctx.exit(supervise(("formation", "projections"), extra))
-    from memstream.streams.worker import run_worker
+    from memstream.streams.worker.runtime import run_worker
 
     run_worker(s, dsn, role, loglevel=loglevel)
 
@@ -207,15 +207,15 @@ def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool, metri
 @click.option("--into", "into", required=True, callback=lambda c, p, v: _schema_name(v),
               help="target schema (created; must not hold these projections)")
 @click.option("--from-topic", "topic", help="decisions topic to replay (default: the live one)")
-@click.option("--bulk", is_flag=True, help="episodes: load first, index after (streams.rebuild; much faster)")
+@click.option("--bulk", is_flag=True, help="episodes: load first, index after (streams.ops.rebuild; much faster)")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def replay(ctx: click.Context, projections: tuple[str, ...], into: str, topic: str | None, bulk: bool,
            as_json: bool) -> None:
     """Replay PROJECTIONS (episodes, facts, graph, commands, or all) from offset 0 into SCHEMA, up
     to the high-water marks seen at start. Never calls an LLM or the embedder."""
-    from memstream.streams.rebuild import rebuild_episodes
-    from memstream.streams.replay import PROJECTIONS, replay
+    from memstream.streams.ops.rebuild import rebuild_episodes
+    from memstream.streams.ops.replay import PROJECTIONS, replay
 
     names = list(PROJECTIONS) if projections == ("all",) else list(projections)
     if unknown := [n for n in names if n not in PROJECTIONS]:  # before a bulk rebuild runs for nothing
@@ -246,7 +246,7 @@ def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json
     Readers keep serving through it; running workers pause (they restart and wait) and go on on
     SCHEMA. SCHEMA is caught up with the log, compared with the live schema, then swapped in by
     name in one transaction."""
-    from memstream.streams.rebuild import SwitchRefused, switch as run
+    from memstream.streams.ops.rebuild import SwitchRefused, switch as run
 
     s = _log(ctx)
     try:
@@ -268,8 +268,8 @@ def switch(ctx: click.Context, schema: str, drop_old: bool, force: bool, as_json
 def rebuild(ctx: click.Context, into: str | None, drop_old: bool, force: bool, as_json: bool) -> None:
     """Blue-green: rebuild every projection from the log into a fresh schema while the live one
     serves (`replay all --bulk`), then switch to it (`switch`: running workers pause for it)."""
-    from memstream.streams.rebuild import SwitchRefused, rebuild_episodes, switch as run
-    from memstream.streams.replay import PROJECTIONS, replay
+    from memstream.streams.ops.rebuild import SwitchRefused, rebuild_episodes, switch as run
+    from memstream.streams.ops.replay import PROJECTIONS, replay
 
     s = _log(ctx)
     dsn = resolve_dsn(s)
@@ -304,7 +304,7 @@ def partitions_grow(ctx: click.Context, to: int, drain_timeout: float, as_json: 
     running workers finish them, and cuts over; the workers restart on the new topics by
     themselves. Interrupted, run it again: it resumes."""
     from memstream.schemas.errors import InvalidArgument
-    from memstream.streams.partition_growth import GrowthError, grow_partitions
+    from memstream.streams.ops.partition_growth import GrowthError, grow_partitions
 
     s = _settings(ctx)
     try:
@@ -327,7 +327,7 @@ def reform(ctx: click.Context, extractor: str, since, topic: str | None, as_json
     """Re-run formation over the events log with EXTRACTOR into a separate decisions version."""
     from datetime import timezone
 
-    from memstream.streams.reform import reform as run
+    from memstream.streams.ops.reform import reform as run
 
     s = _log(ctx)
     if since is not None and since.tzinfo is None:
@@ -349,7 +349,7 @@ def status(ctx: click.Context, as_json: bool, watch: float | None, max_lag: int 
     """Positions and lag (records, seconds) of every step per partition, dead letters, worker groups."""
     import time
 
-    from memstream.streams.status import pipeline_status
+    from memstream.streams.ops.status import pipeline_status
 
     s = _log(ctx)
     dsn = resolve_dsn(s)
@@ -450,8 +450,8 @@ def keys_rotate(ctx: click.Context, as_json: bool) -> None:
 
 async def _rotate(s: Settings, dsn: str):
     from memstream.projections.db import create_pool
-    from memstream.sealing import data_keys
-    from memstream.sealing.rotation import rotate
+    from memstream.keys import data_keys
+    from memstream.keys.rotation import rotate
 
     pool = await create_pool(dsn, s.postgres_schema, min_size=0, max_size=2)
     try:
@@ -753,7 +753,7 @@ def dead_letters() -> None:
 @click.pass_context
 def dead_letters_list(ctx, limit: int | None, as_json: bool) -> None:
     """Every letter still on the topic: its name, when, which step refused it, whence, and why."""
-    from memstream.dead_letters import Letter, letters
+    from memstream.streams.ops.dead_letters import Letter, letters
 
     found = [Letter.of(r) for r in _typed(letters(_log(ctx), limit))]
     _echo([x.as_dict() for x in found], as_json,
@@ -766,7 +766,7 @@ def dead_letters_list(ctx, limit: int | None, as_json: bool) -> None:
 @click.pass_context
 def dead_letters_show(ctx, name: str, as_json: bool) -> None:
     """Letter NAME (PARTITION/OFFSET) in full: why, and the record as it was refused."""
-    from memstream.dead_letters import Letter, letter
+    from memstream.streams.ops.dead_letters import Letter, letter
 
     r = _typed(letter(_log(ctx), name))
     value = (r.value or b"").decode(errors="replace")
@@ -782,7 +782,7 @@ def dead_letters_show(ctx, name: str, as_json: bool) -> None:
 @click.pass_context
 def dead_letters_retry(ctx, name: str, fixed: Path | None, as_json: bool) -> None:
     """Append letter NAME's record again (or --fixed FILE) where it belongs on the log."""
-    from memstream.dead_letters import retry
+    from memstream.streams.ops.dead_letters import retry
 
     done = _typed(retry(_log(ctx), name, fixed))
     _echo(done, as_json, [f"letter {name} appended to {done['topic']}/{done['partition']}/{done['offset']}"])

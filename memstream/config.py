@@ -53,7 +53,7 @@ class Settings(BaseModel):
     postgres_schema: str = "memstream"
     redis_url: str = "redis://127.0.0.1:16379/0"
 
-    # Crypto-shredding (memstream.sealing): every record of a user on the log is sealed with a
+    # Crypto-shredding (memstream.keys): every record of a user on the log is sealed with a
     # data key of theirs. The wrapped keys live in ``keys_schema`` (never rebuilt: back it up),
     # wrapped by ``kek``: "local" (key files under ``home``/keys), "file:<path>" (key files at
     # <path>, <path>.2, ...: keep them off the disk the database is on) or "kms:<key id, ARN or

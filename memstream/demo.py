@@ -160,8 +160,8 @@ async def run_demo(base: Settings, users: int = 3) -> None:
     from memstream.read_client import MemoryReader
     from memstream.stack.launcher import stack_from_settings
     from memstream.stack.worker_process import WorkerProcess
-    from memstream.streams.producer import TurnLog
-    from memstream.streams.topics import ensure_topics
+    from memstream.streams.log.producer import TurnLog
+    from memstream.streams.log.topics import ensure_topics
 
     settings = demo_settings(base)
     click.secho("1/5 starting the local stack (Kafka, Postgres+pgvector, Redis)…", bold=True)

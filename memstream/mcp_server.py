@@ -55,7 +55,7 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
         """A tool whose refusals (a bad argument, an id not the user's) reach the agent as their message."""
         from memstream.control import NotFound
         from memstream.schemas.errors import InvalidEvent
-        from memstream.streams.errors import BrokerUnavailable
+        from memstream.streams.log.errors import BrokerUnavailable
 
         @functools.wraps(fn)
         async def refusing(*args, **kwargs):

@@ -24,7 +24,7 @@ from memstream.read_client import AsOf, MemoryContext, MemoryReader, render_prom
 from memstream.schemas import LogPosition, TurnRecorded
 from memstream.schemas.events import Event
 from memstream.schemas.read_models import FactVersion, Graph, MemoryPage, SearchResult
-from memstream.streams.producer import TurnLog
+from memstream.streams.log.producer import TurnLog
 
 __all__ = ["Memory", "connect"]
 
@@ -187,7 +187,7 @@ class Memory:
         """Write the user's log, opened, to ``path`` (JSON lines); returns its header."""
         from memstream.portability import export_user
 
-        from memstream.streams.log_topics import live_log_at
+        from memstream.streams.log.log_topics import live_log_at
 
         dsn = self._dsn or self.settings.dsn()
         # Where the log lives now: a growth of its partitions moves it to new topics.

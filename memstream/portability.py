@@ -49,10 +49,10 @@ from memstream.schemas import InvalidEvent, LogPosition, NothingDecided, decode_
 from memstream.schemas.codec import check_size
 from memstream.schemas.errors import InvalidArgument
 from memstream.schemas.events import MAX_DECISION_BYTES, ends_user
-from memstream.streams.admission import IMPORTED, expected_partition
-from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
-from memstream.streams.producer import idempotent_producer
-from memstream.streams.sealing import sealer_for
+from memstream.streams.log.screening import IMPORTED, expected_partition
+from memstream.streams.log.kafka_util import drain, groupless_consumer, partitions_of
+from memstream.streams.log.producer import idempotent_producer
+from memstream.streams.log.sealing import sealer_for
 
 log = logging.getLogger("memstream.portability")
 

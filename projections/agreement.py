@@ -10,7 +10,7 @@ end a version of a statement another version still makes, over a span no single 
 to: there, one representation may still hold the statement's surviving twin). The read path answers ``as_of`` with the same two predicates (``visible_fact``,
 ``visible_edge``), so a context as of any moment says one thing in its facts and its edges.
 
-Formation keeps it (``streams.formation.slot_edges``); the unit and integration suites check
+Formation keeps it (``streams.worker.formation.slot_edges``); the unit and integration suites check
 it over random sequences of turns, corrections and forgets (``disagreements``).
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ class ProjectionStore(Protocol, Generic[Row]):
       none of them is (the transaction rolled back, constraints checked at commit included) and
       the caller must retry or stop, never skip. Called inside the caller's transaction, the
       store's is a savepoint: a raise undoes this call only, and a return is durable once the
-      caller commits (``streams.projecting`` applies a refused batch item by item that way) —
+      caller commits (``streams.worker.projecting`` applies a refused batch item by item that way) —
       and so are the checks of deferred constraints (the graph's entity references and
       single-valued overlaps): a violation then fails the caller's commit, not this call;
     * an item naming a row the store does not hold is refused with a ``Refused`` error

@@ -32,7 +32,7 @@ MAX_TERMS = 32
 def keyword_sql(*, table: str, key: str, time_col: str, cols: str, where: str = "", ranged: bool = False,
                 density: int | None = None, recent: int = RECENT) -> str:
     """The keyword query for ``table``; ``where`` is an extra row filter on alias ``t`` (the
-    postings and ``<table>_all_words`` admit exactly the rows it admits). ``ranged``: only rows
+    postings and ``<table>_all_words`` match exactly the rows it matches). ``ranged``: only rows
     whose ``time_col`` is in [$4, $5). ``density``: a row of more distinct words than that (its
     postings' ``words``) has its score divided by how many times more it has. ``recent``: the
     window's rows."""

@@ -423,7 +423,7 @@ class MemoryReader:
 
     async def _epoch_of(self, projection: str, pool) -> int:
         """The projection's epoch (part of its Redis keys), asked again after ``EPOCH_FRESH_S``:
-        a rebuilt schema switched in (``streams.rebuild.switch``) has new epochs, and this reader
+        a rebuilt schema switched in (``streams.ops.rebuild.switch``) has new epochs, and this reader
         must not serve the old build's caches for longer than that."""
         held = self._epochs.get(projection)
         if held is None or time.monotonic() - held[1] > EPOCH_FRESH_S:

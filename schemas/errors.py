@@ -1,7 +1,7 @@
 """The errors memstream raises on purpose, and the typed errors of the edge.
 
 Every one derives from ``MemstreamError``, and its kind says what a worker does with a batch in
-which it was raised (``streams.worker``: one ``except`` per kind):
+which it was raised (``streams.worker.runtime``: one ``except`` per kind):
 
 * ``Retryable`` — a passing condition (a broker or database out of reach, a projection that
   lags, a model throttled): the same batch is retried in place, nothing acknowledged (a
@@ -12,7 +12,7 @@ which it was raised (``streams.worker``: one ``except`` per kind):
 * anything else — a bug or a broken deployment: the worker stops without acknowledging.
 
 Errors of other libraries are translated into these kinds at their seams — Postgres's and
-Kafka's at ``streams.errors.as_retryable``, a model service's in its adapter
+Kafka's at ``streams.log.errors.as_retryable``, a model service's in its adapter
 (``memstream.llm.bedrock``) — so the rest never decides by matching names.
 """
 

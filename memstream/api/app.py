@@ -105,7 +105,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
         from memstream.schemas.errors import Retryable
-        from memstream.streams.errors import as_retryable
+        from memstream.streams.log.errors import as_retryable
 
         if isinstance(as_retryable(exc), Retryable):  # a store down (Postgres, Kafka, a socket), not a bug
             log.warning("a store is unavailable: %r", exc)
@@ -157,7 +157,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
     async def appended(coro):
         from memstream.control import NotFound
-        from memstream.streams.errors import BrokerUnavailable
+        from memstream.streams.log.errors import BrokerUnavailable
 
         try:
             return appended_at(await coro)
@@ -333,7 +333,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     async def live(fresh: bool = False) -> Settings:
         """The settings with the topics the log lives in now (it may have moved since start) and
         this app's database, looked up at most once a second (not a connection per request)."""
-        from memstream.streams.log_topics import live_log_at
+        from memstream.streams.log.log_topics import live_log_at
 
         held = state.get("live")
         if fresh or held is None or time.monotonic() - held[1] > LIVE_LOG_FRESH_S:
@@ -368,7 +368,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     @app.get("/v1/status", tags=["operations"], dependencies=[Depends(operator)])
     async def status():
         """Positions and lag of every step per partition, dead letters, worker groups (operators)."""
-        from memstream.streams.status import pipeline_status
+        from memstream.streams.ops.status import pipeline_status
 
         return (await pipeline_status(await live(), state["dsn"])).as_dict()
 

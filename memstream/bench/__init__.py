@@ -24,7 +24,7 @@ async def prepared(base: Settings, prefix: str) -> tuple[Settings, str, str]:
     Returns the settings, the run's tag and the Postgres DSN."""
     from memstream.projections.db import migrate
     from memstream.stack.launcher import stack_from_settings
-    from memstream.streams.topics import ensure_topics
+    from memstream.streams.log.topics import ensure_topics
 
     settings, tag = isolated(base, prefix)
     stack_from_settings(settings).up()
@@ -37,7 +37,7 @@ async def prepared(base: Settings, prefix: str) -> tuple[Settings, str, str]:
 async def discarded(settings: Settings, dsn: str, *also: str) -> None:
     """What a run made, gone: the schemas ``also`` and the run's own, then its topics."""
     from memstream.projections.db import drop_schema
-    from memstream.streams.topics import drop_topics
+    from memstream.streams.log.topics import drop_topics
 
     for schema in (*also, settings.postgres_schema):
         await drop_schema(dsn, schema)

@@ -52,7 +52,7 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
     from memstream.read_client import MemoryReader
     from memstream.stack.launcher import stack_from_settings
     from memstream.stack.worker_process import WorkerProcess
-    from memstream.streams.topics import ensure_topics
+    from memstream.streams.log.topics import ensure_topics
 
     if k < 1:
         raise ValueError("k must be >= 1")
@@ -102,7 +102,7 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
 
 async def _ingest(settings: Settings, samples: Sequence[Sample], tag: str) -> dict:
     """Append every sample's turns in order; returns each user's last log position."""
-    from memstream.streams.producer import TurnLog
+    from memstream.streams.log.producer import TurnLog
 
     last = {}
     async with TurnLog(settings) as turn_log:

@@ -45,7 +45,7 @@ def fact_turns(n: int, users: int, tag: str, seed: int = 7) -> list[TurnRecorded
 
 async def append_backlog(settings: Settings, turns: list[TurnRecorded]) -> None:
     """Append ``turns`` (a backlog, such as ``fact_turns``) to ``settings``' events topic."""
-    from memstream.streams.producer import TurnLog
+    from memstream.streams.log.producer import TurnLog
 
     async with TurnLog(settings) as log:
         for i in range(0, len(turns), 500):
@@ -116,7 +116,7 @@ async def _paced(settings: Settings, dsn: str, tag: str, *, users: int, rate: fl
     from memstream.projections import positions
     from memstream.projections.db import create_pool
     from memstream.read_client.reader import READ_YOUR_WRITES
-    from memstream.streams.producer import TurnLog
+    from memstream.streams.log.producer import TurnLog
 
     r = random.Random(seed)
     pool = await create_pool(dsn, settings.postgres_schema, max_size=1)
@@ -279,10 +279,10 @@ async def calls_per_turn(turns: list[TurnRecorded]) -> dict:
     before (``calls_before``)."""
     from memstream.embedding import default_embedder
     from memstream.llm.latency import Latency, Meter, latent_clients
-    from memstream.streams.formation.forming import Formation
-    from memstream.streams.formation.graph import GraphView
-    from memstream.streams.formation.views import MemoryView
-    from memstream.streams.records import Record
+    from memstream.streams.worker.formation.forming import Formation
+    from memstream.streams.worker.formation.graph import GraphView
+    from memstream.streams.worker.formation.views import MemoryView
+    from memstream.streams.log.records import Record
 
     meter = Meter()
     extractor, resolver, relations, turn = latent_clients(Latency(0.0), meter)

@@ -22,9 +22,9 @@ async def run_grow_bench(base: Settings, *, turns: int, users: int = 1000, on_pr
     from memstream.bench.rebuild import _write
     from memstream.projections.db import create_pool
     from memstream.schemas import TurnRecorded
-    from memstream.streams.kafka_util import groupless_consumer
-    from memstream.streams.partition_growth import grow_partitions
-    from memstream.streams.producer import TurnLog
+    from memstream.streams.log.kafka_util import groupless_consumer
+    from memstream.streams.ops.partition_growth import grow_partitions
+    from memstream.streams.log.producer import TurnLog
 
     settings, tag, dsn = await prepared(base, "grow")
     settings = settings.model_copy(update={"keys_schema": f"grow_keys_{tag}"})

@@ -89,8 +89,8 @@ async def run_ingest_bench(base: Settings, *, turns: int, users: int, rate: floa
                            latency_share: float = 0.2, on_progress=None) -> dict:
     from memstream.projections.db import create_pool
     from memstream.stack.worker_process import WorkerProcess
-    from memstream.streams.producer import TurnLog
-    from memstream.streams.replay import PROJECTIONS, replay
+    from memstream.streams.log.producer import TurnLog
+    from memstream.streams.ops.replay import PROJECTIONS, replay
 
     settings, tag, dsn = await prepared(base, "bench")
     pool = await create_pool(dsn, settings.postgres_schema, max_size=2)

@@ -12,9 +12,9 @@ import uuid
 from pathlib import Path
 
 from memstream.projections.db import create_pool
-from memstream.sealing.kek import LocalKek
-from memstream.sealing.keys import DataKeys, PostgresWrappedKeys
-from memstream.sealing.rotation import rotate
+from memstream.keys.kek import LocalKek
+from memstream.keys.data_keys import DataKeys, PostgresWrappedKeys
+from memstream.keys.rotation import rotate
 
 
 async def run_keys_bench(settings, dsn: str, *, users: int = 100_000, forgets: int = 200) -> dict:

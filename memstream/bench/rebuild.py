@@ -3,7 +3,7 @@
 A fresh decisions topic gets ``episodes`` recorded episodes (``EpisodeRecorded``, each with its
 384-d vector, sealed with its user's key as formation writes them; ``bench read``'s corpus) for
 ``users`` users; then
-``streams.rebuild`` rebuilds them into a fresh schema, timed per phase: reading and opening the
+``streams.ops.rebuild`` rebuilds them into a fresh schema, timed per phase: reading and opening the
 log, COPY, keyword postings, index builds, ANALYZE. ``compare_replay`` also times the
 batch-by-batch ``replay`` of the same topic, for the ratio. Writing the topic is not timed.
 """
@@ -43,9 +43,9 @@ def _decisions(settings: Settings, n: int, users: int):
 
 
 async def _write(settings: Settings, pool, n: int, users: int) -> float:
-    from memstream.sealing import data_keys
-    from memstream.streams.producer import idempotent_producer
-    from memstream.streams.sealing import RecordSealer
+    from memstream.keys import data_keys
+    from memstream.streams.log.producer import idempotent_producer
+    from memstream.streams.log.sealing import RecordSealer
 
     sealer = RecordSealer(await data_keys(settings, pool))
     producer = idempotent_producer(settings.kafka_bootstrap, max_batch_size=1024 * 1024)
@@ -67,8 +67,8 @@ async def _write(settings: Settings, pool, n: int, users: int) -> float:
 async def run_rebuild_bench(base: Settings, *, episodes: int, users: int = 1000, compare_replay: bool = False,
                             on_progress=None) -> dict:
     from memstream.projections.db import create_pool
-    from memstream.streams.rebuild import rebuild_episodes
-    from memstream.streams.replay import replay
+    from memstream.streams.ops.rebuild import rebuild_episodes
+    from memstream.streams.ops.replay import replay
 
     settings, tag, dsn = await prepared(base, "rebuild")
     pool = await create_pool(dsn, settings.postgres_schema, max_size=1)

@@ -2,7 +2,7 @@
 its rate holds as it goes.
 
 ``bench formation``'s fact-rich turns of ``users`` users are appended to fresh topics; then
-``streams.reform`` forms every one of them again, with the offline extractor, into a version
+``streams.ops.reform`` forms every one of them again, with the offline extractor, into a version
 topic (from offset 0 it needs no worker and no decisions). A reform keeps every user's facts and
 graph in memory, so the rate of its last tenth against its first says whether a turn's cost
 grows with what it has formed before. Appending is not timed.
@@ -17,7 +17,7 @@ from memstream.config import Settings
 
 
 async def run_reform_bench(base: Settings, *, turns: int, users: int, on_progress=None) -> dict:
-    from memstream.streams.reform import reform
+    from memstream.streams.ops.reform import reform
 
     settings, tag, dsn = await prepared(base, "benchrf")
     try:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from memstream.streams.producer import TurnLog
+from memstream.streams.log.producer import TurnLog
 from tests.integration.conftest import wait_until
 from tests.integration.helpers import assert_equal_to_a_replay, turns
 

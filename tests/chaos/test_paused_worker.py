@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from memstream.streams.producer import TurnLog
+from memstream.streams.log.producer import TurnLog
 from tests.integration.conftest import Worker, wait_until
 from tests.integration.helpers import assert_equal_to_a_replay, produced, turns
 

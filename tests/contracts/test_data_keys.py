@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from memstream.sealing.kek import KekRefused, LocalKek
+from memstream.keys.kek import KekRefused, LocalKek
 import asyncio
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from memstream.sealing.keys import (_HEAD, MAGIC, DataKeys, MemoryWrappedKeys, NotSealed, PostgresWrappedKeys, Shredded,
+from memstream.keys.data_keys import (_HEAD, MAGIC, DataKeys, MemoryWrappedKeys, NotSealed, PostgresWrappedKeys, Shredded,
                                     _aad, generation_of, user_key)
-from memstream.sealing.rotation import rotate
+from memstream.keys.rotation import rotate
 
 pytestmark = pytest.mark.asyncio
 

@@ -1,4 +1,4 @@
-"""The ``DeadLetterSink`` contract (``streams/dead_letter.py``) against the live sink,
+"""The ``DeadLetterSink`` contract (``streams/log/dead_letter.py``) against the live sink,
 ``DeadLetters`` (the dead-letter topic, on the local stack's Kafka), and replay's,
 ``SkippedLetters`` (counted and logged: replay never sends a letter twice)."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from memstream.streams.dead_letter import DeadLetters, DeadLetterSink, InputRefused, TooManyDeadLetters
-from memstream.streams.producer import idempotent_producer
-from memstream.streams.records import Record
-from memstream.streams.replay import SkippedLetters
+from memstream.streams.log.dead_letter import DeadLetters, DeadLetterSink, InputRefused, TooManyDeadLetters
+from memstream.streams.log.producer import idempotent_producer
+from memstream.streams.log.records import Record
+from memstream.streams.ops.replay import SkippedLetters
 
 
 def letter(n: int, stage: str = "facts", reason: str = "database refused it: invalid byte sequence",

@@ -1,4 +1,4 @@
-"""The ``FactView`` contract (``streams/formation/views.py``) against both views: what formation
+"""The ``FactView`` contract (``streams/worker/formation/views.py``) against both views: what formation
 is shown of current facts must not depend on whether they live in Postgres (live formation) or in
 memory (``memstream reform``). "stored" decisions are an earlier batch's, in the view's store
 (Postgres through the real facts store); "applied" ones this batch's, given to ``apply``."""
@@ -12,7 +12,7 @@ import pytest
 from memstream.projections.facts.core import MissingTarget, fold, targets
 from memstream.projections.facts.store import FactStore
 from memstream.schemas import Decision
-from memstream.streams.formation.views import NEIGHBOURS, FactView, MemoryView, PostgresView
+from memstream.streams.worker.formation.views import NEIGHBOURS, FactView, MemoryView, PostgresView
 from tests.contracts import items
 from tests.contracts.items import MODEL, QUERY, added, deferred, deleted, reinforced, updated
 

@@ -23,7 +23,7 @@ from memstream.config import Settings
 from memstream.projections.db import drop_schema
 from memstream.stack.launcher import Stack
 from memstream.stack.worker_process import worker_env
-from memstream.streams.topics import drop_topics, ensure_topics
+from memstream.streams.log.topics import drop_topics, ensure_topics
 from tests import pooled_schemas
 
 ROOT = Path(__file__).resolve().parents[2]

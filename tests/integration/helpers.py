@@ -9,8 +9,8 @@ from memstream.projections.compare import diff_counts
 from memstream.projections.db import drop_schema
 from memstream.schemas import TurnRecorded
 from memstream.schemas.codec import decode_decision
-from memstream.streams.kafka_util import drain, groupless_consumer
-from memstream.streams.replay import replay
+from memstream.streams.log.kafka_util import drain, groupless_consumer
+from memstream.streams.ops.replay import replay
 
 BASE = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 

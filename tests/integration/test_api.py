@@ -273,7 +273,7 @@ async def test_readiness_needs_postgres_and_kafka_and_reports_redis(api, setting
     assert got.status_code == 200 and got.json()["checks"] == {"postgres": True, "redis": False, "kafka": True}
 
     # No broker answering: not ready (the log's own check, as /readyz asks it).
-    from memstream.streams.producer import TurnLog
+    from memstream.streams.log.producer import TurnLog
 
     gone = TurnLog(settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"}))
     try:

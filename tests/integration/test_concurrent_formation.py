@@ -13,9 +13,9 @@ from aiokafka import TopicPartition
 from memstream.projections.compare import TABLES, diff_counts
 from memstream.projections.db import create_pool, drop_schema
 from memstream.schemas import TurnRecorded
-from memstream.streams.admission import expected_partition
-from memstream.streams.producer import TurnLog
-from memstream.streams.replay import replay
+from memstream.streams.log.screening import expected_partition
+from memstream.streams.log.producer import TurnLog
+from memstream.streams.ops.replay import replay
 
 from .conftest import Worker, wait_until
 
@@ -35,9 +35,9 @@ def two_users_on_one_partition(partitions: int) -> tuple[str, str]:
 async def decisions_by_user(settings, dsn) -> dict[str, list]:
     """Every decision on the decisions topic, opened, per user in log order."""
     from memstream.schemas.codec import decode_decision
-    from memstream.sealing import data_keys
-    from memstream.streams.kafka_util import drain, groupless_consumer
-    from memstream.streams.sealing import RecordSealer
+    from memstream.keys import data_keys
+    from memstream.streams.log.kafka_util import drain, groupless_consumer
+    from memstream.streams.log.sealing import RecordSealer
 
     pool = await create_pool(dsn, settings.postgres_schema, max_size=1)
     out: dict[str, list] = {}

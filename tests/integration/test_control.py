@@ -19,9 +19,9 @@ from memstream.projections.compare import TABLES, diff_counts
 from memstream.projections.db import drop_schema
 from memstream.projections.episodes import query as episodes_q
 from memstream.schemas.errors import InvalidArgument
-from memstream.streams.producer import TurnLog
-from memstream.streams.reform import reform
-from memstream.streams.replay import replay
+from memstream.streams.log.producer import TurnLog
+from memstream.streams.ops.reform import reform
+from memstream.streams.ops.replay import replay
 
 from .helpers import BASE
 from .test_formation import append_and_wait, turn
@@ -234,7 +234,7 @@ async def test_a_users_export_imported_into_a_fresh_deployment_projects_to_the_s
     from memstream.projections.db import migrate
     from memstream.schemas import PersonIdentitySet, ReminderScheduled
     from memstream.schemas.events import new_event_id
-    from memstream.streams.topics import ensure_topics
+    from memstream.streams.log.topics import ensure_topics
     from datetime import datetime, timezone
 
     from .conftest import HOME, Worker, wait_until
@@ -321,7 +321,7 @@ async def test_a_users_export_imported_into_a_fresh_deployment_projects_to_the_s
         async def log_ends() -> int:
             from aiokafka import TopicPartition
 
-            from memstream.streams.kafka_util import groupless_consumer, partitions_of
+            from memstream.streams.log.kafka_util import groupless_consumer, partitions_of
 
             async with groupless_consumer(target.kafka_bootstrap) as c:
                 tps = [TopicPartition(t, p) for t in (target.events_topic, target.decisions_topic)
@@ -384,7 +384,7 @@ async def test_a_forgotten_users_words_and_vectors_leave_every_kafka_segment_and
     partitioner), and a mis-keyed plain record the ingress dead-letters. Once the plaintext
     window has passed after the forget, no segment file of any topic holds any of them, nor a
     piece of her vectors, and none of her records opens; ned is untouched."""
-    from memstream.streams.topics import ensure_topics
+    from memstream.streams.log.topics import ensure_topics
 
     from .conftest import Worker
 
@@ -408,9 +408,9 @@ async def _forget_eve(stack, settings, conn, dsn, embedder, w, shorten):
 
     from memstream.projections.db import create_pool
     from memstream.schemas.events import new_event_id
-    from memstream.sealing import data_keys
-    from memstream.streams.kafka_util import drain, groupless_consumer
-    from memstream.streams.sealing import RecordSealer
+    from memstream.keys import data_keys
+    from memstream.streams.log.kafka_util import drain, groupless_consumer
+    from memstream.streams.log.sealing import RecordSealer
 
     from .conftest import wait_until
 
@@ -506,8 +506,8 @@ async def test_a_forget_redis_cannot_erase_passes_on_a_new_cache_epoch_and_the_o
     from memstream.projections import cache_keys, positions
     from memstream.projections.db import create_pool
     from memstream.schemas import EpisodeRecorded, MemoryForgotten, encode
-    from memstream.streams.projecting import CacheEpoch, EpisodesProjection, FactsProjection
-    from memstream.streams.records import Record
+    from memstream.streams.worker.projecting import CacheEpoch, EpisodesProjection, FactsProjection
+    from memstream.streams.log.records import Record
 
     from .test_delivery import UNIT, _decided
 
@@ -571,12 +571,12 @@ async def test_a_turn_still_on_ingress_when_its_user_is_forgotten_is_dropped_not
     from memstream.projections.db import create_pool
     from memstream.schemas import TurnRecorded, UserForgotten, decode_event, encode
     from memstream.schemas.events import new_event_id
-    from memstream.sealing import data_keys
-    from memstream.streams.ingress import IngressSealing
-    from memstream.streams.kafka_util import drain, groupless_consumer
-    from memstream.streams.producer import idempotent_producer
-    from memstream.streams.records import Record
-    from memstream.streams.sealing import RecordSealer
+    from memstream.keys import data_keys
+    from memstream.streams.worker.ingress import IngressSealing
+    from memstream.streams.log.kafka_util import drain, groupless_consumer
+    from memstream.streams.log.producer import idempotent_producer
+    from memstream.streams.log.records import Record
+    from memstream.streams.log.sealing import RecordSealer
 
     class Letters:  # none expected
         async def send(self, letters):

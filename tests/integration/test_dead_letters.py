@@ -58,7 +58,7 @@ async def test_a_broken_plain_turn_is_listed_shown_and_once_fixed_appended_again
 
     # Once its user is forgotten, the letter is not put back: it would bring back what they said.
     from memstream import control
-    from memstream.streams.producer import TurnLog
+    from memstream.streams.log.producer import TurnLog
 
     async with TurnLog(settings) as log:
         await control.forget_user(log, "dl-user")

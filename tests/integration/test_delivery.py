@@ -20,7 +20,7 @@ from memstream.embedding import to_bytes
 from memstream.projections.session_cache import recent_turns
 from memstream.schemas import EpisodeRecorded, FactAdded, LogPosition, TurnRecorded, encode
 from memstream.schemas.events import new_event_id
-from memstream.streams.producer import TurnLog
+from memstream.streams.log.producer import TurnLog
 
 from .conftest import wait_until
 from .helpers import turns
@@ -347,7 +347,7 @@ def _plain_turn(user: str, text: str) -> bytes:
 
 async def test_a_turn_a_plain_client_put_on_another_partition_than_its_user_is_dead_lettered_saying_how_to_fix_it(
         settings, conn, workers):
-    from memstream.streams.admission import expected_partition
+    from memstream.streams.log.screening import expected_partition
 
     w = workers()
     await w.wait_assigned()
@@ -375,7 +375,7 @@ async def test_a_turn_a_plain_client_put_on_another_partition_than_its_user_is_d
 async def test_positions_pass_dead_lettered_and_command_records_so_every_lag_returns_to_zero(settings, conn, dsn,
                                                                                           workers):
     from memstream.schemas import ReminderScheduled
-    from memstream.streams.status import pipeline_status
+    from memstream.streams.ops.status import pipeline_status
 
     w = workers()
     await w.wait_assigned()
@@ -453,9 +453,9 @@ async def test_a_batch_with_two_overlapping_edges_dead_letters_the_second_and_ap
     """The overlap constraint is deferred to commit: applied one by one, the violation must be
     seen at the record that causes it, else the commit fails and the projection never passes it."""
     from memstream.projections.db import create_pool
-    from memstream.streams.projecting import GraphProjection
-    from memstream.streams.records import Record
-    from memstream.streams.replay import SkippedLetters
+    from memstream.streams.worker.projecting import GraphProjection
+    from memstream.streams.log.records import Record
+    from memstream.streams.ops.replay import SkippedLetters
     from tests.contracts import items
 
     ana = items.entity("ana", "Ana", is_user=True)
@@ -478,9 +478,9 @@ async def test_a_batch_reaching_its_commit_after_another_applied_part_of_it_appl
     """A batch begun before a rebalance (or held by a worker its group dropped) commits after the
     partition's next owner applied part of it: only what nobody applied is applied, once."""
     from memstream.projections.db import create_pool
-    from memstream.streams.projecting import EpisodesProjection, GraphProjection
-    from memstream.streams.records import Record
-    from memstream.streams.replay import SkippedLetters
+    from memstream.streams.worker.projecting import EpisodesProjection, GraphProjection
+    from memstream.streams.log.records import Record
+    from memstream.streams.ops.replay import SkippedLetters
     from tests.contracts import items
 
     ana = items.entity("ana", "Ana", is_user=True)

@@ -11,11 +11,11 @@ import pytest
 
 from memstream.portability import export_user
 from memstream.projections.db import create_pool
-from memstream.sealing import WrongKek, data_keys
-from memstream.sealing.kek import KekUnavailable, LocalKek
+from memstream.keys import WrongKek, data_keys
+from memstream.keys.kek import KekUnavailable, LocalKek
 from memstream.schemas import UserForgotten
 from memstream.schemas.events import new_event_id
-from memstream.streams.producer import TurnLog
+from memstream.streams.log.producer import TurnLog
 
 from .conftest import wait_until
 from .test_formation import append_and_wait, turn

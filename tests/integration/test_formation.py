@@ -11,8 +11,8 @@ from memstream.projections.compare import TABLES, diff_counts
 from memstream.projections.db import create_pool, drop_schema
 from memstream.read_client import MemoryReader
 from memstream.schemas import TurnRecorded
-from memstream.streams.producer import TurnLog
-from memstream.streams.replay import replay
+from memstream.streams.log.producer import TurnLog
+from memstream.streams.ops.replay import replay
 
 from .conftest import wait_until
 from .helpers import BASE
@@ -54,7 +54,7 @@ async def append_and_wait(settings, conn, turns):
 async def _caught_up(settings, conn, projections=("episodes", "facts", "graph")):
     from aiokafka import TopicPartition
 
-    from memstream.streams.kafka_util import groupless_consumer
+    from memstream.streams.log.kafka_util import groupless_consumer
 
     async with groupless_consumer(settings.kafka_bootstrap) as c:
         tps = [TopicPartition(settings.decisions_topic, p) for p in range(settings.partitions)]

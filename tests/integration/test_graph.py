@@ -13,7 +13,7 @@ from memstream.projections.compare import diff_counts
 from memstream.projections.db import create_pool, drop_schema
 from memstream.read_client import MemoryReader
 from memstream.schemas.read_models import AsOf
-from memstream.streams.replay import replay
+from memstream.streams.ops.replay import replay
 
 from .test_formation import append_and_wait, turn
 from .helpers import BASE

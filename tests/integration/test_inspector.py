@@ -17,7 +17,7 @@ from memstream.api.app import create_app
 from memstream.api.keys import ApiKeys
 from memstream.demo import script_turns
 from memstream.schemas import TurnRecorded
-from memstream.streams.producer import TurnLog
+from memstream.streams.log.producer import TurnLog
 
 from .conftest import served
 from .helpers import turns

@@ -11,7 +11,7 @@ from memstream.projections.episodes import query as episodes_q
 from memstream.read_client import Budgets
 from memstream.read_client.budget import TokenCounter
 from memstream.read_client.render import episode_line
-from memstream.streams.rebuild import rebuild_episodes
+from memstream.streams.ops.rebuild import rebuild_episodes
 
 from .helpers import assert_equal_to_a_replay
 from .test_formation import append_and_wait, turn

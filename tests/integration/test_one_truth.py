@@ -13,7 +13,7 @@ import pytest
 from memstream import control
 from memstream.embedding import default_embedder
 from memstream.schemas.read_models import AsOf
-from memstream.streams.producer import TurnLog
+from memstream.streams.log.producer import TurnLog
 
 from .helpers import BASE
 from .test_formation import append_and_wait, turn
@@ -179,7 +179,7 @@ async def test_facts_and_edges_agree_at_every_time_on_the_real_stack(settings, c
     from memstream.projections.facts.core import COLUMNS
     from memstream.projections.facts.store import from_record
     from memstream.projections.graph.store import load_user
-    from memstream.streams.formation.graph import user_entity_id
+    from memstream.streams.worker.formation.graph import user_entity_id
     from tests.unit.test_one_truth import NAMES, PLACES, SAID, STEP, EMPLOYERS
     from hypothesis import strategies as st
 

@@ -35,9 +35,9 @@ async def test_a_rebuilt_schema_is_switched_in_under_read_and_write_load_and_the
     from memstream.embedding import default_embedder
     from memstream.projections.db import drop_schema
     from memstream.read_client import MemoryReader
-    from memstream.streams.producer import TurnLog
-    from memstream.streams.rebuild import SwitchRefused, switch
-    from memstream.streams.replay import replay
+    from memstream.streams.log.producer import TurnLog
+    from memstream.streams.ops.rebuild import SwitchRefused, switch
+    from memstream.streams.ops.replay import replay
 
     from .conftest import wait_until
     from .helpers import schemas_named, turns
@@ -133,7 +133,7 @@ async def test_memstream_rebuild_builds_beside_the_live_schema_and_switches_with
 
     from memstream.projections.db import drop_schema
     from memstream.stack.worker_process import worker_env
-    from memstream.streams.producer import TurnLog
+    from memstream.streams.log.producer import TurnLog
 
     from .conftest import HOME, ROOT, wait_until
     from .helpers import schemas_named, turns
@@ -169,13 +169,13 @@ async def test_memstream_rebuild_builds_beside_the_live_schema_and_switches_with
 async def test_a_switch_refuses_an_unfinished_rebuild_and_the_key_store_and_names_the_old_schema_past_the_kept_ones(
         settings, conn, dsn):
     from memstream.projections.db import drop_schema
-    from memstream.streams.rebuild import SwitchRefused, switch
-    from memstream.streams.replay import ReplayError, replay
+    from memstream.streams.ops.rebuild import SwitchRefused, switch
+    from memstream.streams.ops.replay import ReplayError, replay
 
     side, live = settings.postgres_schema + "_next", settings.postgres_schema
     await replay(settings, dsn, side, ["episodes", "facts", "graph", "commands"])
     try:
-        from memstream.streams import switch_lock
+        from memstream.streams.worker import switch_lock
 
         async with switch_lock.building(dsn, side):  # as a replay or rebuild into it holds it
             with pytest.raises(SwitchRefused, match="still writing"):

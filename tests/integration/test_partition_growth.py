@@ -27,14 +27,14 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
     from memstream.projections.db import create_pool, drop_schema
     from memstream.schemas import PersonIdentitySet, TurnRecorded
     from memstream.schemas.events import new_event_id
-    from memstream.sealing import data_keys
-    from memstream.streams.kafka_util import drain, groupless_consumer, partitions_of
-    from memstream.streams.log_topics import live_log
-    from memstream.streams import partition_growth
-    from memstream.streams.partition_growth import grow_partitions
-    from memstream.streams.producer import TurnLog
-    from memstream.streams.replay import replay
-    from memstream.streams.sealing import RecordSealer
+    from memstream.keys import data_keys
+    from memstream.streams.log.kafka_util import drain, groupless_consumer, partitions_of
+    from memstream.streams.log.log_topics import live_log
+    from memstream.streams.ops import partition_growth
+    from memstream.streams.ops.partition_growth import grow_partitions
+    from memstream.streams.log.producer import TurnLog
+    from memstream.streams.ops.replay import replay
+    from memstream.streams.log.sealing import RecordSealer
 
     from .conftest import wait_until
     from .helpers import BASE
@@ -111,7 +111,7 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
     assert report.copied[settings.events_topic] > 0 and report.copied[settings.decisions_topic] > 0
     assert "the log moved: appending to" in caplog.text  # the append that met the fence went on, on the new topic
     from aiokafka.admin import AIOKafkaAdminClient
-    from memstream.streams.topics import dynamic_configs as _dynamic_configs
+    from memstream.streams.log.topics import dynamic_configs as _dynamic_configs
 
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     await admin.start()
@@ -126,7 +126,7 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
         await wait_until(lambda: conn.fetchval("SELECT count(*) = $1 FROM episodes", total), timeout=120,
                          what=f"{total} episodes")
     except AssertionError:
-        from memstream.streams.status import pipeline_status
+        from memstream.streams.ops.status import pipeline_status
 
         report = await pipeline_status(live, dsn)
         raise AssertionError(f"{await conn.fetchval('SELECT count(*) FROM episodes')} of {total} episodes; lagging: "
@@ -192,8 +192,8 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
 async def test_the_log_does_not_grow_while_a_switch_is_under_way(settings, dsn):
     import asyncpg
 
-    from memstream.streams import switch_lock
-    from memstream.streams.partition_growth import GrowthError, grow_partitions
+    from memstream.streams.worker import switch_lock
+    from memstream.streams.ops.partition_growth import GrowthError, grow_partitions
 
     held = await asyncpg.connect(dsn)
     try:

@@ -7,7 +7,7 @@ import pytest
 from memstream.embedding import default_embedder
 from memstream.read_client import MemoryReader
 from memstream.schemas import TurnRecorded
-from memstream.streams.producer import TurnLog
+from memstream.streams.log.producer import TurnLog
 
 from .conftest import wait_until
 from .helpers import BASE, turns

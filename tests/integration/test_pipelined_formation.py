@@ -1,4 +1,4 @@
-"""Formation's pipeline (``Formation.admit``) on real Kafka and Postgres, with the offline model
+"""Formation's pipeline (``Formation.start``) on real Kafka and Postgres, with the offline model
 held back for one user: a user's later batches are decided while an earlier batch waits on
 another user; each partition's decisions are produced, and its position stored, in log order;
 what is abandoned is never produced; a turn that fails half way is retried as if never begun; a
@@ -14,7 +14,7 @@ import pytest
 
 from memstream.llm.offline import OfflineResolver
 from memstream.llm.offline_relations import OfflineTurnExtractor
-from memstream.dead_letters import Letter, letters
+from memstream.streams.ops.dead_letters import Letter, letters
 from memstream.llm.protocols import MalformedOutput, Throttled
 from memstream.projections import positions as pos
 from memstream.projections.db import create_pool
@@ -23,11 +23,11 @@ from memstream.projections.facts.store import FactStore
 from memstream.schemas import TurnRecorded, UserForgotten
 from memstream.schemas.events import new_event_id
 from memstream.schemas.codec import encode
-from memstream.streams.admission import expected_partition
-from memstream.streams.dead_letter import DeadLetters
-from memstream.streams.formation.forming import Formation
-from memstream.streams.producer import idempotent_producer
-from memstream.streams.records import Record
+from memstream.streams.log.screening import expected_partition
+from memstream.streams.log.dead_letter import DeadLetters
+from memstream.streams.worker.formation.forming import Formation
+from memstream.streams.log.producer import idempotent_producer
+from memstream.streams.log.records import Record
 from tests.unit.test_model_refusal import Unreadable
 from tests.unit.test_turn_resolution import Scattered
 
@@ -106,9 +106,9 @@ async def test_batches_are_decided_side_by_side_and_recorded_in_log_order(settin
     turn = Log(settings.events_topic)
     try:
         # Partition 0: the slow user's turn, then the quick user's two, a batch each; partition 1 beside.
-        await formation.admit([turn(slow, "I live in Oslo.", n), turn(quick, "I live in Porto.", n)])
-        await formation.admit([turn(quick, "I live in Lisbon.", n)])
-        await formation.admit([turn(other, "I live in Rome.", n)])
+        await formation.start([turn(slow, "I live in Oslo.", n), turn(quick, "I live in Porto.", n)])
+        await formation.start([turn(quick, "I live in Lisbon.", n)])
+        await formation.start([turn(other, "I live in Rome.", n)])
         await wait_until(lambda: asyncio.sleep(0, "I live in Lisbon." in extract.asked), timeout=10,
                          what="the quick user's next batch decided while the slow user's is held")
         await wait_until(lambda: _stored(pool, settings, 1), timeout=20, what="partition 1 recorded beside")
@@ -128,7 +128,7 @@ async def test_batches_are_decided_side_by_side_and_recorded_in_log_order(settin
         # Abandoned (partitions revoked) while held: nothing of it is produced or recorded.
         extract.go.clear()
         before = await produced(settings)
-        await formation.admit([turn(slow, "I live in Bergen.", n)])
+        await formation.start([turn(slow, "I live in Bergen.", n)])
         await asyncio.sleep(0.2)
         await formation.abandon()
         assert await produced(settings) == before
@@ -193,7 +193,7 @@ async def test_a_forgotten_user_starts_afresh_and_errors_are_retried_or_fatal(se
 
         # Not Retryable: the batch is never recorded and ``drain`` raises, the other users' too.
         broken = formation(Scattered(), Broken())
-        await broken.admit([turn(user, "broken", n)])
+        await broken.start([turn(user, "broken", n)])
         with pytest.raises(RuntimeError, match="a bug"):
             await broken.drain()
         assert (await pos.load(pool, "formation", settings.events_topic)) == {0: 3}
@@ -263,7 +263,7 @@ async def test_a_worker_dropped_from_its_group_records_nothing_once_the_next_own
         slow = HeldBack()
         slow.held.add(user)
         dropped = formation_on(settings, producer, pool, turn_extractor=slow)
-        await dropped.admit(said)
+        await dropped.start(said)
         await formation_on(settings, producer, pool, turn_extractor=OfflineTurnExtractor()).process(said)
         before = await produced(settings)
         assert len(before[0]) > 2 and (await pos.load(pool, "formation", settings.events_topic)) == {0: 2}

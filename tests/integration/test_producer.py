@@ -8,10 +8,10 @@ from aiokafka import TopicPartition
 
 from memstream.config import Settings
 from memstream.schemas import InvalidEvent, TurnRecorded, decode_event
-from memstream.streams.errors import BrokerUnavailable
-from memstream.streams.kafka_util import groupless_consumer
-from memstream.streams.producer import TurnLog
-from memstream.streams.records import Record
+from memstream.streams.log.errors import BrokerUnavailable
+from memstream.streams.log.kafka_util import groupless_consumer
+from memstream.streams.log.producer import TurnLog
+from memstream.streams.log.records import Record
 
 from .helpers import turns
 

@@ -25,8 +25,8 @@ from memstream.schemas import (SYSTEM_USER, LogPosition, ExpertIdentityDeleted, 
                                ReminderResolved, ReminderScheduled)
 from memstream.schemas.events import new_event_id
 from memstream.stack.launcher import Redis as RedisServer
-from memstream.streams.producer import TurnLog
-from memstream.streams.replay import replay
+from memstream.streams.log.producer import TurnLog
+from memstream.streams.ops.replay import replay
 
 from .conftest import wait_until
 from .test_formation import append_and_wait, turn
@@ -242,8 +242,8 @@ async def test_turns_a_failed_tier0_push_missed_are_seeded_again_once_redis_answ
     partition that succeeds, even of another conversation, gives that key the turns it missed."""
     from memstream.projections.session_cache import recent_turns
     from memstream.schemas import EpisodeRecorded, encode
-    from memstream.streams.projecting import EpisodesProjection
-    from memstream.streams.records import Record
+    from memstream.streams.worker.projecting import EpisodesProjection
+    from memstream.streams.log.records import Record
 
     from .test_delivery import UNIT, _decided
 

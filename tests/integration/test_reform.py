@@ -11,8 +11,8 @@ import pytest
 from memstream.projections.compare import TABLES, diff_counts
 from memstream.projections.db import drop_schema
 from memstream.schemas import FactReinforced, LogPosition
-from memstream.streams.reform import ReformError, reform
-from memstream.streams.replay import ReplayError, replay
+from memstream.streams.ops.reform import ReformError, reform
+from memstream.streams.ops.replay import ReplayError, replay
 
 from .test_delivery import _decided, _put_decisions
 from .helpers import schemas_named

@@ -6,8 +6,8 @@ import pytest
 from memstream.projections.compare import diff_counts
 from memstream.projections.db import drop_schema
 from memstream.schemas import EpisodeRecorded
-from memstream.streams.producer import TurnLog
-from memstream.streams.replay import ReplayError, replay_episodes
+from memstream.streams.log.producer import TurnLog
+from memstream.streams.ops.replay import ReplayError, replay_episodes
 
 from .conftest import wait_until
 from .helpers import BASE, turns
@@ -49,11 +49,11 @@ async def _count(conn, n):
 
 
 async def test_the_bulk_rebuild_of_episodes_writes_what_a_replay_writes_forgets_included(settings, dsn, conn, workers):
-    """Load first, index after (streams.rebuild): the same episodes, keyword postings and
+    """Load first, index after (streams.ops.rebuild): the same episodes, keyword postings and
     positions as the live projection, with an episode and a whole user forgotten on the way, and
     its indexes back as the migrations define them."""
     from memstream import control
-    from memstream.streams.rebuild import rebuild_episodes
+    from memstream.streams.ops.rebuild import rebuild_episodes
 
     w = workers()
     await w.wait_assigned()

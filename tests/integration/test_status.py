@@ -11,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from memstream.stack.worker_process import worker_env
-from memstream.streams.producer import TurnLog
+from memstream.streams.log.producer import TurnLog
 
 from .conftest import HOME, ROOT, wait_until
 from .helpers import turns
@@ -187,7 +187,7 @@ async def test_a_read_records_its_parts_into_the_hosts_registry_and_traces_a_spa
 
 
 async def test_a_part_of_the_status_that_fails_is_reported_unavailable_and_the_lag_still_is(settings, dsn, monkeypatch):
-    from memstream.streams import status as status_mod
+    from memstream.streams.ops import status as status_mod
 
     async def refused(_settings):
         raise PermissionError("group describe not authorised")  # e.g. an ACL the monitor's principal lacks

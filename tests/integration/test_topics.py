@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from memstream.streams.topics import drop_topics, ensure_topics
+from memstream.streams.log.topics import drop_topics, ensure_topics
 
 from .conftest import wait_until
 
@@ -50,7 +50,7 @@ async def test_a_start_keeps_what_an_operator_set_on_the_ingress_and_dead_letter
     """AlterConfigs replaces a topic's every setting: the window is applied with the others."""
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    from memstream.streams.topics import dynamic_configs, plaintext_window
+    from memstream.streams.log.topics import dynamic_configs, plaintext_window
 
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     await admin.start()

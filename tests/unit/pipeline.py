@@ -13,8 +13,8 @@ from memstream.llm.protocols import ExistingFact
 from memstream.projections.facts.core import FactRow, fold
 from memstream.projections.graph.core import EdgeRow
 from memstream.schemas import Decision, LogPosition, TurnRecorded
-from memstream.streams.formation.decide import Context, decide
-from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView
+from memstream.streams.worker.formation.decide import Context, decide
+from memstream.streams.worker.formation.graph import EdgeDecider, GraphContext, GraphView
 
 VEC = np.ones(384, dtype=np.float32) / np.sqrt(384)
 

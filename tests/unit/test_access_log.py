@@ -69,7 +69,7 @@ def test_an_error_logged_as_an_argument_is_told_without_its_detail(redacting, ca
 
 
 def test_a_retried_database_error_is_told_without_its_detail():
-    from memstream.streams.errors import as_retryable
+    from memstream.streams.log.errors import as_retryable
 
     passing = asyncpg.SerializationError("could not serialize access")  # retried, and each retry logged
     passing.detail = "Failing row contains (ana, my test came back positive)."

@@ -1,7 +1,7 @@
 """``ByUser``: a mapping of ``(user_id, id)`` kept per user, whose forks share rows until written."""
 import pytest
 
-from memstream.streams.formation.by_user import ByUser
+from memstream.streams.worker.formation.by_user import ByUser
 
 
 def test_forks_share_rows_until_either_side_writes_a_users_and_then_keep_their_own():

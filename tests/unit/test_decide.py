@@ -8,7 +8,7 @@ from memstream.llm.protocols import CandidateFact, ExistingFact, Operation, Reso
 from memstream.projections.facts.core import fold
 from memstream.schemas import (FactAdded, FactChangeDeferred, FactDeleted, FactReinforced, FactUpdated, LogPosition,
                                TurnRecorded)
-from memstream.streams.formation.decide import Context, decide
+from memstream.streams.worker.formation.decide import Context, decide
 
 AT = datetime(2026, 2, 1, tzinfo=timezone.utc)
 TURN = TurnRecorded.new(user_id="u", conversation_id="c", user_message="x", assistant_message="y", occurred_at=AT)

@@ -16,10 +16,10 @@ from memstream.llm.offline_relations import OfflineRelationExtractor
 from memstream.projections.facts.core import fold
 from memstream.projections.graph import core as graph_core
 from memstream.schemas import TurnRecorded
-from memstream.streams.formation.forming import Formation
-from memstream.streams.formation.graph import GraphView
-from memstream.streams.formation.views import PostgresView
-from memstream.streams.records import Record
+from memstream.streams.worker.formation.forming import Formation
+from memstream.streams.worker.formation.graph import GraphView
+from memstream.streams.worker.formation.views import PostgresView
+from memstream.streams.log.records import Record
 
 AT = datetime(2026, 3, 1, tzinfo=timezone.utc)
 

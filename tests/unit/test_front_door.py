@@ -77,3 +77,16 @@ async def test_corrections_and_forgets_go_through_the_calls_that_check_whose_mem
     turn = memstream.TurnRecorded.new(user_id="u", conversation_id="c", user_message="x", assistant_message="y")
     with pytest.raises(InvalidArgument, match="not both"):
         await memory.remember(turn, occurred_at=datetime.now(timezone.utc))
+
+
+def test_the_old_path_of_turnlog_still_imports_and_says_where_it_went():
+    import importlib
+    import sys
+
+    import pytest
+
+    sys.modules.pop("memstream.streams.producer", None)
+    with pytest.warns(DeprecationWarning, match="memstream.connect"):
+        old = importlib.import_module("memstream.streams.producer")
+    from memstream.streams.log.producer import TurnLog
+    assert old.TurnLog is TurnLog

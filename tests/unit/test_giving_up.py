@@ -13,9 +13,9 @@ from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.llm.protocols import Throttled
 from memstream.schemas import TurnRecorded
 from memstream.schemas.codec import encode
-from memstream.streams.formation.forming import Abandoned, Formation
-from memstream.streams.records import Record
-from memstream.streams.worker import Runtime
+from memstream.streams.worker.formation.forming import Abandoned, Formation
+from memstream.streams.log.records import Record
+from memstream.streams.worker.runtime import Runtime
 from tests.unit.test_turn_resolution import Scattered
 
 
@@ -30,7 +30,7 @@ class Applied:
 
 
 class Open:
-    async def admit(self, records):
+    async def filter(self, records):
         return records
 
     def forget(self, tps):
@@ -127,7 +127,7 @@ async def test_a_turn_cancelled_as_its_model_call_fails_is_not_retried(call):
     f = model.formation = Formation(producer=None, decisions_topic="d", embedder=Scattered(), extractor=model,
                                     resolver=OfflineResolver(), dead_letters=None, pool=None, barrier=None,
                                     record_position=False, turn_extractor=turn_model)
-    await f.admit([turn(0)])
+    await f.start([turn(0)])
     await asyncio.wait_for(asyncio.sleep(0.01), 1)
     await asyncio.wait_for(model.abandoning, 5)
     await asyncio.sleep(0.5)  # past the retry's backoff

@@ -9,7 +9,7 @@ from memstream.llm.relations import RelationCandidate
 from memstream.schemas.vocabulary import canonical, fact_sentence
 from memstream.projections.graph.core import EdgeRow, EntityRow, MissingGraphTarget, apply
 from memstream.schemas import EdgeClosed, EdgeOpened, EntityCreated, LogPosition, TurnRecorded
-from memstream.streams.formation.graph import EdgeDecider, GraphContext, GraphView, user_entity_id
+from memstream.streams.worker.formation.graph import EdgeDecider, GraphContext, GraphView, user_entity_id
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

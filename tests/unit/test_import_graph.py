@@ -1,5 +1,5 @@
 """The import graph, computed from the code: no cycles, and dependencies only in the directions
-DESIGN.md sets (``schemas`` imports nothing of ours; ``projections`` only ``schemas``; the read
+the architecture sets (docs/architecture.md) (``schemas`` imports nothing of ours; ``projections`` only ``schemas``; the read
 client only ``schemas``, the query side of ``projections`` and the embedder's public interface;
 nothing imports the CLI; only the CLI, the demo and the benchmarks start the local stack).
 Every import counts, at module level or inside a function: a lazy import is still a dependency."""
@@ -20,9 +20,19 @@ ALLOWED = {
     "memstream.llm": ("memstream.schemas",),
     "memstream.config": ("memstream.read_settings", "memstream.projections.schema_names"),
     "memstream.stack": ("memstream.config", "memstream.schemas"),
-    "memstream.sealing": ("memstream.schemas", "memstream.projections"),
-    "memstream.streams": ("memstream.schemas", "memstream.projections", "memstream.llm", "memstream.embedding",
-                          "memstream.config", "memstream.sealing"),
+    "memstream.keys": ("memstream.schemas", "memstream.projections"),
+    # The streams by who runs them: the log (hosts, workers and operators), the running worker, and
+    # what an operator runs once. Each floor may use the ones below it, never one above.
+    "memstream.streams.log": ("memstream.schemas", "memstream.projections", "memstream.config", "memstream.keys"),
+    "memstream.streams.worker": ("memstream.schemas", "memstream.projections", "memstream.config", "memstream.keys",
+                                 "memstream.llm", "memstream.embedding", "memstream.streams.log"),
+    "memstream.streams.ops": ("memstream.schemas", "memstream.projections", "memstream.config", "memstream.keys",
+                              "memstream.llm", "memstream.embedding", "memstream.streams.log", "memstream.streams.worker"),
+    # The front door and the surfaces on it append to the log and read; they run no worker.
+    "memstream.memory": ("memstream.schemas", "memstream.config", "memstream.control", "memstream.portability",
+                         "memstream.read_client", "memstream.streams.log"),
+    "memstream.mcp_server": ("memstream.schemas", "memstream.config", "memstream.control", "memstream.memory",
+                             "memstream.read_client", "memstream.api", "memstream.streams.log"),
     "memstream.read_client": ("memstream.schemas", "memstream.read_settings", "memstream.projections",
                               "memstream.embedding"),
 }
@@ -84,7 +94,7 @@ def wrong_way(ours: dict[str, set[str]], others: dict[str, set[str]]) -> list[st
                 found.append(f"{m} -> {t}: nothing imports the CLI")
             elif t.startswith("memstream.stack") and layer(m) not in TOOLS + ("memstream.stack",):
                 found.append(f"{m} -> {t}: only the CLI, the demo and the benchmarks start the local stack")
-            elif layer(m) in ALLOWED and layer(t) != layer(m) and not any(
+            elif layer(m) in ALLOWED and layer(t) != layer(m) and t != "memstream" and not any(
                     t == a or t.startswith(a + ".") for a in ALLOWED[layer(m)]):
                 found.append(f"{m} -> {t}: {layer(m)} may import only {ALLOWED[layer(m)] or 'nothing of ours'}")
             elif layer(m) == "memstream.read_client" and t.startswith("memstream.projections.") and not (
@@ -139,12 +149,34 @@ def test_every_import_points_the_way_the_design_says():
     assert wrong_way(*imports(modules())) == []
 
 
+def test_the_api_runs_no_worker():
+    ours, _ = imports(modules())
+    assert [t for m, ts in ours.items() if layer(m) == "memstream.api" for t in ts
+            if t.startswith("memstream.streams.worker")] == []
+
+
+def test_the_checks_see_a_wrong_way_import_between_the_floors_of_the_streams():
+    assert wrong_way({"memstream.streams.log.producer": {"memstream.streams.worker.runtime"},
+                      "memstream.streams.worker.ingress": {"memstream.streams.ops.status"},
+                      "memstream.memory": {"memstream.streams.worker.runtime"},
+                      "memstream.streams.ops.replay": {"memstream.streams.worker.projecting", "memstream.streams.log.topics"}},
+                     {}) == [
+        "memstream.memory -> memstream.streams.worker.runtime: memstream.memory may import only "
+        "('memstream.schemas', 'memstream.config', 'memstream.control', 'memstream.portability', "
+        "'memstream.read_client', 'memstream.streams.log')",
+        "memstream.streams.log.producer -> memstream.streams.worker.runtime: memstream.streams.log may import only "
+        "('memstream.schemas', 'memstream.projections', 'memstream.config', 'memstream.keys')",
+        "memstream.streams.worker.ingress -> memstream.streams.ops.status: memstream.streams.worker may import only "
+        "('memstream.schemas', 'memstream.projections', 'memstream.config', 'memstream.keys', 'memstream.llm', "
+        "'memstream.embedding', 'memstream.streams.log')"]
+
+
 def test_the_checks_see_a_cycle_and_a_wrong_way_import():
     graph = {"memstream.schemas.a": {"memstream.schemas.b"}, "memstream.schemas.b": {"memstream.schemas.a"}}
     assert cycles(graph) == [["memstream.schemas.a", "memstream.schemas.b"]]
-    assert wrong_way({"memstream.read_client.reader": {"memstream.streams.worker", "memstream.projections.facts.store"},
+    assert wrong_way({"memstream.read_client.reader": {"memstream.streams.worker.runtime", "memstream.projections.facts.store"},
                       "memstream.schemas.events": {"memstream.cli"}}, {}) == [
         "memstream.read_client.reader -> memstream.projections.facts.store: the read client uses only the query side of projections",
-        "memstream.read_client.reader -> memstream.streams.worker: memstream.read_client may import only "
+        "memstream.read_client.reader -> memstream.streams.worker.runtime: memstream.read_client may import only "
         "('memstream.schemas', 'memstream.read_settings', 'memstream.projections', 'memstream.embedding')",
         "memstream.schemas.events -> memstream.cli: nothing imports the CLI"]

@@ -15,10 +15,10 @@ from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.llm.protocols import MalformedOutput, ModelFailed, ModelRefused, ModelUnavailable
 from memstream.schemas import TurnRecorded
 from memstream.schemas.codec import decode_decision, encode
-from memstream.streams.formation.forming import Formation, decode_turns
-from memstream.streams.formation.graph import GraphView
-from memstream.streams.formation.views import MemoryView
-from memstream.streams.records import Record
+from memstream.streams.worker.formation.forming import Formation, decode_turns
+from memstream.streams.worker.formation.graph import GraphView
+from memstream.streams.worker.formation.views import MemoryView
+from memstream.streams.log.records import Record
 from tests.unit.test_giving_up import abandon_then_fail
 from tests.unit.test_turn_resolution import Scattered
 
@@ -131,7 +131,7 @@ async def test_a_turn_given_up_as_its_partitions_are_revoked_stops_nothing(turn_
     model, fatal = FailsAsAbandoned(), []
     f, produced, letters = formation(model, turn_model=turn_model, attempts=1, on_fatal=fatal.append)
     model.formation = f
-    await f.admit([turn(0, "garbled")])
+    await f.start([turn(0, "garbled")])
     await asyncio.sleep(0.01)
     await asyncio.wait_for(model.abandoning, 5)
     await asyncio.sleep(0.3)

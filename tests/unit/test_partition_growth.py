@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from memstream.streams.admission import expected_partition
-from memstream.streams.partition_growth import IDENTITY_COMMANDS, MOVED_FROM, _Copy, _moved_from, _type
+from memstream.streams.log.screening import expected_partition
+from memstream.streams.ops.partition_growth import IDENTITY_COMMANDS, MOVED_FROM, _Copy, _moved_from, _type
 
 
 def test_each_new_partition_takes_the_users_of_exactly_one_old_partition_on_their_murmur2_partition():

@@ -1,8 +1,8 @@
 """The position gate keeps each partition contiguous with what the store has applied."""
 
-from memstream.streams import position_gate as gate_mod
-from memstream.streams.position_gate import PositionGate, align
-from memstream.streams.records import Record
+from memstream.streams.worker import position_gate as gate_mod
+from memstream.streams.worker.position_gate import PositionGate, align
+from memstream.streams.log.records import Record
 
 
 def rec(p, o, topic="t"):
@@ -23,25 +23,25 @@ class Fakes:
 async def test_records_below_the_stored_position_are_redeliveries_and_skipped():
     f = Fakes({0: 5})
     g = PositionGate("x", f.load, f.seek)
-    out = await g.admit([rec(0, o) for o in range(3, 8)])
+    out = await g.filter([rec(0, o) for o in range(3, 8)])
     assert [r.offset for r in out] == [5, 6, 7]
-    assert await g.admit([rec(0, 6), rec(0, 7)]) == []
+    assert await g.filter([rec(0, 6), rec(0, 7)]) == []
 
 
 async def test_a_record_past_the_stored_position_seeks_back_instead_of_skipping_data():
     f = Fakes({0: 5})
     g = PositionGate("x", f.load, f.seek)
-    assert await g.admit([rec(0, 9), rec(0, 10)]) == []
+    assert await g.filter([rec(0, 9), rec(0, 10)]) == []
     assert f.seeks == [("t", 0, 5)]
-    out = await g.admit([rec(0, 5), rec(0, 6)])  # the re-read after the seek
+    out = await g.filter([rec(0, 5), rec(0, 6)])  # the re-read after the seek
     assert [r.offset for r in out] == [5, 6]
 
 
 async def test_a_partition_never_applied_starts_at_offset_zero():
     f = Fakes({})
     g = PositionGate("x", f.load, f.seek)
-    assert [r.offset for r in await g.admit([rec(1, 0), rec(1, 1)])] == [0, 1]
-    assert await g.admit([rec(2, 3)]) == [] and f.seeks == [("t", 2, 0)]
+    assert [r.offset for r in await g.filter([rec(1, 0), rec(1, 1)])] == [0, 1]
+    assert await g.filter([rec(2, 3)]) == [] and f.seeks == [("t", 2, 0)]
 
 
 async def test_a_gap_that_persists_after_repeated_seeks_is_accepted(monkeypatch):
@@ -49,18 +49,18 @@ async def test_a_gap_that_persists_after_repeated_seeks_is_accepted(monkeypatch)
     f = Fakes({0: 0})
     g = PositionGate("x", f.load, f.seek)
     for _ in range(gate_mod.MAX_SEEKS):
-        assert await g.admit([rec(0, 4)]) == []
-    assert [r.offset for r in await g.admit([rec(0, 4)])] == [4]
+        assert await g.filter([rec(0, 4)]) == []
+    assert [r.offset for r in await g.filter([rec(0, 4)])] == [4]
     assert len(f.seeks) == gate_mod.MAX_SEEKS
 
 
 async def test_forgetting_a_partition_reloads_its_position():
     f = Fakes({0: 2})
     g = PositionGate("x", f.load, f.seek)
-    await g.admit([rec(0, 2)])
+    await g.filter([rec(0, 2)])
     f.stored = {0: 10}  # another worker moved it
     g.forget([("t", 0)])
-    assert [r.offset for r in await g.admit([rec(0, 9), rec(0, 10)])] == [10]
+    assert [r.offset for r in await g.filter([rec(0, 9), rec(0, 10)])] == [10]
     assert f.seeks == []
 
 
@@ -69,40 +69,40 @@ async def test_align_seeks_back_only_partitions_the_consumer_would_resume_past_t
     g = PositionGate("x", f.load, f.seek)
     await align([g], "t", {0: 9, 1: 7, 2: None}, f.seek)
     assert f.seeks == [("t", 0, 5)]
-    assert await g.admit([rec(0, 9)]) == []  # stale record from before the seek: dropped, no re-seek
+    assert await g.filter([rec(0, 9)]) == []  # stale record from before the seek: dropped, no re-seek
     assert len(f.seeks) == 1
-    assert [r.offset for r in await g.admit([rec(0, 5), rec(1, 7)])] == [5, 7]
+    assert [r.offset for r in await g.filter([rec(0, 5), rec(1, 7)])] == [5, 7]
 
 
-async def test_align_leaves_a_partition_already_admitting_records_as_it_is():
+async def test_align_leaves_a_partition_already_passing_records_as_it_is():
     # The consumer went ahead before the alignment ran (Faust resumes it first): what was
-    # admitted may be in flight, not yet stored, and must not be admitted again.
+    # passed may be in flight, not yet stored, and must not be passed again.
     f = Fakes({0: 0, 1: 3})
     g = PositionGate("x", f.load, f.seek)
-    assert [r.offset for r in await g.admit([rec(0, o) for o in range(8)])] == list(range(8))
+    assert [r.offset for r in await g.filter([rec(0, o) for o in range(8)])] == list(range(8))
     await align([g], "t", {0: 12, 1: 9}, f.seek)
-    assert f.seeks == [("t", 1, 3)]  # only the partition nothing was admitted from
-    assert [r.offset for r in await g.admit([rec(0, o) for o in range(6, 10)])] == [8, 9]
+    assert f.seeks == [("t", 1, 3)]  # only the partition nothing was passed from
+    assert [r.offset for r in await g.filter([rec(0, o) for o in range(6, 10)])] == [8, 9]
 
 
-async def test_a_record_admitted_while_the_alignment_reads_the_store_is_not_admitted_again():
+async def test_a_record_passed_while_the_alignment_reads_the_store_is_not_passed_again():
     f = Fakes({0: 0})
     g = PositionGate("x", f.load, f.seek)
     load = f.load
 
-    async def slow_load(topic):  # the agent admits records while the alignment awaits the store
+    async def slow_load(topic):  # the agent passes records while the alignment awaits the store
         g._load = load
         got = await load(topic)
-        await g.admit([rec(0, o) for o in range(5)])
+        await g.filter([rec(0, o) for o in range(5)])
         return got
 
     g._load = slow_load
     await align([g], "t", {0: 12}, f.seek)
     assert f.seeks == []
-    assert [r.offset for r in await g.admit([rec(0, o) for o in range(3, 7)])] == [5, 6]
+    assert [r.offset for r in await g.filter([rec(0, o) for o in range(3, 7)])] == [5, 6]
 
 
-async def test_records_read_across_a_revoke_are_not_admitted_and_the_partition_is_forgotten():
+async def test_records_read_across_a_revoke_are_not_passed_and_the_partition_is_forgotten():
     f = Fakes({0: 0})
     g = PositionGate("x", f.load, f.seek)
     load = f.load
@@ -113,21 +113,21 @@ async def test_records_read_across_a_revoke_are_not_admitted_and_the_partition_i
         return await load(topic)
 
     g._load = revoked_meanwhile
-    assert await g.admit([rec(0, 0), rec(0, 1)]) == []
-    assert not g.admitting("t", 0)
-    assert [r.offset for r in await g.admit([rec(0, 0)])] == [0]  # assigned again: from the store
+    assert await g.filter([rec(0, 0), rec(0, 1)]) == []
+    assert not g.passing("t", 0)
+    assert [r.offset for r in await g.filter([rec(0, 0)])] == [0]  # assigned again: from the store
     g.forget([("t", 0)])
-    assert not g.admitting("t", 0)
+    assert not g.passing("t", 0)
 
 
-async def test_a_gate_behind_is_sought_back_though_another_sharing_the_consumer_admits():
+async def test_a_gate_behind_is_sought_back_though_another_sharing_the_consumer_passes():
     ahead, behind = Fakes({0: 0}), Fakes({0: 4})
     a = PositionGate("episodes", ahead.load, ahead.seek)
     b = PositionGate("facts", behind.load, behind.seek)
-    await a.admit([rec(0, o) for o in range(3)])
+    await a.filter([rec(0, o) for o in range(3)])
     await align([a, b], "t", {0: 12}, ahead.seek)
     assert ahead.seeks == [("t", 0, 4)]
-    assert [r.offset for r in await a.admit([rec(0, o) for o in range(4)])] == [3]  # the rest: redeliveries
+    assert [r.offset for r in await a.filter([rec(0, o) for o in range(4)])] == [3]  # the rest: redeliveries
 
 
 async def test_steps_sharing_a_consumer_resume_at_the_least_advanced_one():
@@ -136,20 +136,20 @@ async def test_steps_sharing_a_consumer_resume_at_the_least_advanced_one():
     b = PositionGate("facts", behind.load, behind.seek)
     await align([a, b], "t", {0: 12}, ahead.seek)
     assert ahead.seeks == [("t", 0, 4)]
-    assert [r.offset for r in await a.admit([rec(0, o) for o in range(4, 12)])] == [10, 11]  # 4..9 are redeliveries
-    assert [r.offset for r in await b.admit([rec(0, o) for o in range(4, 7)])] == [4, 5, 6]
+    assert [r.offset for r in await a.filter([rec(0, o) for o in range(4, 12)])] == [10, 11]  # 4..9 are redeliveries
+    assert [r.offset for r in await b.filter([rec(0, o) for o in range(4, 7)])] == [4, 5, 6]
 
 
 async def test_a_partition_silent_after_a_seek_back_is_sought_again(monkeypatch):
     f = Fakes({0: 5})
     g = PositionGate("x", f.load, f.seek)
-    assert await g.admit([rec(0, 9)]) == [] and f.seeks == [("t", 0, 5)]
+    assert await g.filter([rec(0, 9)]) == [] and f.seeks == [("t", 0, 5)]
     await g.reseek_silent()
     assert len(f.seeks) == 1  # not yet: the seek may still be under way
     monkeypatch.setattr(gate_mod, "RESEEK_AFTER_S", 0.0)
     await g.reseek_silent()
     assert f.seeks == [("t", 0, 5)] * 2
-    assert [r.offset for r in await g.admit([rec(0, 5)])] == [5]
+    assert [r.offset for r in await g.filter([rec(0, 5)])] == [5]
     await g.reseek_silent()
     assert len(f.seeks) == 2  # delivering again: nothing to do
 
@@ -157,11 +157,11 @@ async def test_a_partition_silent_after_a_seek_back_is_sought_again(monkeypatch)
 async def test_a_partition_still_delivering_past_the_position_is_left_to_the_gap_logic(monkeypatch):
     f = Fakes({0: 5})
     g = PositionGate("x", f.load, f.seek)
-    assert await g.admit([rec(0, 9)]) == []
+    assert await g.filter([rec(0, 9)]) == []
     monkeypatch.setattr(gate_mod, "RESEEK_AFTER_S", 0.05)
     import asyncio
     await asyncio.sleep(0.06)
-    assert await g.admit([rec(0, 10)]) == [] and len(f.seeks) == 2  # _gap's own second attempt
+    assert await g.filter([rec(0, 10)]) == [] and len(f.seeks) == 2  # _gap's own second attempt
     await g.reseek_silent()
     assert len(f.seeks) == 2  # records are still coming: not silent
 
@@ -169,7 +169,7 @@ async def test_a_partition_still_delivering_past_the_position_is_left_to_the_gap
 async def test_a_partition_with_records_past_its_position_but_none_coming_is_sought_again(monkeypatch):
     f = Fakes({0: 5, 1: 3})
     g = PositionGate("x", f.load, f.seek)
-    assert [r.offset for r in await g.admit([rec(0, 5), rec(1, 3)])] == [5, 3]
+    assert [r.offset for r in await g.filter([rec(0, 5), rec(1, 3)])] == [5, 3]
     ends = {("t", 0): 40, ("t", 1): 4}  # partition 1 is at its end: nothing to wait for
 
     async def check():
@@ -180,7 +180,7 @@ async def test_a_partition_with_records_past_its_position_but_none_coming_is_sou
     monkeypatch.setattr(gate_mod, "STALLED_AFTER_S", 0.0)
     await check()
     assert f.seeks == [("t", 0, 6)]
-    assert [r.offset for r in await g.admit([rec(0, 6)])] == [6]
+    assert [r.offset for r in await g.filter([rec(0, 6)])] == [6]
 
 
 async def test_an_alignment_that_reads_the_store_across_a_revoke_leaves_the_positions_to_the_next_batch():
@@ -198,4 +198,4 @@ async def test_an_alignment_that_reads_the_store_across_a_revoke_leaves_the_posi
     g._load = revoked_meanwhile
     await align([g], "t", {0: 9}, f.seek)
     assert f.seeks == []
-    assert [r.offset for r in await g.admit([rec(0, o) for o in range(3, 7)])] == [5, 6]  # read afresh
+    assert [r.offset for r in await g.filter([rec(0, o) for o in range(3, 7)])] == [5, 6]  # read afresh

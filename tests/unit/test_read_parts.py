@@ -119,7 +119,7 @@ def test_names_mode_searches_only_names_ids_and_numbers(message, terms):
 def test_tier_0_gets_what_no_later_forget_of_the_batch_forgot():
     from memstream.projections.episodes.core import episode_id
     from memstream.schemas import LogPosition, MemoryForgotten
-    from memstream.streams.projecting import _not_forgotten_after
+    from memstream.streams.worker.projecting import _not_forgotten_after
 
     def row(user, n):
         return SimpleNamespace(user_id=user, episode_id=uuid.UUID(int=n))

@@ -1,4 +1,4 @@
-"""Sealed records (``streams.sealing``): what the log holds of a person opens only with their
+"""Sealed records (``streams.log.sealing``): what the log holds of a person opens only with their
 key, what must outlive the key stays plain, and opening follows the log — after a forget, what
 was sealed under the key it ended opens as shredded in every process, live or replaying."""
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from memstream.schemas import (SYSTEM_USER, ExpertIdentityUpserted, LogPosition, MemoryForgotten, NothingDecided, TurnRecorded, UserForgotten,
                                decode_event)
 from memstream.schemas.events import new_event_id
-from memstream.sealing.kek import LocalKek
-from memstream.sealing.keys import DataKeys, MemoryWrappedKeys, Shredded
-from memstream.streams.admission import admit
-from memstream.streams.records import Record
-from memstream.streams.sealing import RecordSealer
+from memstream.keys.kek import LocalKek
+from memstream.keys.data_keys import DataKeys, MemoryWrappedKeys, Shredded
+from memstream.streams.log.screening import screen
+from memstream.streams.log.records import Record
+from memstream.streams.log.sealing import RecordSealer
 
 pytestmark = pytest.mark.asyncio
 NOW = datetime(2026, 11, 30, 9, tzinfo=timezone.utc)
@@ -48,7 +48,7 @@ async def test_a_sealed_turn_shows_its_type_and_user_but_none_of_its_words_and_o
     assert b"Lisbon" not in sealed and b"Miso" not in sealed
     [opened] = await RecordSealer(keys).open(on_log([sealed]))
     assert opened.sealing is None and opened.sealed_value == sealed and decode_event(opened.value) == t
-    assert admit([opened], "formation", None)[0] == [(opened, t)]
+    assert screen([opened], "formation", None)[0] == [(opened, t)]
 
 
 async def test_what_must_be_read_after_the_key_is_gone_stays_plain(keys):
@@ -75,7 +75,7 @@ async def test_after_a_forget_on_the_log_what_its_key_sealed_is_shredded_even_be
     reader = RecordSealer(keys)
     opened = await reader.open(on_log([before, forget, late, bo]))
     assert [r.sealing for r in opened] == [None, None, "shredded", None] and reader.shredded == 1
-    assert opened[2].value is None and admit(opened, "formation", None)[1] == []  # skipped, not dead-lettered
+    assert opened[2].value is None and screen(opened, "formation", None)[1] == []  # skipped, not dead-lettered
     await writer.destroy("ana", 1)
     comeback = await writer.seal(turn("ana", "I am back"))
     again = RecordSealer(keys)  # a replay after the key is gone
@@ -100,7 +100,7 @@ async def test_a_damaged_or_moved_sealed_record_is_dead_lettered_with_the_reason
     await sealer.seal(turn("bo", "y"))  # bo has a key: ana's record does not open with it
     moved = msgspec.json.encode({**sealed, "user_id": "bo"})
     [r] = await RecordSealer(keys).open(on_log([moved]))
-    [(_, stage, reason)] = admit([r], "formation", None)[1]
+    [(_, stage, reason)] = screen([r], "formation", None)[1]
     assert "does not open" in reason and r.wire_value == moved  # the letter keeps the record as on the log
 
 
@@ -132,7 +132,7 @@ async def test_what_derives_from_a_forgotten_record_is_never_sealed_under_a_newe
 async def test_a_sealed_record_is_told_by_its_envelope_whatever_its_user_id_or_text_holds():
     import json
 
-    from memstream.streams.sealing import is_sealed
+    from memstream.streams.log.sealing import is_sealed
 
     long_id = "u" * 256
     assert is_sealed(json.dumps({"type": "TurnRecorded", "schema_version": 1, "user_id": long_id,
@@ -165,14 +165,14 @@ async def test_a_plain_record_of_a_user_written_after_sealing_began_is_counted_a
     import time
 
     from memstream.schemas import encode
-    from memstream.streams.records import Record
+    from memstream.streams.log.records import Record
 
     sealer = RecordSealer(keys)
     await sealer.seal(turn("ana", "sealed"))  # sealing begins
     plain = [Record("t.events", 0, i, b"bo", encode(turn("bo", "plain")), (), int(time.time() * 1000) + 1000)
              for i in range(3)]
     old = Record("t.events", 0, 9, b"bo", encode(turn("bo", "from before")), (), 1_000)
-    with caplog.at_level(logging.WARNING, "memstream.sealing"):
+    with caplog.at_level(logging.WARNING, "memstream.keys"):
         opened = await sealer.open([old, *plain])
     assert [r.sealing for r in opened] == [None] * 4 and sealer.plain_records == 3
     assert caplog.text.count("plain records of users") == 1

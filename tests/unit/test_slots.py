@@ -2,7 +2,7 @@
 neither holds nor loses a slot."""
 import asyncio
 
-from memstream.streams.formation.slots import OldestFirst
+from memstream.streams.worker.formation.slots import OldestFirst
 
 
 async def _hold(slots: OldestFirst, rank: int, order: list, release: asyncio.Event) -> None:

@@ -3,7 +3,7 @@ that never ran is what a health check most needs to see."""
 import asyncio
 from types import SimpleNamespace
 
-from memstream.streams import status
+from memstream.streams.ops import status
 
 
 class _Consumer:

@@ -11,10 +11,10 @@ import pytest
 from memstream.llm.offline import OfflineResolver
 from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.schemas import TurnRecorded
-from memstream.streams.formation.forming import Formation
-from memstream.streams.formation.graph import GraphView
-from memstream.streams.formation.views import MemoryView
-from memstream.streams.records import Record
+from memstream.streams.worker.formation.forming import Formation
+from memstream.streams.worker.formation.graph import GraphView
+from memstream.streams.worker.formation.views import MemoryView
+from memstream.streams.log.records import Record
 
 
 class Scattered:
