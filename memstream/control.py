@@ -1,9 +1,9 @@
 """The control plane: what a person (``actor="user"``), the host on their behalf or an operator
 does to a user's memory — see it, correct it, forget part of it or all of it. Every change is a
-command on the user's own log, applied by the projections like any event and recorded with its
+request on the user's own log, applied by the projections like any event and recorded with its
 actor and reason; nothing here edits a projection. Each function checks, before appending, that
 the id it is given is the user's (``NotFound`` says whether it is unknown or another user's),
-and returns the command's log position, for ``read(after=...)``."""
+and returns the request's log position, for ``read(after=...)``."""
 from __future__ import annotations
 
 import uuid
@@ -80,7 +80,7 @@ async def forget_edge(log, reader, user_id: str, edge_id: uuid.UUID, *, actor: s
         raise NotFound(f"edge {edge_id} is already forgotten")
     said = {k: row[k] for k in ("relation", "source", "target")}
     if any(len(v or "") > n for v, n in zip(said.values(), (100, 500, 500))):
-        said = {}  # longer than the command carries: found by its id alone
+        said = {}  # longer than the request carries: found by its id alone
     return await log.append(EdgeForgotten(**_envelope(user_id, actor, reason), edge_id=edge_id, **said))
 
 

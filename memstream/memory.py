@@ -9,7 +9,7 @@ the memory built from it, and owns both connections.
 
 Writes return a ``LogPosition``; a read given ``after=`` that position waits until what was
 written is in every section it reads (read-your-writes). The HTTP API, the MCP server and the
-CLI's control commands open one of these for the log and the reader they use.
+CLI's control calls open one of these for the log and the reader they use.
 """
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ class Memory:
         """The user's relationship graph as it was at ``as_of`` (default now)."""
         return await self.reader.graph(user_id, as_of)
 
-    # The person's control over what is remembered: commands on their log, applied in order.
+    # The person's control over what is remembered: requests on their log, applied in order.
 
     async def correct(self, user_id: str, fact_id: uuid.UUID, value: str, *, text: str | None = None,
                       actor: str = "user", reason: str = "") -> LogPosition:

@@ -44,13 +44,13 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
     settings = {
         "search_path": f"{quote(schema)}, public",
         "hnsw.iterative_scan": "relaxed_order",
-        # Candidate list per HNSW scan: 100 instead of 40 raised recall@20 vs exact search from
-        # 0.47 to 0.56 for a 10k-row user at 1M rows for +0.1 ms (BENCHMARKS.md).
+        # Candidate list per HNSW scan: 100 instead of 40 raises recall against exact search for
+        # a heavy user at little cost (BENCHMARKS.md, "Read path").
         "hnsw.ef_search": "100",
         # Plan every statement with its real parameters: whether HNSW (big users) or the user_id
         # btree plus an exact sort (small users) is right depends on the user. asyncpg prepares
-        # statements, and a generic plan picks one for everybody: 12 ms instead of 1.3 ms for a
-        # 10k-row user at 300k rows (BENCHMARKS.md).
+        # statements, and a generic plan picks one for everybody, ten times slower for a heavy
+        # user (BENCHMARKS.md, "Read path").
         "plan_cache_mode": "force_generic_plan" if generic_plans else "force_custom_plan",
     }
     if statement_timeout_ms is not None:

@@ -6,7 +6,7 @@ of them among the user's newest ``RECENT`` rows (for recall), plus rows containi
 (AND, over all the user's rows, through the GIN index: selective; each tsvector carries a lexeme
 naming its user, migration 0005; ``<table>_all_words``, migration 0009, planned for its arguments
 however this statement is planned). Both parts are bounded whatever the user's size — ranking
-every loose match of a 100k-row user cost 50 ms (measured) — and only the candidates are ranked,
+every loose match of a heavy user's rows was the slowest part of a read (measured) — and only the candidates are ranked,
 by BM25. Older rows matching only some of the words are left to the vector channels. The newest
 rows are found without reading them: the window's start comes from the (user, time) index and
 its matches from the postings' primary key, both index-only. Every part says ``user_id = $1`` so
@@ -71,7 +71,7 @@ WITH lx AS (SELECT array_agg(lexeme ORDER BY lexeme) AS l FROM (
      -- matches; BENCHMARKS.md has both). Rows holding every word in the window: a row outside
      -- it holding every word ranks no higher unless it is denser, and is older, so with k of
      -- these the all-words scan below is skipped (one-word questions: the scan was every row
-     -- with that word, 4-5 ms); only undiluted rows count there.
+     -- with that word); only undiluted rows count there.
      whole AS (SELECT count(*) AS n FROM (SELECT m.{key} FROM m {undiluted}GROUP BY m.{key}
                                          HAVING count(*) = (SELECT count(*) FROM words)) f),
      idf AS (SELECT words.w, words.q, ln(1 + (win.n - count(m.{key}) + 0.5) / (count(m.{key}) + 0.5)) AS idf

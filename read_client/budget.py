@@ -24,8 +24,8 @@ _TEXT_CACHE = 8192
 class TokenCounter:
     """Counts WordPiece tokens exactly as ``Tokenizer.encode(text, add_special_tokens=False)``.
 
-    A full ``encode`` costs ~65 µs a text (building the ``Encoding``), 1.5 ms for a heavy read's
-    23 new texts. WordPiece works word by word after BERT's normaliser and pre-tokeniser, so an
+    A full ``encode`` is costly (it builds the ``Encoding``), and a heavy read counts dozens of new
+    texts. WordPiece works word by word after BERT's normaliser and pre-tokeniser, so an
     ASCII text's count is the sum of its words' counts, each word counted once; other texts take
     the full ``encode``."""
 

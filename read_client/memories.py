@@ -15,7 +15,7 @@ from memstream.read_client.arguments import check_user, storable
 from memstream.schemas.errors import InvalidArgument
 from memstream.schemas.events import in_range
 from memstream.schemas.read_models import (AsOf, Edge, Episode, FactVersion, Graph, GraphEdge, GraphNode, KindStats,
-                                           MemoryPage, MemoryStats, UserPage)
+                                           MemoryPage, MemoryStats, RankedEdge, UserPage)
 
 KINDS = ("facts", "episodes", "edges")
 MAX_PAGE = 500
@@ -158,3 +158,11 @@ async def with_source_turns(conn, user_id: str, versions: list[FactVersion]) -> 
     turns = await episodes_q.by_source(conn, user_id, list(sources)) if sources else {}
     return [v.model_copy(update={"source_turn": _episode(turns[v.source_event_id])}) if v.source_event_id in turns
             else v for v in versions]
+
+
+def ranked_edge(r, *, hop: int, score: float, similarity: float | None = None) -> RankedEdge:
+    return RankedEdge(
+        edge_id=r["edge_id"], fact_sentence=r["fact_sentence"], relation=r["relation"], source=r["source_name"],
+        target=r["target_name"], valid_from=r["valid_from"], valid_to=r["valid_to"], recorded_at=r["recorded_at"],
+        closed_at=r["closed_at"], hop=hop, score=round(score, 6),
+        similarity=round(similarity if similarity is not None else 1.0 - float(r["distance"]), 6))

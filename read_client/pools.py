@@ -25,8 +25,8 @@ async def connect_pools(dsn: str, schema: str, deadline_s: float = READ_DEADLINE
     bounded = {"command_timeout_s": deadline_s + 1.0, "connect_timeout_s": 5.0}
     # A read has a latency budget: a statement stuck behind a lock fails its channel, not the read.
     pool = await db.create_pool(dsn, schema, min_size=2, max_size=8, statement_timeout_ms=1000, **bounded)
-    # Fixed size and planned at connect: a new connection's first keyword statements cost
-    # ~50 ms of planning, which no read should wait for.
+    # Fixed size and planned at connect: a new connection's first keyword statements take long
+    # to plan, which no read should wait for.
     try:
         text_pool = await db.create_pool(dsn, schema, min_size=8, max_size=8, statement_timeout_ms=1000,
                                          generic_plans=True, prepare=prepare_text_lane, **bounded)
@@ -39,7 +39,7 @@ async def connect_pools(dsn: str, schema: str, deadline_s: float = READ_DEADLINE
 async def prepare_text_lane(conn: asyncpg.Connection) -> None:
     """Runs the text lane's statements once on a new ``text_pool`` connection (``create_pool``'s
     ``prepare``): with generic plans each is planned at its first execution, the keyword ones
-    over every partition (~50 ms), and a read should not be that first execution. Best
+    over every partition (slow), and a read should not be that first execution. Best
     effort: a statement that cannot be planned now (its table locked, say) is left to the
     first read that runs it, and the connection is used all the same."""
     statements = [("facts keyword", facts_q.keyword, "", "memory", 1),

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Sequence
 
 import asyncpg
@@ -21,10 +21,10 @@ from memstream.projections.facts import query as facts_q
 from memstream.projections.commands import query as commands_q
 from memstream.projections.graph import query as graph_q
 from memstream.projections.profile import query as profile_q
-from memstream.read_client.memories import KINDS as memories_kinds
-from memstream.read_client.memories import (check_page, fact_episodes, fact_version, graph_at, memory_page,
-                                            memory_stats, user_page, with_source_turns)
-from memstream.read_client.arguments import SEARCH_KINDS, check_as_of, check_read, check_search, check_user
+from memstream.read_client.as_of import EARLIEST, LATEST, believed, both_axes, channel_args, within
+from memstream.read_client.browsing import Browsing
+from memstream.read_client.memories import ranked_edge
+from memstream.read_client.arguments import SEARCH_KINDS, check_read, check_search
 from memstream.read_client.budget import Budgets, TokenCounter, pack, pack_episodes
 from memstream.read_client.lanes import Bounded, Channels
 from memstream.read_client.metrics import ReadMetrics, tracer
@@ -36,11 +36,10 @@ from memstream.read_client.fusion import (EPISODE_WEIGHTS, FACT_WEIGHTS, Weights
                                          latest_per_slot, rank_edges, rerank, with_neighbours)
 from memstream.read_settings import READ_DEADLINE_S
 from memstream.schemas import LogPosition
-from memstream.schemas.vocabulary import canonical, single_valued
+from memstream.schemas.vocabulary import single_valued
 from memstream.schemas.errors import InvalidArgument, ReaderClosed
-from memstream.schemas.read_models import (AsOf, Episode, FactVersion, Graph, MemoryContext, MemoryPage, MemoryStats, RankedEdge,
-                                           RankedEpisode, RankedFact, Reminder, SearchResult, Turn, UserOverview,
-                                           UserPage)
+from memstream.schemas.read_models import (AsOf, MemoryContext, RankedEdge,
+                                           RankedEpisode, RankedFact, Reminder, SearchResult, Turn)
 
 log = logging.getLogger("memstream.read")
 
@@ -53,7 +52,7 @@ FIRST_LOOK_S = 0.05  # a read-your-writes wait's first look at the positions, at
 PROBE_TIMEOUT_S = 2.0  # a readiness check's wait for each store
 
 
-class MemoryReader:
+class MemoryReader(Browsing):
     """Assembles ``MemoryContext`` for ``(user_id, conversation_id, message)``.
 
     Contract:
@@ -189,17 +188,17 @@ class MemoryReader:
         if after is not None:
             timings["wait"] = (time.perf_counter() - t0) * 1000
         now = now or datetime.now(timezone.utc)
-        ctx.as_of = as_of = _as_of(as_of, now)
+        ctx.as_of = as_of = both_axes(as_of, now)
 
         ctx.gated = not needs_retrieval(message)
         embedding = None if ctx.gated else asyncio.ensure_future(self._embedded(message, timings))
         # The text lane runs its channels one after another on one connection while the query is
         # embedded (on two cores, more concurrent statements only queued for the same cores: each
-        # ran 3-5x slower), keyword first so that little of it is left when the vector channels
+        # ran several times slower), keyword first so that little of it is left when the vector channels
         # start; once the embedding is there, edges (the longest) run beside the two nearest
-        # searches, one after the other (each order: 0.3-0.6 ms better p50, interleaved A/B), and
+        # searches, one after the other (each order measured better, interleaved A/B), and
         # the adjacent turns of the best episodes follow those.
-        # As of a moment, every section is that moment (``_at``); the recent turns, a cache of now, are left out.
+        # As of a moment, every section is that moment (``as_of.channel_args``); the recent turns, a cache of now, are left out.
         if as_of is None:
             text_lane = [("person_identity", commands_q.person_identity, user_id),
                          ("due_reminders", commands_q.due_reminders, user_id, now)]
@@ -212,7 +211,7 @@ class MemoryReader:
                               *([as_of.valid_time] if as_of else [])))
         if not ctx.gated:
             n = self._episode_weights.candidates
-            facts_at, episodes_at = _at(as_of)
+            facts_at, episodes_at = channel_args(as_of)
             kw = [("facts_keyword", self._keyword, facts_q, user_id, message, ANN_CANDIDATES, *facts_at),
                   ("episodes_keyword", self._keyword, episodes_q, user_id, message, n, *episodes_at)]
             text_lane = kw + text_lane
@@ -236,7 +235,7 @@ class MemoryReader:
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
         ctx.recent_turns = got.get("recent_turns") or []
         ctx.facts = self._ranked_facts(got, now, k_facts)
-        ranked = self._ranked_episodes(_believed(got.get("episodes") or [], as_of), now, k, message)
+        ranked = self._ranked_episodes(believed(got.get("episodes") or [], as_of), now, k, message)
         ctx.edges = got.get("edges") or []
         b = budgets or self._budgets
         ctx.facts, facts_used = pack(ctx.facts, lambda f: f.text, b.facts, self._tokens)
@@ -271,15 +270,15 @@ class MemoryReader:
         if self._closed:
             raise ReaderClosed("this MemoryReader is closed")
         check_search(user_id, query, kinds=kinds, k=k, as_of=as_of, now=now, since=since, until=until)
-        period = None if since is None and until is None else (since or _EARLIEST, until or _LATEST)
+        period = None if since is None and until is None else (since or EARLIEST, until or LATEST)
         with tracer.start_as_current_span("memstream.search") as span:
             t0 = time.perf_counter()
             ch = Channels(self._pool, self._deadline_s)
             now = now or datetime.now(timezone.utc)
-            as_of = _as_of(as_of, now)
+            as_of = both_axes(as_of, now)
             embedding = asyncio.ensure_future(self._embedded(query, ch.timings))
             n = max(k, ANN_CANDIDATES, self._episode_weights.candidates)  # the full k, however large
-            facts_at, episodes_at = _at(as_of, period)
+            facts_at, episodes_at = channel_args(as_of, period)
             at = {"facts": facts_at, "episodes": episodes_at}
             text = [(f"{kind}_keyword", self._keyword, q, user_id, query, n, *at[kind])
                     for kind, q in (("facts", facts_q), ("episodes", episodes_q)) if kind in kinds]
@@ -301,7 +300,7 @@ class MemoryReader:
             result = SearchResult(user_id=user_id, query=query, as_of=as_of, degraded=ch.degraded,
                                   facts=self._ranked_facts(got, now, k) if "facts" in kinds else [],
                                   episodes=self._ranked_episodes(
-                                      _believed(_within(got.get("episodes") or [], period), as_of), now, k, query),
+                                      believed(within(got.get("episodes") or [], period), as_of), now, k, query),
                                   edges=(got.get("edges") or [])[:k])
             ch.timings["total"] = (time.perf_counter() - t0) * 1000
             result.timings_ms = {name: round(ms, 3) for name, ms in ch.timings.items()}
@@ -322,7 +321,7 @@ class MemoryReader:
         """The vector channels of ``steps``, then the episodes fused with the keyword channel and
         the adjacent turns of the best of them. Anchors need only this lane and the episodes
         keyword channel (the text lane's second), not edges: their adjacent turns are fetched
-        while edges still runs (heavy p95 -0.5 to -0.9 ms, interleaved A/B)."""
+        while edges still runs (a heavy user's p95 measured lower, interleaved A/B)."""
         w, got = self._episode_weights, ch.got
         await ch.lane(steps, after=embedding)
         await keyword_ready["episodes_keyword"].wait()
@@ -423,7 +422,7 @@ class MemoryReader:
 
     async def _epoch_of(self, projection: str, pool) -> int:
         """The projection's epoch (part of its Redis keys), asked again after ``EPOCH_FRESH_S``:
-        a rebuilt schema switched in (``streams.ops.rebuild.switch``) has new epochs, and this reader
+        a rebuilt schema switched in (``streams.ops.switch``) has new epochs, and this reader
         must not serve the old build's caches for longer than that."""
         held = self._epochs.get(projection)
         if held is None or time.monotonic() - held[1] > EPOCH_FRESH_S:
@@ -451,81 +450,12 @@ class MemoryReader:
         if as_of is not None:
             rows = await graph_q.as_of(conn, user_id, as_of.valid_time, as_of.recorded_time, vec, k,
                                        self._embedder.model_id)
-            return [_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in rows]
+            return [ranked_edge(r, hop=0, score=1.0 - float(r["distance"])) for r in rows]
         rows = await graph_q.nearest_with_hops(conn, user_id, vec, self._edge_candidates, HOP_LIMIT,
                                                self._embedder.model_id)
         scored = rank_edges(rows, k)
-        return [_edge(r, hop=hop, score=score) for score, hop, r in scored]
+        return [ranked_edge(r, hop=hop, score=score) for score, hop, r in scored]
 
-    async def timeline(self, user_id: str, source_entity_id, relation: str) -> list[RankedEdge]:
-        """Every edge of one (source, relation), in world-time order."""
-        rows = await graph_q.timeline(self._pool, user_id, source_entity_id, canonical(relation))
-        return [_edge(r, hop=0, score=0.0, similarity=0.0) for r in rows]
-
-    async def current_facts(self, user_id: str) -> list[asyncpg.Record]:
-        """Every fact currently believed about the user (for memory views and tools)."""
-        return list(await facts_q.current(self._pool, user_id))
-
-    async def memories(self, user_id: str, kind: str = "facts", *, include_history: bool = False,
-                       limit: int = 50, cursor: str | None = None) -> MemoryPage:
-        """One page of what memstream holds about the user, oldest first: ``kind`` is ``facts``
-        (current versions, or every version with ``include_history``), ``episodes`` (every
-        remembered turn) or ``edges`` (current relationships, or closed ones too). At most
-        ``limit`` items (1..500); pass the page's ``next_cursor`` for the next one. Bad arguments
-        raise ``InvalidArgument`` before any I/O."""
-        check_page(user_id, kind, limit, cursor)
-        return await memory_page(self._pool, user_id, kind, include_history, limit, cursor)
-
-    async def stats(self, user_id: str) -> MemoryStats:
-        """Counts of the user's facts, episodes and edges by status, the oldest and newest of
-        each, their entities and conversations, and when their memory last changed."""
-        check_user(user_id)
-        return await memory_stats(self._pool, user_id)
-
-    async def holder(self, kind: str, memory_id, user_id: str) -> dict | None:
-        """Whose fact, episode or edge ``memory_id`` is, with what a control command needs to
-        know of it (a fact's status, slot and value; an episode's source turn): ``user_id``'s own
-        when they hold it (a host that gave two users' turns one event id gave them the same
-        ids), else another user's, or None if no user holds it. For control tools that must tell
-        an unknown id from another user's."""
-        q = {"facts": facts_q, "episodes": episodes_q, "edges": graph_q}.get(kind)
-        if q is None:
-            raise InvalidArgument(f"kind must be one of {tuple(memories_kinds)}, not {kind!r}")
-        row = await q.holder(self._pool, memory_id, user_id)
-        return None if row is None else dict(row)
-
-    async def fact_history(self, user_id: str, fact_id) -> list[FactVersion]:
-        """Every version of the fact's lineage, oldest first: what was believed, when and why, the
-        decision that recorded each and the turn it was decided from (while that is remembered)."""
-        check_user(user_id)
-        rows = await facts_q.history(self._pool, user_id, fact_id)
-        return await with_source_turns(self._pool, user_id, [fact_version(r) for r in rows])
-
-    async def fact_episodes(self, user_id: str, fact_id) -> list[Episode]:
-        """The remembered turns the fact was read from, oldest first: what forgetting it forgets
-        with it (unless the forget keeps them)."""
-        check_user(user_id)
-        return await fact_episodes(self._pool, user_id, fact_id)
-
-    async def users(self, prefix: str = "", *, limit: int = 50, cursor: str | None = None) -> UserPage:
-        """One page of the ids of users with remembered turns that start with ``prefix``, in byte
-        order; pass ``next_cursor`` for the next."""
-        return await user_page(self._pool, prefix, limit, cursor)
-
-    async def overview(self, user_id: str) -> UserOverview:
-        """The user's profile, person identity and memory in numbers."""
-        check_user(user_id)
-        return UserOverview(user_id=user_id, profile=await self._profile(user_id),
-                            person_identity=await commands_q.person_identity(self._pool, user_id),
-                            stats=await memory_stats(self._pool, user_id))
-
-    async def graph(self, user_id: str, as_of: AsOf | datetime | None = None) -> Graph:
-        """The user's relationship graph as it was at ``as_of`` (default now; a bare time sets both
-        axes, as ``read``'s does): the edges held then, between every end the graph ever had."""
-        check_user(user_id)
-        check_as_of(as_of)
-        now = datetime.now(timezone.utc)
-        return await graph_at(self._pool, user_id, _as_of(as_of, now) or AsOf(valid_time=now, recorded_time=now))
 
     async def caught_up(self, after: LogPosition, timeout: float = 5.0) -> bool:
         """Whether every read projection has applied ``after`` (a position an append returned),
@@ -537,46 +467,6 @@ class MemoryReader:
         return await self._wait_for(after, timeout)
 
 
-def _as_of(as_of: AsOf | datetime | None, now: datetime) -> AsOf | None:
-    """``as_of`` with both axes set: a bare time is both; a missing axis is the other one, or now."""
-    if isinstance(as_of, datetime):
-        as_of = AsOf(valid_time=as_of, recorded_time=as_of)
-    if as_of is None:
-        return None
-    recorded = as_of.recorded_time or now
-    return AsOf(valid_time=as_of.valid_time or recorded, recorded_time=recorded)
-
-
-_EARLIEST = datetime(1, 1, 2, tzinfo=timezone.utc)
-_LATEST = datetime(9999, 12, 30, tzinfo=timezone.utc)
-_INSTANT = timedelta(microseconds=1)  # a period's end is open: "by" a time includes it
-
-
-def _at(as_of: AsOf | None, period: tuple | None = None) -> tuple[tuple, tuple]:
-    """The extra arguments of the facts and the episodes channels for a read ``as_of`` a moment
-    (and ``period``): the facts as they held and were believed then; the episodes that occurred
-    by its valid time (``_believed`` keeps those recorded by its recorded time)."""
-    if as_of is None:
-        return (), ((period,) if period else ())
-    since, until = period or (_EARLIEST, _LATEST)
-    return (as_of,), ((since, min(until, as_of.valid_time + _INSTANT)),)
-
-
-def _believed(cands: list, as_of: AsOf | None) -> list:
-    """The episodes a read ``as_of`` a moment may hold: occurred by its valid time, recorded by
-    its recorded time (adjacent turns included)."""
-    if as_of is None:
-        return cands
-    return [c for c in cands if c.row["occurred_at"] <= as_of.valid_time and c.row["recorded_at"] <= as_of.recorded_time]
-
-
-def _within(cands: list, period: tuple | None) -> list:
-    """The candidates that occurred in [since, until) (adjacent turns may fall outside it)."""
-    if period is None:
-        return cands
-    return [c for c in cands if period[0] <= c.row["occurred_at"] < period[1]]
-
-
 def _passages(cands) -> dict:
     """The characters of the passage the vector search matched, by episode id, where it matched one."""
     return {c.key: (c.row["start_char"], c.row["end_char"]) for c in cands if c.row.get("start_char") is not None}
@@ -584,14 +474,6 @@ def _passages(cands) -> dict:
 
 def _json(value):
     return json.loads(value) if isinstance(value, str) else value
-
-
-def _edge(r, *, hop: int, score: float, similarity: float | None = None) -> RankedEdge:
-    return RankedEdge(
-        edge_id=r["edge_id"], fact_sentence=r["fact_sentence"], relation=r["relation"], source=r["source_name"],
-        target=r["target_name"], valid_from=r["valid_from"], valid_to=r["valid_to"], recorded_at=r["recorded_at"],
-        closed_at=r["closed_at"], hop=hop, score=round(score, 6),
-        similarity=round(similarity if similarity is not None else 1.0 - float(r["distance"]), 6))
 
 
 def _settle(embedding: asyncio.Future | None) -> None:

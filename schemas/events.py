@@ -328,7 +328,7 @@ def _check_vector(vector: bytes, where: str) -> None:
 
 
 def ends_user(record: Event | Decision) -> bool:
-    """Whether ``record`` forgets its whole user: the command, or what formation made of it."""
+    """Whether ``record`` forgets its whole user: the request, or what formation made of it."""
     return isinstance(record, UserForgotten) or (isinstance(record, MemoryForgotten) and record.kind == "user")
 
 
@@ -523,10 +523,10 @@ class EdgeClosed(GraphDecision, tag="EdgeClosed", kw_only=True, frozen=True):
 
 
 class MemoryForgotten(Decision, tag="MemoryForgotten", kw_only=True, frozen=True):
-    """What formation made of a forget command (``FactForgotten``, ``EpisodeForgotten``,
+    """What formation made of a forget request (``FactForgotten``, ``EpisodeForgotten``,
     ``EdgeForgotten``, ``UserForgotten``), for every projection to apply its part: ``kind`` is
     ``fact``, ``episode``, ``edge`` or ``user``; ``target`` the fact id, the turn's event id, the
-    edge id, or None for the user. ``actor`` and ``reason`` are the command's. ``keep_derived``
+    edge id, or None for the user. ``actor`` and ``reason`` are the request's. ``keep_derived``
     (kind episode, when a forgotten fact takes the turns it was read from): the turn's other
     facts and edges stay, with a note, instead of going with it when it is their only source."""
 
@@ -558,7 +558,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded, ReminderScheduled, Reminde
 # Commands the commands projection applies straight from the events topic.
 COMMAND_TYPES = (ReminderScheduled, ReminderResolved, PersonIdentitySet, ExpertIdentityUpserted, ExpertIdentityDeleted,
                  UserForgotten)
-# Commands about a user's memory that formation turns into decisions, in order with their turns.
+# Requests about a user's memory that formation turns into decisions, in order with their turns.
 CONTROL_TYPES = (FactCorrected, FactForgotten, EpisodeForgotten, EdgeForgotten, UserForgotten)
 HOST_WIDE_TYPES = (ExpertIdentityUpserted, ExpertIdentityDeleted)
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,

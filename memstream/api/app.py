@@ -1,4 +1,4 @@
-"""The HTTP API: append turns and commands, read a context, search, see, correct and forget
+"""The HTTP API: append turns and host records, read a context, search, see, correct and forget
 memories, export a user, and (operators) the pipeline's status. OpenAPI at ``/docs``.
 
 Every route names its user in the path and is authorised by an API key (``Authorization:

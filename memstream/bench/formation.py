@@ -279,7 +279,7 @@ async def calls_per_turn(turns: list[TurnRecorded]) -> dict:
     before (``calls_before``)."""
     from memstream.embedding import default_embedder
     from memstream.llm.latency import Latency, Meter, latent_clients
-    from memstream.streams.worker.formation.forming import Formation
+    from memstream.streams.worker.formation.pipeline import Formation
     from memstream.streams.worker.formation.graph import GraphView
     from memstream.streams.worker.formation.views import MemoryView
     from memstream.streams.log.records import Record

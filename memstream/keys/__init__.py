@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from memstream.keys.kek import Kek, KekUnavailable, KmsKek, LocalKek
-from memstream.keys.data_keys import DataKeys, NotSealed, PostgresWrappedKeys, Shredded, WrongKek
+from memstream.keys.data_keys import DataKeys, NotSealed, Shredded, WrongKek
+from memstream.keys.wrapped import PostgresWrappedKeys
 
 __all__ = ["DataKeys", "Kek", "KekUnavailable", "KmsKek", "LocalKek", "NotSealed", "Shredded", "WrongKek", "data_keys",
            "kek_for"]

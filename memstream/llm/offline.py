@@ -10,29 +10,20 @@ the user by a name) is inferred, with lower confidence.
 """
 from __future__ import annotations
 
-import calendar
 import re
 import unicodedata
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
 from typing import Callable, Iterator, Sequence
 
+from memstream.llm.offline_dates import COUNTS, LONG_MONTHS, NEAR, clause_after, date_of, when_said
 from memstream.llm.protocols import CandidateFact, ExistingFact, Operation, Resolution
 from memstream.schemas.vocabulary import single_valued
 from memstream.schemas import TurnRecorded
-from memstream.schemas.events import in_range
 
-_MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}
-_MONTHS.update({m.lower(): i for i, m in enumerate(calendar.month_abbr) if m})
-_LONG_MONTHS = "|".join(m.lower() for m in calendar.month_name if m)  # "may" too, not "mar"
-_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-            "eight": 8, "nine": 9, "ten": 10, "a couple of": 2, "a few": 3}
-_COUNTS = "|".join(_NUMBERS)
-_AGO = re.compile(r"\b(\d{1,3}|%s)\s+(day|week|month|year)s?\s+ago\b" % _COUNTS)
 # A value ends where its date begins ("I moved to Lisbon two days ago": the home is Lisbon).
 _STOP = (r"(?=(?i:\s*(?:,|;|\.|!|\?|$| and | but | because | so | since | which | where | with | for | from now| now\b"
          r"| last | next | this | in (?:19|20)\d\d| (?:in|on) (?:%s)\b| (?:yesterday|today|tomorrow)\b"
-         r"| (?:\d{1,3}|%s) (?:day|week|month|year)s? ago\b)))" % (_LONG_MONTHS, _COUNTS))
+         r"| (?:\d{1,3}|%s) (?:day|week|month|year)s? ago\b)))" % (LONG_MONTHS, COUNTS))
 _VALUE = r"(?P<value>[^,.;!?]+?)" + _STOP
 _FROM = r"(?:(?:away |back )?from [^,.;!?]{1,60}? )?"  # "I moved from Porto to Lisbon"
 
@@ -81,68 +72,6 @@ def _clean(value: str) -> str:
     return value.strip(" '\"")
 
 
-_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
-# Where a clause ends: a date beyond it is said of something else ("I moved to Lisbon, and my
-# daughter turns 7 on October 12th").
-_CLAUSE_END = re.compile(r"[,;:!?]|\s(?:and|but|so|because|while|though|although|whereas|when|after|before)\s", re.I)
-
-
-def _when(text: str, at: datetime, past: bool = False) -> datetime | None:
-    """World time a phrase refers to, relative to when the turn happened. ``past``: the phrase
-    tells what already happened ("moved to Lisbon in October"), so a bare month is the last one.
-    None past the times memstream stores ("999 years ago", said in the year 500)."""
-    try:
-        when = _phrase_time(text, at, past)
-    except OverflowError:
-        return None
-    return when if when is None or in_range(when) else None
-
-
-def _phrase_time(text: str, at: datetime, past: bool) -> datetime | None:
-    t = text.lower()
-    for phrase, delta in (("last month", -30), ("next month", 30), ("last week", -7), ("next week", 7),
-                          ("yesterday", -1), ("tomorrow", 1), ("last year", -365), ("next year", 365)):
-        if phrase in t:
-            return at + timedelta(days=delta)
-    m = _AGO.search(t)
-    if m:
-        n = int(m.group(1)) if m.group(1).isdigit() else _NUMBERS[m.group(1)]
-        return at - timedelta(days=n * _UNIT_DAYS[m.group(2)])
-    m = re.search(r"\b(?:on |in )?(%s)\b(?:\s+(\d{1,2})(?:st|nd|rd|th)?)?" % "|".join(_MONTHS), t)
-    if m:
-        month, day = _MONTHS[m.group(1)], int(m.group(2) or 1)
-        if past:
-            year = at.year - (1 if (month, day) > (at.month, at.day) else 0)
-        else:
-            year = at.year + (1 if (month, day) < (at.month, at.day) and " in " + m.group(1) in " " + t else 0)
-        try:
-            return at.replace(year=year, month=month, day=day, hour=0, minute=0, second=0, microsecond=0)
-        except ValueError:
-            return None
-    return None
-
-
-def _clause_after(text: str) -> str:
-    end = _CLAUSE_END.search(text)
-    return text[:end.start()] if end else text
-
-
-_NEAR = 300  # characters around a match that say how it is meant (its date, a hedge)
-
-
-def _dated(sentence: str, start: int, end: int, at: datetime, past: bool = False) -> datetime | None:
-    """The date of the phrase at ``sentence[start:end]``: one said in its own clause, after it or
-    before it ("Last week, I moved to Lisbon"), never one said of something else in the sentence."""
-    # Within _NEAR characters either side: a clause is shorter, and a pasted page must not make
-    # every match read all of it.
-    when = _when(_clause_after(sentence[end:end + _NEAR]), at, past)
-    if when is None:
-        clauses = _CLAUSE_END.split(sentence[max(0, start - _NEAR):start])
-        when = _when(clauses[-1], at, past)
-        if (when is None and start <= _NEAR and len(clauses) == 2 and not clauses[-1].strip()
-                and len(clauses[0].split()) <= 4):
-            when = _when(clauses[0], at, past)  # a leading adverbial: "Last week, I ..."
-    return when
 
 
 def _fact(text, category, attribute, value, *, explicit=True, confidence=0.9, valid_at=None, negated=False):
@@ -186,7 +115,7 @@ def _home(m, turn):
     value = _clean(m.group("value"))
     if value.casefold().endswith(" team"):
         return  # "I moved to the Data team": a team (_TOLD)
-    when = _dated(m.string, m.start(), m.end(), turn.occurred_at, past=True)
+    when = date_of(m.string, m.start(), m.end(), turn.occurred_at, past=True)
     yield _fact(f"Lives in {value}", "location", "home", value, valid_at=when)
 
 
@@ -199,7 +128,7 @@ def _origin(m, turn):
 @_rule(_I + r"(?:'ve| have)?\s+(?:just |recently )?(?:joined|started (?:a new job |working )?at) " + _PROPER, 0)
 def _employer(m, turn):
     value = _clean(m.group("value"))
-    when = _dated(m.string, m.start(), m.end(), turn.occurred_at, past=True)
+    when = date_of(m.string, m.start(), m.end(), turn.occurred_at, past=True)
     yield _fact(f"Works at {value}", "work", "employer", value, valid_at=when)
 
 
@@ -275,21 +204,21 @@ def _trip(m, turn):
     place = m.group("value")
     if place in _NOT_NAMES:
         return
-    when = _dated(m.string, m.start(), m.end("value"), turn.occurred_at)  # "next month I'm flying to ..." too
+    when = date_of(m.string, m.start(), m.end("value"), turn.occurred_at)  # "next month I'm flying to ..." too
     suffix = f" ({when:%Y-%m-%d})" if when else ""
     yield _fact(f"Plans a trip to {place}{suffix}", "plan", "trip", place, confidence=0.85, valid_at=when)
 
 
 @_rule(_I + r"(?:'m| am) (?:moving|relocating) to " + _PROPER + r"(?P<rest>[^.!?]*)", 0)
 def _moving(m, turn):
-    when = _dated(m.string, m.start(), m.end("value"), turn.occurred_at)
+    when = date_of(m.string, m.start(), m.end("value"), turn.occurred_at)
     suffix = f" ({when:%Y-%m-%d})" if when else ""
     yield _fact(f"Plans to move to {m.group('value')}{suffix}", "plan", "move", m.group("value"), valid_at=when)
 
 
 @_rule(r"\b[Mm]y (?P<who>%s)(?:'s)? (?:\w+ )?(?:turns \d+|birthday is) (?:on )?(?P<rest>[^.!?]*)" % "|".join(_RELATIVES), 0)
 def _birthday(m, turn):
-    when = _when(_clause_after(m.group("rest")), turn.occurred_at)
+    when = when_said(clause_after(m.group("rest")), turn.occurred_at)
     if when:
         yield _fact(f"{m.group('who').capitalize()}'s birthday is {when:%B} {when.day}", "plan", "birthday", m.group("who"),
                     valid_at=when, confidence=0.85)
@@ -301,7 +230,7 @@ def _stopped(m, turn):
     value = _clean(m.group("value"))
     attribute = "home" if "live" in m.group(0).lower() else "employer"
     verb = "Lives in" if attribute == "home" else "Works at"
-    when = _dated(m.string, m.start(), m.end(), turn.occurred_at, past=True)  # "I left Acme last week"
+    when = date_of(m.string, m.start(), m.end(), turn.occurred_at, past=True)  # "I left Acme last week"
     yield _fact(f"{verb} {value}", "location" if attribute == "home" else "work", attribute, value,
                 valid_at=when, negated=True)
 
@@ -339,7 +268,7 @@ def _told_value(m: re.Match, kind: str, negated: bool) -> str | None:
     sure ...", "if ...", a question)."""
     s = m.string
     # Near the match only: a turn may be a pasted page, and every match looking at all of it is quadratic.
-    if negated and (s[-_NEAR:].rstrip().endswith("?") or _HEDGE.search(s, max(0, m.start() - _NEAR), m.start())
+    if negated and (s[-NEAR:].rstrip().endswith("?") or _HEDGE.search(s, max(0, m.start() - NEAR), m.start())
                     or _HEDGE_AFTER.match(s, m.end())):
         return None
     value = m.group("value") or m.group("value2")
@@ -355,7 +284,7 @@ def _told_rule(kind: str, negated: bool, *patterns: str):
     def build(m, turn):
         if value := _told_value(m, kind, negated):
             category, text, attribute, _ = _KINDS[kind]
-            when = _dated(m.string, m.start(), m.end(), turn.occurred_at, past=True)
+            when = date_of(m.string, m.start(), m.end(), turn.occurred_at, past=True)
             yield _fact(text.format(value), category, attribute, value, valid_at=when, negated=negated)
     for pattern in patterns:
         _TOLD.append((re.compile(pattern, re.I), kind, negated))

@@ -8,8 +8,9 @@ import re
 from typing import Iterator, Sequence
 
 from memstream.llm.offline import (_FROM, _I, _NAME_RULES, _NOT_NAMES as _NOT_FACT_NAMES, _PERSON, _PET_RULES, _PROPER,
-                                   _RELATIVE, _TOLD, _UP, _VALUE, _KINDS, _LETTER, _clean, _dated, _name_of, _parts,
+                                   _RELATIVE, _TOLD, _UP, _VALUE, _KINDS, _LETTER, _clean, _name_of, _parts,
                                    _told_value)
+from memstream.llm.offline_dates import date_of
 from memstream.llm.relations import USER, RelationCandidate
 from memstream.schemas import TurnRecorded
 
@@ -85,7 +86,7 @@ def extract_relations(turn: TurnRecorded) -> list[RelationCandidate]:
                 if forget and (negated or rel == "is_named"):
                     continue  # forgetting a retraction, or a name (an alias stays), changes no edge
                 # A job or a home is dated by its own clause only.
-                when = _dated(part, m.start(), m.end(), turn.occurred_at, past=True) if dated and not forget else None
+                when = date_of(part, m.start(), m.end(), turn.occurred_at, past=True) if dated and not forget else None
                 said.append(RelationCandidate(source=source, relation=rel, target=target, target_is_entity=True,
                                               confidence=0.9 if source == USER else 0.8, explicit=True,
                                               valid_at=when, negated=negated or forget))

@@ -287,8 +287,8 @@ class Postgres:
         _wait_for(self._answers, "postgres", 30, self.pgdata / "log")
         want = shared_buffers()
         if server.psql("SHOW shared_buffers;").split()[2] != want:
-            # Postgres' default (128MB) sends a 1M-row corpus's heap and HNSW pages through the
-            # OS cache, a system call per page: 258 of them for one keyword search (2.9 ms).
+            # Postgres' default (128MB) sends a large corpus's heap and HNSW pages through the
+            # OS cache, a system call per page (BENCHMARKS.md, "Read path").
             server.psql(f"ALTER SYSTEM SET shared_buffers = '{want}';")
             log.info("postgres: shared_buffers = %s; restarting once to apply it", want)
             self.down()

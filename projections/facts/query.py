@@ -130,7 +130,7 @@ async def counts(conn, user_id: str) -> Sequence[asyncpg.Record]:
 
 async def holder(conn, fact_id: uuid.UUID, user_id: str) -> asyncpg.Record | None:
     """Whose fact ``fact_id`` is, its status, slot and value: ``user_id``'s own if they hold it,
-    else any user's (for a control command to say whether an id is unknown or another user's)."""
+    else any user's (for a control request to say whether an id is unknown or another user's)."""
     return await conn.fetchrow("SELECT user_id, status, attribute, value FROM memory_facts WHERE fact_id = $1 "
                                "ORDER BY user_id = $2 DESC LIMIT 1", fact_id, user_id)
 

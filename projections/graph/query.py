@@ -23,8 +23,8 @@ _JOIN = ("memory_edges e JOIN entities s ON s.entity_id = e.source_entity_id AND
 # one plan instead of two. Both are picked with their own columns (the scans read those rows
 # anyway) and only then named: no join back to the partitioned table. Entities are looked up by
 # key in scalar subqueries, not joined: the same rows (every edge's entities exist, a foreign key)
-# with fewer plans to weigh (planning 0.47 -> 0.39 ms, the statement 2.23 -> 1.96 ms p50 and
-# 3.92 -> 3.36 ms p95 for the heavy user, interleaved).
+# with fewer plans to weigh (faster to plan and to run for a heavy user, interleaved A/B:
+# docs/benchmarks-history.md).
 _NEAREST_WITH_HOPS = f"""
 WITH c AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_edges

@@ -24,7 +24,7 @@ Letter = tuple[Record, str, str]  # (record, stage that refused it, reason)
 
 class InputRefused(str):
     """A letter's reason that is its record's own input refused by our rules (a ``Refused`` whose
-    ``users_input`` is set: a command naming what the user does not have). Sent and counted like
+    ``users_input`` is set: a request naming what the user does not have). Sent and counted like
     any letter, but never toward the rate that stops the worker: one user's input must not stop
     it for everyone."""
 

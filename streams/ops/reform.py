@@ -26,7 +26,8 @@ from memstream.projections import db
 from memstream.schemas import FactDecision, GraphDecision, InvalidEvent, decode_decision
 from memstream.keys import Shredded, data_keys
 from memstream.streams.worker.formation.graph import GraphView
-from memstream.streams.worker.formation.forming import Formation, decode_turns, nothing_decided
+from memstream.streams.worker.formation.pipeline import Formation, decode_turns
+from memstream.streams.worker.formation.recording import nothing_decided
 from memstream.streams.worker.formation.views import MemoryView
 from memstream.streams.log.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.log import reform_marks
@@ -52,7 +53,7 @@ class ReformReport:
     skipped_events: int
     seconds: float
     shredded: int = 0  # records sealed with a destroyed key (forgotten users): skipped
-    refused_events: int = 0  # commands naming what their user does not hold, turns the model refused (episode only)
+    refused_events: int = 0  # requests naming what their user does not hold, turns the model refused (episode only)
     skipped_decisions: int = 0  # undecodable or refused by a projection, not copied (dead-lettered live)
 
     def as_dict(self) -> dict:

@@ -256,7 +256,7 @@ async def _abandoning(cache: "CacheEpoch", pool, process, records: list[Record])
 
 class CacheEpoch:
     """A projection's cache epoch (part of its Redis keys), read again at every batch: another
-    worker may have abandoned it. Abandoning is how a forget passes while Redis is down (README:
+    worker may have abandoned it. Abandoning is how a forget passes while Redis is down (docs/failure-scenarios.md:
     Redis is reported, not required): the epoch moves on, every reader reads it again within
     ``EPOCH_FRESH_S`` and so never reads the old keys, and those are deleted once Redis answers
     (``purge``). The cost: that projection's cache starts cold, and the batch waits 5 s."""
@@ -278,7 +278,7 @@ class CacheEpoch:
                     self.projection, self.value - 1, self.value)
         # Committed before the batch is applied again: by the time its position passes the
         # forget, every reader has read the new epoch, and a read begun before then has ended
-        # (its deadline is 2 s: the wait is a switch's, ``rebuild._drop_stale_caches``).
+        # (its deadline is 2 s: the wait is a switch's, ``switch._drop_stale_caches``).
         await asyncio.sleep(cache_keys.EPOCH_FRESH_S + 4)
         return self.value
 

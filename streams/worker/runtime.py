@@ -49,7 +49,8 @@ from memstream.streams.worker.metrics import ObservedLlm, TimedEmbedder, WorkerM
 from memstream.streams.log.sealing import RecordSealer
 from memstream.streams.log.topics import step_routes
 from memstream.keys import data_keys
-from memstream.streams.worker.formation.forming import Formation, ProjectionBarrier
+from memstream.streams.worker.formation.barrier import ProjectionBarrier
+from memstream.streams.worker.formation.pipeline import Formation
 from memstream.streams.log.kafka_util import groupless_consumer, partitions_of
 from memstream.streams.worker.projecting import CommandsProjection, EpisodesProjection, FactsProjection, GraphProjection
 from memstream.streams.worker.step import PipelinedStep, Step
@@ -188,7 +189,7 @@ class Runtime:
             log.critical(
                 "the partition count changed under this worker: it started with %d partitions, the topics now have %s. "
                 "Someone added partitions (kafka-topics --alter): users' new records may land on another partition "
-                "than their history. Stop the producers, and see README, Operations: 'Partitions'.",
+                "than their history. Stop the producers, and see docs/operations.md, 'Partitions'.",
                 self.partitions, now)
             logging.shutdown()
             os._exit(EXIT_PARTITIONS)

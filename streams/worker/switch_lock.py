@@ -1,4 +1,4 @@
-"""The lock a schema switch (``streams.ops.rebuild.switch``) holds while it swaps the live schema.
+"""The lock a schema switch (``streams.ops.switch``) holds while it swaps the live schema.
 
 Workers look at it every few seconds (``streams.worker.runtime``): while a switch holds it they restart
 and wait on it before they start again, so none writes into the schema being swapped out; once

@@ -10,8 +10,8 @@ import asyncio
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from memstream.keys.data_keys import (_HEAD, MAGIC, DataKeys, MemoryWrappedKeys, NotSealed, PostgresWrappedKeys, Shredded,
-                                    _aad, generation_of, user_key)
+from memstream.keys.data_keys import _HEAD, MAGIC, DataKeys, NotSealed, Shredded, _aad, generation_of, user_key
+from memstream.keys.wrapped import MemoryWrappedKeys, PostgresWrappedKeys
 from memstream.keys.rotation import rotate
 
 pytestmark = pytest.mark.asyncio

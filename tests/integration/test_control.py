@@ -499,7 +499,7 @@ async def _forget_eve(stack, settings, conn, dsn, embedder, w, shorten):
 
 async def test_a_forget_redis_cannot_erase_passes_on_a_new_cache_epoch_and_the_old_keys_go_when_redis_answers(
         settings, conn, dsn):
-    """Redis down at a forget does not stall the projections (README: Redis is reported, not
+    """Redis down at a forget does not stall the projections (docs/failure-scenarios.md: Redis is reported, not
     required): the cache's epoch is abandoned, so no reader reads a key of before once the
     position passes the forget (Redis back from an outage would still hold them), and those keys
     are deleted when Redis answers."""

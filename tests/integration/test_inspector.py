@@ -1,6 +1,6 @@
 """The memory inspector in a real browser: Debian's Chromium, headless, driven by Selenium
 through chromedriver, against the API served on the real stack. Screenshots are kept under
-``.memstream/screenshots/`` (README shows one)."""
+``.memstream/screenshots/`` (README and docs show one)."""
 from __future__ import annotations
 
 import asyncio

@@ -36,7 +36,7 @@ async def test_a_rebuilt_schema_is_switched_in_under_read_and_write_load_and_the
     from memstream.projections.db import drop_schema
     from memstream.read_client import MemoryReader
     from memstream.streams.log.producer import TurnLog
-    from memstream.streams.ops.rebuild import SwitchRefused, switch
+    from memstream.streams.ops.switch import SwitchRefused, switch
     from memstream.streams.ops.replay import replay
 
     from .conftest import wait_until
@@ -169,7 +169,7 @@ async def test_memstream_rebuild_builds_beside_the_live_schema_and_switches_with
 async def test_a_switch_refuses_an_unfinished_rebuild_and_the_key_store_and_names_the_old_schema_past_the_kept_ones(
         settings, conn, dsn):
     from memstream.projections.db import drop_schema
-    from memstream.streams.ops.rebuild import SwitchRefused, switch
+    from memstream.streams.ops.switch import SwitchRefused, switch
     from memstream.streams.ops.replay import ReplayError, replay
 
     side, live = settings.postgres_schema + "_next", settings.postgres_schema
@@ -202,7 +202,7 @@ async def test_a_switch_refuses_an_unfinished_rebuild_and_the_key_store_and_name
         done = await switch(settings, dsn, side)
         assert done["old"] == f"{live}_old_3"
         given = await conn.fetchval(f'SELECT max(epoch) FROM "{live}".projection_epochs')
-        # Undone as README says (the old schema renamed back, the new one aside, here dropped),
+        # Undone as docs/operations.md says (the old schema renamed back, the new one aside, here dropped),
         # then a fresh rebuild switched in: its epoch is past the undone build's, whose Redis
         # keys may be there still (a forget since the undo never reached them).
         await conn.execute(f'DROP SCHEMA "{live}" CASCADE')

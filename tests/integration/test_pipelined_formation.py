@@ -25,7 +25,7 @@ from memstream.schemas.events import new_event_id
 from memstream.schemas.codec import encode
 from memstream.streams.log.screening import expected_partition
 from memstream.streams.log.dead_letter import DeadLetters
-from memstream.streams.worker.formation.forming import Formation
+from memstream.streams.worker.formation.pipeline import Formation
 from memstream.streams.log.producer import idempotent_producer
 from memstream.streams.log.records import Record
 from tests.unit.test_model_refusal import Unreadable

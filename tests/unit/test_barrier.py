@@ -1,6 +1,6 @@
 """``ProjectionBarrier`` without Postgres: what it waits for per user, and that a long-running
 worker's bookkeeping of users the projections have applied is dropped."""
-from memstream.streams.worker.formation.forming import PRUNE_AT, ProjectionBarrier
+from memstream.streams.worker.formation.barrier import PRUNE_AT, ProjectionBarrier
 
 
 class Positions:

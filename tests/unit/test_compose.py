@@ -18,7 +18,7 @@ from memstream.config import Settings
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-NOT_SETTINGS = {"MEMSTREAM_CACHE_DIR"}  # read by the embedder itself (README, Configuration)
+NOT_SETTINGS = {"MEMSTREAM_CACHE_DIR"}  # read by the embedder itself (docs/configuration.md)
 
 
 def interpolated(value: str) -> str:

@@ -12,7 +12,7 @@ from memstream.projections.graph.core import MissingGraphTarget
 from memstream.schemas.errors import InvalidEvent, MemstreamError, Refused, Retryable, UnknownEventType
 from memstream.streams.log.dead_letter import TooManyDeadLetters
 from memstream.streams.log.errors import BrokerUnavailable, Transient, as_retryable, as_retryable_call
-from memstream.streams.worker.formation.forming import ProjectionLagging
+from memstream.streams.worker.formation.barrier import ProjectionLagging
 
 
 def test_each_public_error_has_its_kind_and_still_is_what_it_was():

@@ -16,7 +16,7 @@ from memstream.llm.offline_relations import OfflineRelationExtractor
 from memstream.projections.facts.core import fold
 from memstream.projections.graph import core as graph_core
 from memstream.schemas import TurnRecorded
-from memstream.streams.worker.formation.forming import Formation
+from memstream.streams.worker.formation.pipeline import Formation
 from memstream.streams.worker.formation.graph import GraphView
 from memstream.streams.worker.formation.views import PostgresView
 from memstream.streams.log.records import Record
@@ -75,7 +75,7 @@ def test_a_turn_formed_again_after_later_turns_leaves_one_current_fact(monkeypat
 
     async def form(turn, view, offset):
         record = Record("events", 0, offset, b"u", b"", (), int((AT + timedelta(days=offset)).timestamp() * 1000))
-        decisions = await formation._facts(record, turn, view)
+        decisions = await formation.turns.facts(record, turn, view)
         fold(store, decisions)
         return decisions
 
@@ -105,7 +105,7 @@ def test_a_turn_formed_again_after_later_turns_reopens_no_edge():
 
     async def form(turn, offset):
         record = Record("events", 0, offset, b"u", b"", (), int((AT + timedelta(days=offset)).timestamp() * 1000))
-        decisions = await formation._edges(record, turn, GraphView(load))  # a fresh view: the projection's rows
+        decisions = await formation.turns.edges(record, turn, GraphView(load))  # a fresh view: the projection's rows
         graph_core.fold(graph, decisions)
         return decisions
 

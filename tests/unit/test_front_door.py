@@ -1,5 +1,5 @@
 """One front door: ``memstream.connect()`` owns the log and the reader; the surfaces (the HTTP
-API, the MCP server, the CLI's control commands) use it and construct neither themselves."""
+API, the MCP server, the CLI's control calls) use it and construct neither themselves."""
 import ast
 import inspect
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import memstream
-from memstream import cli
+from memstream.cli import base as cli
 from memstream.memory import Memory, connect
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +36,8 @@ def test_the_api_and_the_mcp_server_construct_neither_the_log_nor_the_reader(pat
     assert constructs(ast.parse((ROOT / path).read_text())) == set()
 
 
-def test_the_clis_control_commands_construct_neither():
-    assert constructs(ast.parse(inspect.getsource(cli._control))) == set()
+def test_the_clis_control_calls_construct_neither():
+    assert constructs(ast.parse(inspect.getsource(cli.run_on_memory))) == set()
 
 
 def test_the_check_finds_a_surface_that_does():

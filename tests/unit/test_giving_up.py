@@ -13,7 +13,7 @@ from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.llm.protocols import Throttled
 from memstream.schemas import TurnRecorded
 from memstream.schemas.codec import encode
-from memstream.streams.worker.formation.forming import Abandoned, Formation
+from memstream.streams.worker.formation.pipeline import Abandoned, Formation
 from memstream.streams.log.records import Record
 from memstream.streams.worker.runtime import Runtime
 from tests.unit.test_turn_resolution import Scattered

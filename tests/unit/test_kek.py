@@ -96,7 +96,8 @@ def test_a_kms_rotation_points_the_alias_at_a_new_key_rewraps_in_kms_and_schedul
 async def test_a_kms_rotation_of_a_store_wraps_each_key_once_and_ends():
     """KMS names every blob by the key's ARN: a rotation must know the new one's, or every key
     looks stale for ever."""
-    from memstream.keys.data_keys import DataKeys, MemoryWrappedKeys
+    from memstream.keys.data_keys import DataKeys
+    from memstream.keys.wrapped import MemoryWrappedKeys
     from memstream.keys.rotation import rotate
 
     client = boto3.client("kms", region_name="eu-west-1", aws_access_key_id="x", aws_secret_access_key="x")

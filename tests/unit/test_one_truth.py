@@ -16,7 +16,7 @@ from memstream.projections.agreement import disagreements
 from memstream.projections.graph.core import EdgeRow
 from memstream.schemas import EdgeForgotten, EpisodeForgotten, FactCorrected, FactForgotten, TurnRecorded
 from memstream.schemas.events import new_event_id
-from memstream.streams.worker.formation.forming import Formation
+from memstream.streams.worker.formation.pipeline import Formation
 from memstream.streams.worker.formation.graph import GraphView, user_entity_id
 from memstream.streams.worker.formation.views import MemoryView
 from memstream.streams.log.records import Record

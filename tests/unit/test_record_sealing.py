@@ -13,7 +13,8 @@ from memstream.schemas import (SYSTEM_USER, ExpertIdentityUpserted, LogPosition,
                                decode_event)
 from memstream.schemas.events import new_event_id
 from memstream.keys.kek import LocalKek
-from memstream.keys.data_keys import DataKeys, MemoryWrappedKeys, Shredded
+from memstream.keys.data_keys import DataKeys, Shredded
+from memstream.keys.wrapped import MemoryWrappedKeys
 from memstream.streams.log.screening import screen
 from memstream.streams.log.records import Record
 from memstream.streams.log.sealing import RecordSealer

@@ -8,7 +8,7 @@ from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.projections.facts.core import fact_id
 from memstream.schemas import FactForgotten, TurnRecorded
 from memstream.schemas.events import new_event_id
-from memstream.streams.worker.formation.forming import Formation
+from memstream.streams.worker.formation.pipeline import Formation
 from memstream.streams.worker.formation.graph import GraphView
 from memstream.streams.worker.formation.views import MemoryView
 from memstream.streams.log.records import Record

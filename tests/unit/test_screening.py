@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from memstream.schemas import EpisodeRecorded, LogPosition, NothingDecided, ReminderScheduled, TurnRecorded, encode
 from memstream.streams.log.screening import screen, expected_partition
-from memstream.streams.worker.formation.forming import nothing_decided
+from memstream.streams.worker.formation.recording import nothing_decided
 from memstream.streams.log.records import Record
 
 

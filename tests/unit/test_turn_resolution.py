@@ -11,7 +11,7 @@ import pytest
 from memstream.llm.offline import OfflineResolver
 from memstream.llm.offline_relations import OfflineTurnExtractor
 from memstream.schemas import TurnRecorded
-from memstream.streams.worker.formation.forming import Formation
+from memstream.streams.worker.formation.pipeline import Formation
 from memstream.streams.worker.formation.graph import GraphView
 from memstream.streams.worker.formation.views import MemoryView
 from memstream.streams.log.records import Record

@@ -91,10 +91,10 @@ class GraphView:
 
 @dataclass(frozen=True)
 class GraphContext:
-    turn: Event  # what is decided on (a turn, a control command): its event id names the decisions
+    turn: Event  # what is decided on (a turn, a control request): its event id names the decisions
     common: dict  # decision_id-free envelope fields: source_event_id, source, recorded_at, user_id
     extractor: str
-    why: str | None = None  # every decision's reason (a control command's), instead of the decider's own
+    why: str | None = None  # every decision's reason (a control request's), instead of the decider's own
 
 
 class EdgeDecider:

@@ -2,7 +2,7 @@
 
 A relation of the graph may state a fact slot of the user (``relation_of``: home is ``lives_in``,
 a sister ``has_sibling``, a pet ``has_pet``). For each such relation of a slot the user's facts
-have ever filled, after every turn and every control command formation decides, the user's
+have ever filled, after every turn and every control request formation decides, the user's
 current edges of that relation are exactly the values of their current facts of that slot (one,
 the newest, for a single-valued relation), opened from when the fact holds and closed when it
 ended; an edge stating a forgotten fact's value is forgotten with it. Facts lead: they pass the
@@ -53,7 +53,7 @@ def touched(decisions: Iterable[Decision], facts: FactView, graph: GraphView, us
 async def follow(decider: EdgeDecider, facts: FactView, relations: Iterable[str], *,
                  forgot: tuple[str, str, Iterable[str]] | None = None) -> None:
     """Decide, on ``decider``, what makes the user's edges of ``relations`` say what their facts
-    say; ``forgot``: (actor, reason, values) of a command that forgot facts of these values,
+    say; ``forgot``: (actor, reason, values) of a request that forgot facts of these values,
     whose edges are forgotten with them."""
     user_id = decider.ctx.turn.user_id
     user = user_entity_id(user_id)

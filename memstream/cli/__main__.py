@@ -1,0 +1,3 @@
+from memstream.cli import main
+
+main()
