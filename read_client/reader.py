@@ -46,7 +46,7 @@ log = logging.getLogger("memstream.read")
 ANN_CANDIDATES = 20  # the first stage of the funnel: ANN / keyword top-k before the rerank
 EDGE_CANDIDATES = 10  # directly matched edges
 HOP_LIMIT = 20  # edges pulled in by one-hop expansion, at most
-# What a turn or command changes, each with its position on the events topic: ``after=`` waits for all.
+# What a turn, request or host record (a "command": reminders, identities) changes, each with its position on the events topic: ``after=`` waits for all.
 READ_YOUR_WRITES = ("episodes", "facts", "graph", "commands")
 FIRST_LOOK_S = 0.05  # a read-your-writes wait's first look at the positions, at least
 PROBE_TIMEOUT_S = 2.0  # a readiness check's wait for each store
@@ -63,8 +63,8 @@ class MemoryReader(Browsing):
       A store that stops answering holds a read up ``deadline_s`` at most (after any wait below):
       the sections still waiting on it then come back degraded.
     * ``after=LogPosition`` (as returned by ``TurnLog.append``) makes the read wait, up to
-      ``wait_timeout`` seconds, until every projection a turn or command changes (episodes,
-      facts, graph, commands) has applied what formation made of that position, so a host
+      ``wait_timeout`` seconds, until every projection a turn, request or host record changes
+      (episodes, facts, graph, commands) has applied what formation made of that position, so a host
       reads its own writes. On timeout the read proceeds with ``caught_up=False``.
     * A context never holds two current values of one single-valued attribute, nor two
       versions of one fact, even when its channels' statements straddle a projection's commit.

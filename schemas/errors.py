@@ -28,7 +28,7 @@ class Retryable(MemstreamError):
 
 class Refused(MemstreamError):
     """This record cannot be applied: dead-letter it with this error's message as the reason.
-    ``users_input``: the record is its user's own mistake by our rules (a command naming what
+    ``users_input``: the record is its user's own mistake by our rules (a request naming what
     they do not have), so its letter never counts toward the rate that stops the worker; other
     refusals (a decision naming a row the store lacks: the log is inconsistent) do."""
 

@@ -119,7 +119,7 @@ class FactVersion(BaseModel, FactContent):
     end_reason: str | None = Field(description="why it stopped being believed")
     observation_count: int
     decision_id: uuid.UUID | None = Field(None, description="the decision on the log that recorded this version")
-    source_event_id: uuid.UUID | None = Field(None, description="the event it was decided from: a turn or a command")
+    source_event_id: uuid.UUID | None = Field(None, description="the event it was decided from: a turn or a request (a correction)")
     extractor: str | None = Field(None, description="what extracted it from the turn (an LLM, a rule, a person)")
     resolver: str | None = Field(None, description="what decided it against the facts held before")
     source_turn: Episode | None = Field(None, description="the turn it came from, while remembered (fact history only)")

@@ -347,7 +347,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         time per tenant (429 while one runs), so no tenant holds every export's turn."""
         import shutil
 
-        from memstream import portability
+        import memstream.portability as portability
 
         whose = who.tenant or who.name
         if whose in state["exporting"]:

@@ -13,7 +13,7 @@ from memstream.cli.base import echo, log_settings, main, parse_uuid, run_on_memo
 
 @main.group()
 def memories() -> None:
-    """See, correct and forget what memstream holds about a user (commands on their log)."""
+    """See, correct and forget what memstream holds about a user (requests on their log)."""
 
 
 @memories.command("list")

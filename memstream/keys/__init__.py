@@ -1,9 +1,10 @@
-"""Sealing for crypto-shredding: each user's personal content is sealed with a data key of their
+"""The keys of crypto-shredding: each user's personal content is sealed with a data key of their
 own (AES-256-GCM), data keys are kept wrapped by a key-encryption key, and forgetting a user
 destroys their data key — every record sealed with it, on any log or backup, is then noise.
 
-``kek``: the key-encryption keys; ``keys``: the per-user data keys. Records are sealed and
-opened by ``memstream.streams.log.sealing`` (docs/erasure.md)."""
+``kek``: the key-encryption keys; ``data_keys``: the per-user data keys; ``wrapped``: where they
+are kept; ``rotation``: moving them to a new KEK. Records are sealed and opened with these keys by
+``memstream.streams.log.sealing`` (docs/erasure.md)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -27,7 +27,7 @@ from memstream.schemas.errors import InvalidEvent
 from memstream.keys.data_keys import DataKeys, NotSealed, Shredded, generation_of
 from memstream.streams.log.records import SHREDDED, Record
 
-log = logging.getLogger("memstream.keys")
+log = logging.getLogger("memstream.sealing")
 
 _FORGETS = (UserForgotten.__struct_config__.tag, MemoryForgotten.__struct_config__.tag)
 _PLAIN = (NothingDecided.__struct_config__.tag,)  # besides forgets and SYSTEM_USER's: never sealed

@@ -2,6 +2,8 @@
 log, check it holds what the live one holds, and swap the two under the switch lock
 (``streams.worker.switch_lock``) while the workers wait; the old schema is kept (``<live>_old_<n>``)
 unless dropped, and the read caches of the old epochs are dropped."""
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
@@ -17,8 +19,6 @@ from memstream.streams.log.kafka_util import drain, groupless_consumer, partitio
 from memstream.streams.ops.replay import ReplayError
 from memstream.streams.log.sealing import RecordSealer
 from memstream.streams.worker import switch_lock
-
-log = logging.getLogger("memstream.rebuild")
 
 log = logging.getLogger("memstream.rebuild")
 

@@ -63,6 +63,7 @@ async def test_every_python_block_runs_as_written_against_the_local_stacks_socke
     assert done.returncode == 0, f"{block.id}:\n{done.stderr[-3000:]}"
     if block == host_snippet():
         assert "Lives in Lisbon" in done.stdout, done.stdout
+        assert done.stdout.rstrip().endswith("User: where do I live?")
 
 
 @pytest.mark.parametrize("command", [c for c in all_commands() if runs_on_stack(c)], ids=lambda c: c.id)

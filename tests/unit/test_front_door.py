@@ -79,14 +79,26 @@ async def test_corrections_and_forgets_go_through_the_calls_that_check_whose_mem
         await memory.remember(turn, occurred_at=datetime.now(timezone.utc))
 
 
-def test_the_old_path_of_turnlog_still_imports_and_says_where_it_went():
+@pytest.mark.parametrize("old, new, name", [
+    ("memstream.streams.producer", "memstream.streams.log.producer", "TurnLog"),
+    ("memstream.streams.errors", "memstream.streams.log.errors", "BrokerUnavailable"),
+    ("memstream.streams.sealing", "memstream.streams.log.sealing", "RecordSealer"),
+    ("memstream.sealing", "memstream.keys", "DataKeys"),
+    ("memstream.dead_letters", "memstream.streams.ops.dead_letters", "retry"),
+])
+def test_an_old_module_path_still_imports_and_says_where_it_went(old, new, name):
     import importlib
     import sys
 
-    import pytest
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        moved = importlib.import_module(old)
+    assert getattr(moved, name) is getattr(importlib.import_module(new), name)
 
-    sys.modules.pop("memstream.streams.producer", None)
-    with pytest.warns(DeprecationWarning, match="memstream.connect"):
-        old = importlib.import_module("memstream.streams.producer")
-    from memstream.streams.log.producer import TurnLog
-    assert old.TurnLog is TurnLog
+
+def test_the_workers_old_names_are_looked_up_where_they_went():
+    import memstream.streams.worker as worker
+    from memstream.streams.worker.runtime import run_worker
+
+    with pytest.warns(DeprecationWarning, match="memstream.streams.worker.runtime"):
+        assert worker.run_worker is run_worker

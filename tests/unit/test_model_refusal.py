@@ -157,7 +157,7 @@ async def test_a_turn_the_models_service_keeps_failing_is_given_up_once_it_answe
     neither its partition nor the worker; the other user's turn is formed meanwhile."""
     model = Unreadable(ModelUnavailable)
     f, produced, letters = formation(model, turn_model=True, attempts=3)
-    f._pool = f.turns._pool = NoRowsYet()
+    f.turns.pool = NoRowsYet()
     await asyncio.wait_for(f.process([turn(0, "garbled, said in Oslo.", "ana"), turn(1, "I live in Porto.", "bo")]), 20)
     assert model.asked["garbled, said in Oslo."] >= 3
     assert {(d.user_id, type(d).__name__) for d in produced.decisions} >= {("ana", "EpisodeRecorded"), ("bo", "FactAdded")}

@@ -173,7 +173,7 @@ async def test_a_plain_record_of_a_user_written_after_sealing_began_is_counted_a
     plain = [Record("t.events", 0, i, b"bo", encode(turn("bo", "plain")), (), int(time.time() * 1000) + 1000)
              for i in range(3)]
     old = Record("t.events", 0, 9, b"bo", encode(turn("bo", "from before")), (), 1_000)
-    with caplog.at_level(logging.WARNING, "memstream.keys"):
+    with caplog.at_level(logging.WARNING, "memstream.sealing"):
         opened = await sealer.open([old, *plain])
     assert [r.sealing for r in opened] == [None] * 4 and sealer.plain_records == 3
     assert caplog.text.count("plain records of users") == 1

@@ -83,7 +83,7 @@ class Formation:
                                  relations=relations, turn_extractor=turn_extractor,
                                  gate_observations=gate_observations, concurrency=concurrency)
         sealer = sealer or RecordSealer(None)
-        self._embedder, self._pool, self._barrier = embedder, pool, barrier
+        self._embedder, self._barrier = embedder, barrier
         self.control = ControlRequests(self.turns, sealer)
         self._recorder = Recorder(name=self.name, producer=producer, decisions_topic=decisions_topic,
                                   dead_letters=dead_letters, positions=positions or pool, sealer=sealer,
@@ -281,7 +281,7 @@ class Formation:
         if views is None:
             if self._barrier is not None:
                 await retried("formation's barrier", lambda: self._barrier.wait(partition, {user}))
-            views = _Views(PostgresView(self._pool, self._embedder.model_id), GraphView(self.turns.load_graph))
+            views = _Views(PostgresView(self.turns.pool, self._embedder.model_id), GraphView(self.turns.load_graph))
         self._views[user] = views
         while len(self._views) > VIEWS_KEPT:  # the least recent that nothing in flight needs
             idle = next((u for u in self._views if not self._unfinished[u]), None)
@@ -352,7 +352,7 @@ class Formation:
             return []
         embedding, where = self._episodes(turns)
         embedded = asyncio.ensure_future(embedding)
-        overlay = view if view is not None else PostgresView(self._pool, self._embedder.model_id)
+        overlay = view if view is not None else PostgresView(self.turns.pool, self._embedder.model_id)
         graph = graph if graph is not None else GraphView(self.turns.load_graph)
         made: list[list[Decision]] = [[] for _ in turns]
         refused: dict[int, str] = {}
@@ -462,7 +462,7 @@ _NO_TAIL = _Tail(None, None)
 
 
 class _Part:
-    """One partition's records of an started batch, in flight."""
+    """One partition's records of a started batch, in flight."""
 
     def __init__(self, records: list[Record], turns: list[tuple[Record, Event]], letters: list,
                  recorded: Callable[[], None], epoch: int):

@@ -74,7 +74,10 @@ def nothing_decided(records: Sequence[Record], made: Sequence[tuple[Record, Deci
                     ) -> list[tuple[Record, NothingDecided]]:
     """A ``NothingDecided`` for each partition whose last record in ``records`` is not a turn
     formed in ``made``, to be written after ``made``: without it the projections could not tell
-    that trailing records forming nothing (host records, refused requests) or dead letters left nothing to apply (their lag never cleared)."""
+    that a trailing record which is not a formed turn (a request, accepted or refused; a host
+    record) or a dead letter left nothing to apply (their lag never cleared, and a read waiting
+    ``after`` a correction or forget would wait out its timeout: positions count only episodes
+    and these)."""
     formed = {id(r) for r, d in made if isinstance(d, EpisodeRecorded)}
     last = {r.partition: r for r in records}
     out = []

@@ -62,7 +62,7 @@ class TurnDecider:
                  turn_extractor: TurnExtractionClient | None = None, gate_observations: int = 3,
                  concurrency: int = 16):
         """``pool``: the projections' rows (None in a reform, whose views hold everything)."""
-        self.embedder, self._pool = embedder, pool
+        self.embedder, self.pool = embedder, pool
         self._extractor, self._resolver, self._relations = extractor, resolver, relations
         # One call for a turn's facts and relations when the model offers it (fewer calls per turn).
         self._turn_extractor = turn_extractor
@@ -248,15 +248,15 @@ class TurnDecider:
         held.update(turns)
         self._forgotten_n += len(held)
         self._forgotten_turns.move_to_end(user_id)
-        while self._pool is not None and len(self._forgotten_turns) > 1 and self._forgotten_n > FORGOTTEN_KEPT:
+        while self.pool is not None and len(self._forgotten_turns) > 1 and self._forgotten_n > FORGOTTEN_KEPT:
             self._forgotten_n -= len(self._forgotten_turns.popitem(last=False)[1])
 
     async def was_forgotten(self, turn: TurnRecorded) -> bool:
         if turn.event_id in self._forgotten_turns.get(turn.user_id, ()):
             return True
-        if self._pool is None:  # a reform: every forget before this turn was formed here
+        if self.pool is None:  # a reform: every forget before this turn was formed here
             return False
-        return await self._pool.fetchval(
+        return await self.pool.fetchval(
             "SELECT EXISTS (SELECT FROM forgotten_episodes WHERE user_id = $1 AND episode_id = $2)",
             turn.user_id, episodes.episode_id(turn.event_id))
 
@@ -272,7 +272,7 @@ class TurnDecider:
         return answer
 
     async def load_graph(self, user_id: str):
-        async with self._pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             return await graph_store.load_user(conn, user_id)
 
 
