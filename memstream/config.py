@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from memstream.projections.schema_names import check_schema_name
@@ -73,6 +73,15 @@ class Settings(BaseModel):
     read_embed_threads: int = Field(1, ge=1)  # read client: one core embeds while Postgres uses the other
     # MiniLM variant (memstream.embedding.minilm): "dynamic" int8 compute or "weights" as shipped.
     embedding_variant: Literal["dynamic", "weights"] = "dynamic"
+    # The embedder: "minilm" (in process, 384-d), "openai" (an OpenAI-compatible /v1/embeddings:
+    # ``embedding_base_url`` / ``embedding_api_key`` default to the ``openai_*`` ones) or "titan"
+    # (Bedrock Titan Text Embeddings v2, ``bedrock_region``). ``embedding_dimensions``: asked of a
+    # model that shortens its vectors; the stores' vector columns take it (docs/models.md).
+    embedder: Literal["minilm", "openai", "titan"] = "minilm"
+    embedding_model: str | None = None
+    embedding_dimensions: int | None = Field(None, ge=1, le=2000)  # pgvector indexes (HNSW) up to 2,000
+    embedding_base_url: str | None = None
+    embedding_api_key: SecretStr | None = None
     # The worker stops (rather than keep dead-lettering) past this many dead letters per batch
     # window of 1000 records: a flood of bad records usually means a bad deploy, not bad data.
     max_dead_letters_per_1000: int = Field(100, ge=0)
@@ -83,6 +92,17 @@ class Settings(BaseModel):
     bedrock_region: str = "us-east-1"
     bedrock_extraction_model: str = "anthropic.claude-3-5-haiku-20241022-v1:0"
     bedrock_resolution_model: str = "anthropic.claude-3-5-haiku-20241022-v1:0"
+    # extractor "openai": an OpenAI-compatible chat API (OpenAI, Azure OpenAI, Ollama, vLLM,
+    # LM Studio, llama.cpp's server; docs/models.md). ``openai_api_key``: None reads the SDK's
+    # OPENAI_API_KEY; local servers take any. ``openai_structured``: how the answer is held to its
+    # schema, "json_schema" (a response format) or "tools" (a forced tool call).
+    openai_base_url: str = "https://api.openai.com/v1"
+    openai_api_key: SecretStr | None = None
+    openai_model: str = "gpt-4o-mini"
+    openai_resolution_model: str | None = None  # None: openai_model
+    openai_structured: Literal["json_schema", "tools"] = "json_schema"
+    openai_timeout_s: float = Field(60.0, gt=0)
+    openai_max_tokens: int = Field(1024, ge=64)
     # LLM calls in flight per formation worker: different users' turns of a batch are formed
     # concurrently up to this many calls (one user's stay in order).
     formation_concurrency: int = Field(16, ge=1, le=1024)
@@ -166,6 +186,8 @@ class Settings(BaseModel):
                 continue
             if dataclasses.is_dataclass(value):
                 value = json.dumps(dataclasses.asdict(value))
+            elif isinstance(value, SecretStr):
+                value = value.get_secret_value()
             env[f"MEMSTREAM_{name.upper()}"] = str(value)
         return env
 

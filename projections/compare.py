@@ -6,7 +6,7 @@ import asyncpg
 from memstream.projections.schema_names import check_schema_name
 
 # Tables each projection owns, compared on every column (generated ones included).
-TABLES = {"episodes": ["episodes", "episode_passages", "episodes_terms", "forgotten_episodes"], "facts": ["memory_facts", "memory_facts_terms"],
+TABLES = {"episodes": ["episodes", "episode_passages", "episodes_terms", "forgotten_episodes"], "facts": ["memory_facts", "memory_facts_terms", "fact_refusals"],
           "graph": ["entities", "memory_edges"],
           "commands": ["reminders", "person_identities", "expert_identities"], "profile": ["profiles"]}
 

@@ -9,6 +9,8 @@ from typing import Awaitable, Callable
 import asyncpg
 from pgvector.asyncpg import register_vector
 
+from memstream.schemas.errors import MemstreamError
+
 log = logging.getLogger("memstream.projections")
 
 
@@ -92,9 +94,10 @@ def _migrations() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-async def migrate(dsn: str, schema: str) -> list[str]:
+async def migrate(dsn: str, schema: str, dimensions: int | None = None) -> list[str]:
     """Create ``schema`` and apply every migration not yet applied there. Safe to re-run and to
-    run concurrently (an advisory lock serialises runners). Returns the names applied now."""
+    run concurrently (an advisory lock serialises runners). Returns the names applied now.
+    ``dimensions``: the embedder's, which the vector columns take (``ensure_dimensions``)."""
     conn = await asyncpg.connect(dsn)
     applied_now: list[str] = []
     try:
@@ -115,9 +118,52 @@ async def migrate(dsn: str, schema: str) -> list[str]:
                 await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
                 applied_now.append(name)
                 log.info("applied migration %s to schema %s", name, schema)
+            if dimensions is not None and await ensure_dimensions(conn, dimensions):
+                applied_now.append(f"vectors of {dimensions} dimensions")
     finally:
         await conn.close()
     return applied_now
+
+
+# The vector columns: each holds one embedder's vectors (``embedding_model`` beside them).
+VECTOR_TABLES = ("episodes", "episode_passages", "memory_facts", "memory_edges")
+
+
+class DimensionMismatch(MemstreamError):
+    """The store holds vectors of another dimension than the configured embedder makes."""
+
+
+async def ensure_dimensions(conn: asyncpg.Connection, dimensions: int) -> bool:
+    """Give the schema's vector columns ``dimensions`` (its indexes rebuilt alike) while they hold
+    no row; True if anything changed. Vectors are never converted: a store that already holds
+    another embedder's vectors raises ``DimensionMismatch`` (switch models by ``memstream reform``
+    into a new decisions version, ``replay --into`` a new schema, then ``switch``)."""
+    rows = await conn.fetch(
+        "SELECT c.relname, a.atttypmod FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND a.attname = 'embedding' "
+        "AND c.relname = ANY($1::text[]) AND c.relkind IN ('r', 'p')", list(VECTOR_TABLES))
+    wrong = sorted(r["relname"] for r in rows if r["atttypmod"] != dimensions)
+    if not wrong:
+        return False
+    held = [t for t in wrong if await conn.fetchval(f"SELECT EXISTS (SELECT FROM {t})")]
+    if held:
+        have = {r["relname"]: r["atttypmod"] for r in rows}
+        raise DimensionMismatch(
+            f"the store holds {have[held[0]]}-dimensional vectors ({', '.join(held)}), the configured embedder makes "
+            f"{dimensions}: switch models with `memstream reform`, `memstream replay all --into` a new schema and "
+            "`memstream switch` (docs/models.md)")
+    for table in wrong:
+        indexes = await conn.fetch(
+            "SELECT i.indexrelid::regclass::text AS name, pg_get_indexdef(i.indexrelid) AS definition FROM pg_index i "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = $1::regclass AND a.attname = 'embedding'", table)
+        for ix in indexes:
+            await conn.execute(f"DROP INDEX {ix['name']}")
+        await conn.execute(f"ALTER TABLE {table} ALTER COLUMN embedding TYPE vector({int(dimensions)})")
+        for ix in indexes:
+            await conn.execute(ix["definition"].replace(" ON ONLY ", " ON "))
+        log.info("vector column of %s made %d-dimensional", table, dimensions)
+    return True
 
 
 async def drop_schema(dsn: str, schema: str) -> None:

@@ -15,9 +15,9 @@ from memstream.read_client.arguments import check_user, storable
 from memstream.schemas.errors import InvalidArgument
 from memstream.schemas.events import in_range
 from memstream.schemas.read_models import (AsOf, Edge, Episode, FactVersion, Graph, GraphEdge, GraphNode, KindStats,
-                                           MemoryPage, MemoryStats, RankedEdge, UserPage)
+                                           MemoryPage, MemoryStats, RankedEdge, RefusedFact, UserPage)
 
-KINDS = ("facts", "episodes", "edges")
+KINDS = ("facts", "episodes", "edges", "refused")
 MAX_PAGE = 500
 _START = (datetime.min.replace(tzinfo=timezone.utc), uuid.UUID(int=0))
 
@@ -72,6 +72,10 @@ async def memory_page(conn, user_id: str, kind: str, include_history: bool, limi
         rows = await episodes_q.page(conn, user_id, after, limit + 1)
         items = [_episode(r) for r in rows[:limit]]
         keys = [(r["occurred_at"], r["episode_id"]) for r in rows[:limit]]
+    elif kind == "refused":
+        rows = await facts_q.refused_page(conn, user_id, after, limit + 1)
+        items = [RefusedFact(**dict(r)) for r in rows[:limit]]
+        keys = [(r["recorded_at"], r["decision_id"]) for r in rows[:limit]]
     else:
         rows = await graph_q.page(conn, user_id, include_history, after, limit + 1)
         items = [Edge(**{k: r[k] for k in Edge.model_fields if k in r}, source=r["source_name"], target=r["target_name"])

@@ -13,7 +13,7 @@ from typing import Sequence
 import asyncpg
 import redis.asyncio as aioredis
 
-from memstream.embedding import Embedder, default_embedder
+from memstream.embedding import Embedder, embedder_for
 from memstream.projections import positions, redis_client, session_cache
 from memstream.projections.cache_keys import EPOCH_FRESH_S
 from memstream.projections.episodes import query as episodes_q
@@ -113,7 +113,7 @@ class MemoryReader(Browsing):
         dsn = dsn or settings.dsn()
         pool, text_pool = await connect_pools(dsn, settings.postgres_schema, settings.read_deadline_s)
         redis = redis_client.connect(settings.redis_url, timeout_s=0.5)
-        return cls(pool=pool, redis=redis, embedder=embedder or default_embedder(settings.read_embed_threads, settings.embedding_variant),
+        return cls(pool=pool, redis=redis, embedder=embedder or embedder_for(settings, settings.read_embed_threads),
                    schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool,
                    fact_weights=settings.read_fact_weights, episode_weights=settings.read_episode_weights,
                    budgets=settings.read_budgets, keyword_mode=settings.read_keyword_mode, metrics=metrics,

@@ -460,6 +460,29 @@ class FactChangeDeferred(FactDecision, tag="FactChangeDeferred", kw_only=True, f
     text: str
 
 
+REFUSAL_KINDS = ("ungrounded", "assistant_only", "question", "request", "hypothetical", "joke", "other_person",
+                 "quoted", "prompt", "echo")
+
+
+class FactRefused(FactDecision, tag="FactRefused", kw_only=True, frozen=True):
+    """The junk guard refused a candidate fact: the turn does not ground it as something the user
+    said of themselves (``refusal``, one of ``REFUSAL_KINDS``; ``reason`` says why). Recorded so
+    that what was not kept, and why, is part of the user's history; nothing is believed."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    text: str
+    category: str
+    attribute: str
+    value: str
+    refusal: str
+    evidence: str | None = None  # the words of the turn the extractor said it rests on
+
+    def __post_init__(self) -> None:
+        if self.refusal not in REFUSAL_KINDS:
+            raise InvalidEvent(f"refusal must be one of {REFUSAL_KINDS}", "$.refusal")
+
+
 class GraphDecision(Decision, kw_only=True, frozen=True):
     """Common fields of graph decisions: which extractor decided, and why."""
 
@@ -562,6 +585,6 @@ COMMAND_TYPES = (ReminderScheduled, ReminderResolved, PersonIdentitySet, ExpertI
 CONTROL_TYPES = (FactCorrected, FactForgotten, EpisodeForgotten, EdgeForgotten, UserForgotten)
 HOST_WIDE_TYPES = (ExpertIdentityUpserted, ExpertIdentityDeleted)
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
-                                               FactReinforced, FactChangeDeferred, EntityCreated, AliasAdded,
+                                               FactReinforced, FactChangeDeferred, FactRefused, EntityCreated, AliasAdded,
                                                EdgeOpened, EdgeClosed, MemoryForgotten, NothingDecided)
 AnyEvent = TurnRecorded

@@ -154,12 +154,31 @@ class MemoryContext(BaseModel):
     tokens: dict[str, int] = Field(default_factory=dict, description="tokens used per budgeted section")
 
 
+class RefusedFact(BaseModel):
+    """A candidate fact the junk guard did not keep, and why (``FactRefused``): what a turn was read
+    to say, the words it was said to rest on, and the kind of refusal (a question, someone else's
+    fact, a hypothetical, text put in the turn...)."""
+
+    decision_id: uuid.UUID
+    source_event_id: uuid.UUID = Field(description="the turn it was read from")
+    recorded_at: datetime
+    refusal: str = Field(description="ungrounded, assistant_only, question, request, hypothetical, joke, "
+                                     "other_person, quoted, prompt or echo")
+    reason: str
+    text: str
+    category: str
+    attribute: str
+    value: str
+    evidence: str | None = Field(None, description="the words of the turn the extractor said it rests on")
+    extractor: str
+
+
 class MemoryPage(BaseModel):
     """One page of what memstream holds about a user (``MemoryReader.memories``). Pass
     ``next_cursor`` back for the next page; ``None`` means this was the last."""
 
-    kind: str = Field(description="facts, episodes or edges")
-    items: list[FactVersion] | list[Episode] | list[Edge]
+    kind: str = Field(description="facts, episodes, edges, or refused (candidates the junk guard did not keep)")
+    items: list[FactVersion] | list[Episode] | list[Edge] | list[RefusedFact]
     next_cursor: str | None
 
 

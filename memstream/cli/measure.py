@@ -217,3 +217,36 @@ def eval_fetch(ctx: click.Context, dataset: str, source: str | None) -> None:
     except (OSError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"{dataset}: {path}")
+
+
+@eval_group.command("formation")
+@click.option("--extractor", "extractors", multiple=True,
+              help="offline | offline-strict | openai | bedrock (repeat to compare; default: the configured one)")
+@click.option("--dataset", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="labelled conversations (default: the set shipped with memstream)")
+@click.option("--limit", type=click.IntRange(min=1), help="only the first N conversations")
+@click.option("--local-model", type=click.Choice(["smollm2-135m", "qwen2.5-1.5b"]),
+              help="serve this pinned local model (llama.cpp) for the run; extractor 'openai' then asks it")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def eval_formation(ctx: click.Context, extractors: tuple[str, ...], dataset: Path | None, limit: int | None,
+                   local_model: str | None, as_json: bool) -> None:
+    """What formation stores, against labelled conversations: precision, recall, junk rate,
+    wrong-subject rate and decision accuracy of facts and edges, and LLM calls per turn."""
+    from memstream.bench.formation_eval import DATASET, render, run
+    from memstream.stack import model_server
+
+    s = settings_of(ctx)
+    served = None
+    if local_model is not None:
+        served = model_server.start(local_model, Path(s.home) / "models", log_path=Path(s.home) / "model-server.log",
+                                    parallel=min(4, s.formation_concurrency))
+        s = s.model_copy(update={"openai_base_url": f"http://127.0.0.1:{model_server.CHAT_PORT}/v1",
+                                 "openai_model": local_model})
+    try:
+        with progress("eval formation", unit="turns") as on_progress:
+            reports = run(s, list(extractors) or [s.extractor], dataset or DATASET, limit, on_progress)
+    finally:
+        if served is not None:
+            model_server.stop(served)
+    click.echo(json.dumps(reports, indent=2) if as_json else render(reports))

@@ -23,7 +23,9 @@ def migrate(ctx: click.Context) -> None:
 
     s = settings_of(ctx)
     dsn = resolve_dsn(s)
-    applied = asyncio.run(run(dsn, s.postgres_schema))
+    from memstream.embedding import dimensions_of
+
+    applied = asyncio.run(run(dsn, s.postgres_schema, dimensions_of(s)))
     asyncio.run(_key_store(s, dsn))
     click.echo(f"schema {s.postgres_schema}: " + (", ".join(applied) if applied else "up to date")
                + f"; key store {s.keys_schema}: ready")
@@ -63,7 +65,9 @@ def worker(ctx: click.Context, role: str, loglevel: str, no_prepare: bool, metri
 
     async def prepare() -> None:
         await ensure_topics(s)
-        await run_migrations(dsn, s.postgres_schema)
+        from memstream.embedding import dimensions_of
+
+        await run_migrations(dsn, s.postgres_schema, dimensions_of(s))
 
     if not no_prepare:
         asyncio.run(prepare())

@@ -16,22 +16,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 import logging
 import re
-from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, Sequence
+from typing import Any, Sequence
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
-from memstream.llm.protocols import (CATEGORIES, CandidateFact, ExistingFact, MalformedOutput, ModelRefused,
-                                     ModelFailed, ModelUnavailable, Operation, Resolution, Throttled,
+from pydantic import BaseModel, ValidationError
+from memstream.llm.protocols import (CandidateFact, ExistingFact, MalformedOutput, ModelRefused,
+                                     ModelFailed, ModelUnavailable, Resolution, Throttled,
                                      TurnCandidates)
 from memstream.llm.retrying import retrying
+from memstream.llm.structured import (EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_TOOL,
+                                      RESOLVE_ALL_PROMPT, RESOLVE_PROMPT, RESOLVE_TOOL, TURN_PROMPT, TURN_TOOL, FactsAnswer,
+                                      RelationsAnswer, ResolutionAnswer, ResolutionsAnswer, TurnAnswer, render_turn,
+                                      resolution_of, resolutions_of, resolve_all_question, resolve_question)
 from memstream.schemas import TurnRecorded
-from memstream.schemas.events import in_range
 
 log = logging.getLogger("memstream.llm")
 
@@ -65,63 +66,6 @@ def bedrock_executor(max_in_flight: int) -> concurrent.futures.ThreadPoolExecuto
     """Threads for boto3's blocking calls: one per call in flight (asyncio's default pool has
     min(32, cores + 4), which would cap formation's concurrency at 6 on two cores)."""
     return concurrent.futures.ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="bedrock")
-
-
-MAX_SLOT_CHARS = 100
-
-
-def _world_time(when: datetime | None) -> datetime | None:
-    # A model may answer a bare date ("2024-05-01": naive) or a year past what the store holds:
-    # a naive time is taken as UTC, one out of range is no time at all (the fact stands undated).
-    if when is not None and when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when if when is None or in_range(when) else None
-
-
-WorldTime = Annotated[datetime | None, AfterValidator(_world_time)]
-
-
-class _Fact(BaseModel):
-    text: str = Field(min_length=1, description="the fact as a short sentence about the user")
-    category: Literal[CATEGORIES]  # type: ignore[valid-type]
-    # Bounded: attributes and relations are btree keys in the projections (a model's runaway
-    # output must fail here, as malformed, not as an index row too large in the store).
-    attribute: str = Field(min_length=1, max_length=MAX_SLOT_CHARS,
-                           description="slot: name, home, employer, role, likes, allergy, ...")
-    value: str
-    confidence: float = Field(ge=0, le=1)
-    explicit: bool = Field(description="true if the user stated it, false if inferred")
-    valid_at: WorldTime = Field(None, description="when the fact became true, if the turn says")
-    negated: bool = Field(False, description="true if the user says it is no longer true or asks to forget it")
-
-
-class _Facts(BaseModel):
-    facts: list[_Fact]
-
-
-class _Resolution(BaseModel):
-    operation: Literal["ADD", "UPDATE", "DELETE", "NOOP"]
-    target_index: int | None = Field(None, description="index of the existing fact for UPDATE, DELETE or NOOP")
-    reason: str = Field(min_length=1)
-
-
-EXTRACT_TOOL = "record_facts"
-RESOLVE_TOOL = "classify_fact"
-EXTRACT_PROMPT = (
-    "You extract durable facts about the USER from one conversation turn: identity, where they live or work, "
-    "preferences and dislikes, constraints (allergies, diets), family, pets, plans with dates. Only facts about "
-    "the user. Mark explicit=true only for what the user stated; inferred facts get explicit=false and lower "
-    "confidence. A date dates only the fact it is said of (a child's birthday sets valid_at of the birthday, not "
-    "of the child). An explicit request to forget or delete a memory (\"forget that I live in Lisbon\") is that "
-    "fact with negated=true and explicit=true, never a fact to learn. "
-    f"Always answer by calling {EXTRACT_TOOL}; an empty list is fine."
-)
-RESOLVE_PROMPT = (
-    "Decide how a new candidate fact relates to the user's existing facts. ADD if it is new; UPDATE(target) if it "
-    "replaces an existing fact's value; DELETE(target) if the user says an existing fact is no longer true or "
-    "asks to forget it (a negated candidate deletes the fact it names; if none matches, ADD, and nothing is stored); "
-    f"NOOP(target) if it is already known. Always answer by calling {RESOLVE_TOOL}."
-)
 
 
 def _tool(name: str, description: str, model: type[BaseModel]) -> dict:
@@ -190,11 +134,6 @@ def _parse(response: dict, tool_name: str, model: type[BaseModel]) -> BaseModel:
         raise MalformedOutput(f"{tool_name} input does not fit its schema: {errors}") from exc
 
 
-def _render_turn(turn: TurnRecorded) -> str:
-    return (f"Turn at {turn.occurred_at.isoformat()}\nUSER: {turn.user_message}\n"
-            f"ASSISTANT: {turn.assistant_message}")
-
-
 class _Counted:
     """Tokens used so far, for the workers' metrics."""
 
@@ -211,13 +150,13 @@ class BedrockExtractor(_Counted):
     def __init__(self, client, model_id: str, **kw: Any):
         self._converse = _Converse(client, model_id, **kw)
         self.model_id = f"bedrock:{model_id}"
-        self._tool = _tool(EXTRACT_TOOL, "Record the facts found in the turn.", _Facts)
+        self._tool = _tool(EXTRACT_TOOL, "Record the facts found in the turn.", FactsAnswer)
 
     def request(self, turn: TurnRecorded) -> dict:
-        return self._converse.request(EXTRACT_PROMPT, _render_turn(turn), self._tool)
+        return self._converse.request(EXTRACT_PROMPT, render_turn(turn), self._tool)
 
     async def extract(self, turn: TurnRecorded) -> Sequence[CandidateFact]:
-        out = await self._converse.call(self.request(turn), _Facts)
+        out = await self._converse.call(self.request(turn), FactsAnswer)
         return [CandidateFact(**f.model_dump()) for f in out.facts]  # type: ignore[attr-defined]
 
 
@@ -228,84 +167,20 @@ class BedrockResolver(_Counted):
     def __init__(self, client, model_id: str, **kw: Any):
         self._converse = _Converse(client, model_id, **kw)
         self.model_id = f"bedrock:{model_id}"
-        self._tool = _tool(RESOLVE_TOOL, "Classify the candidate against the existing facts.", _Resolution)
-        self._all_tool = _tool(RESOLVE_ALL_TOOL, "Classify each candidate against its existing facts.", _Resolutions)
+        self._tool = _tool(RESOLVE_TOOL, "Classify the candidate against the existing facts.", ResolutionAnswer)
+        self._all_tool = _tool(RESOLVE_ALL_TOOL, "Classify each candidate against its existing facts.", ResolutionsAnswer)
 
     def request(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> dict:
-        existing = "\n".join(f"[{i}] {n.text} (attribute={n.attribute}, similarity={n.similarity:.2f})"
-                             for i, n in enumerate(neighbours)) or "(none)"
-        user = (f"Candidate: {json.dumps({'text': candidate.text, 'attribute': candidate.attribute, 'value': candidate.value, 'negated': candidate.negated})}\n"
-                f"Existing facts:\n{existing}")
-        return self._converse.request(RESOLVE_PROMPT, user, self._tool)
+        return self._converse.request(RESOLVE_PROMPT, resolve_question(candidate, neighbours), self._tool)
 
     async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
-        return _resolution(await self._converse.call(self.request(candidate, neighbours), _Resolution), neighbours)
+        return resolution_of(await self._converse.call(self.request(candidate, neighbours), ResolutionAnswer), neighbours)
 
     def request_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> dict:
-        blocks = []
-        for c, (candidate, neighbours) in enumerate(asked):
-            existing = "\n".join(f"  [{i}] {n.text} (attribute={n.attribute}, similarity={n.similarity:.2f})"
-                                  for i, n in enumerate(neighbours)) or "  (none)"
-            blocks.append(f"Candidate {c}: {json.dumps({'text': candidate.text, 'attribute': candidate.attribute, 'value': candidate.value, 'negated': candidate.negated})}\n"
-                          f"Existing facts for candidate {c} (target_index counts in this list):\n{existing}")
-        prompt = RESOLVE_PROMPT.replace(f"Always answer by calling {RESOLVE_TOOL}.", "")
-        return self._converse.request(prompt + "Classify every candidate, each against its own list of existing "
-                                      f"facts. Always answer by calling {RESOLVE_ALL_TOOL} once, with one resolution "
-                                      "per candidate.", "\n\n".join(blocks), self._all_tool)
+        return self._converse.request(RESOLVE_ALL_PROMPT, resolve_all_question(asked), self._all_tool)
 
     async def resolve_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> list[Resolution]:
-        out = await self._converse.call(self.request_all(asked), _Resolutions)
-        by_index = {r.candidate_index: r for r in out.resolutions}  # type: ignore[attr-defined]
-        if sorted(r.candidate_index for r in out.resolutions) != list(range(len(asked))):  # type: ignore[attr-defined]
-            raise MalformedOutput(f"{RESOLVE_ALL_TOOL} must classify candidates 0..{len(asked) - 1} once each, "
-                                  f"got {sorted(by_index)}")
-        return [_resolution(by_index[c], neighbours) for c, (_, neighbours) in enumerate(asked)]
-
-
-def _resolution(out: _Resolution, neighbours: Sequence[ExistingFact]) -> Resolution:
-    op, index = Operation(out.operation), out.target_index
-    if op is Operation.ADD:
-        return Resolution(op, None, out.reason)
-    if index is None or not 0 <= index < len(neighbours):
-        raise MalformedOutput(f"{op.value} needs a target_index in [0, {len(neighbours)}), got {index!r}")
-    return Resolution(op, neighbours[index].fact_id, out.reason)
-
-
-class _IndexedResolution(_Resolution):
-    candidate_index: int = Field(description="which candidate this classifies")
-
-
-class _Resolutions(BaseModel):
-    resolutions: list[_IndexedResolution]
-
-
-RESOLVE_ALL_TOOL = "classify_facts"
-
-
-class _Relation(BaseModel):
-    source: str = Field(min_length=1, description='"I" for the user, else the entity name')
-    relation: str = Field(min_length=1, max_length=MAX_SLOT_CHARS,
-                          description="snake_case, e.g. works_at, managed_by, lives_in, has_child")
-    target: str = Field(min_length=1)
-    target_is_entity: bool
-    confidence: float = Field(ge=0, le=1)
-    explicit: bool
-    valid_at: WorldTime = None
-    negated: bool = False
-
-
-class _Relations(BaseModel):
-    relations: list[_Relation]
-
-
-RELATE_TOOL = "record_relations"
-RELATE_PROMPT = (
-    "You extract relationships stated or implied in one conversation turn as (source, relation, target) "
-    'triples. Name the user "I". Use short snake_case relations (works_at, managed_by, lives_in, married_to, '
-    "has_child, friend_of, has_pet...). negated=true when the user says a relationship ended or explicitly asks "
-    "to forget it. valid_at only from a date said of that relationship (a birthday does not date has_child). "
-    f"Always answer by calling {RELATE_TOOL}; an empty list is fine."
-)
+        return resolutions_of(await self._converse.call(self.request_all(asked), ResolutionsAnswer), asked)
 
 
 class BedrockRelationExtractor(_Counted):
@@ -314,30 +189,16 @@ class BedrockRelationExtractor(_Counted):
     def __init__(self, client, model_id: str, **kw: Any):
         self._converse = _Converse(client, model_id, **kw)
         self.model_id = f"bedrock:{model_id}"
-        self._tool = _tool(RELATE_TOOL, "Record the relationships found in the turn.", _Relations)
+        self._tool = _tool(RELATE_TOOL, "Record the relationships found in the turn.", RelationsAnswer)
 
     def request(self, turn: TurnRecorded) -> dict:
-        return self._converse.request(RELATE_PROMPT, _render_turn(turn), self._tool)
+        return self._converse.request(RELATE_PROMPT, render_turn(turn), self._tool)
 
     async def extract(self, turn: TurnRecorded):
         from memstream.llm.relations import RelationCandidate
 
-        out = await self._converse.call(self.request(turn), _Relations)
+        out = await self._converse.call(self.request(turn), RelationsAnswer)
         return [RelationCandidate(**r.model_dump()) for r in out.relations]  # type: ignore[attr-defined]
-
-
-class _Turn(BaseModel):
-    facts: list[_Fact]
-    relations: list[_Relation]
-
-
-TURN_TOOL = "record_turn"
-TURN_PROMPT = (
-    "You read one conversation turn for two things at once.\n\nFACTS. " + EXTRACT_PROMPT.replace(
-        f"Always answer by calling {EXTRACT_TOOL}; an empty list is fine.", "")
-    + "\n\nRELATIONS. " + RELATE_PROMPT.replace(f"Always answer by calling {RELATE_TOOL}; an empty list is fine.", "")
-    + f"\n\nAlways answer by calling {TURN_TOOL} with both lists; empty lists are fine."
-)
 
 
 class BedrockTurnExtractor(_Counted):
@@ -346,14 +207,14 @@ class BedrockTurnExtractor(_Counted):
     def __init__(self, client, model_id: str, **kw: Any):
         self._converse = _Converse(client, model_id, **kw)
         self.model_id = self.relations_model_id = f"bedrock:{model_id}"
-        self._tool = _tool(TURN_TOOL, "Record the facts and the relationships found in the turn.", _Turn)
+        self._tool = _tool(TURN_TOOL, "Record the facts and the relationships found in the turn.", TurnAnswer)
 
     def request(self, turn: TurnRecorded) -> dict:
-        return self._converse.request(TURN_PROMPT, _render_turn(turn), self._tool)
+        return self._converse.request(TURN_PROMPT, render_turn(turn), self._tool)
 
     async def extract_turn(self, turn: TurnRecorded) -> TurnCandidates:
         from memstream.llm.relations import RelationCandidate
 
-        out = await self._converse.call(self.request(turn), _Turn)
+        out = await self._converse.call(self.request(turn), TurnAnswer)
         return TurnCandidates([CandidateFact(**f.model_dump()) for f in out.facts],  # type: ignore[attr-defined]
                               [RelationCandidate(**r.model_dump()) for r in out.relations])  # type: ignore[attr-defined]

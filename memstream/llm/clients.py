@@ -13,7 +13,7 @@ class LlmClients(NamedTuple):
 
 def llm_clients(settings) -> LlmClients:
     """The clients named by ``settings.extractor``: ``offline``, ``offline-strict``, ``bedrock``,
-    or ``offline+latency`` (the offline rules answering as slowly as a hosted model:
+    ``openai`` (any OpenAI-compatible chat API), or ``offline+latency`` (the offline rules answering as slowly as a hosted model:
     ``memstream.llm.latency``, for benchmarks and tests only)."""
     if settings.extractor in ("offline", "offline-strict"):
         from memstream.llm.offline import OfflineExtractor, OfflineResolver, StrictOfflineExtractor
@@ -39,4 +39,16 @@ def llm_clients(settings) -> LlmClients:
                           BedrockResolver(client, settings.bedrock_resolution_model, **kw),
                           BedrockRelationExtractor(client, settings.bedrock_extraction_model, **kw),
                           BedrockTurnExtractor(client, settings.bedrock_extraction_model, **kw))
-    raise ValueError(f"unknown extractor {settings.extractor!r} (offline | offline-strict | bedrock | offline+latency)")
+    if settings.extractor == "openai":
+        from memstream.llm.openai_compat import (OpenAIExtractor, OpenAIRelationExtractor, OpenAIResolver,
+                                                 OpenAITurnExtractor, openai_client)
+
+        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key is not None else None
+        client = openai_client(settings.openai_base_url, key, timeout_s=settings.openai_timeout_s,
+                               max_in_flight=settings.formation_concurrency)
+        kw = {"structured": settings.openai_structured, "max_tokens": settings.openai_max_tokens}
+        model, resolution = settings.openai_model, settings.openai_resolution_model or settings.openai_model
+        return LlmClients(OpenAIExtractor(client, model, **kw), OpenAIResolver(client, resolution, **kw),
+                          OpenAIRelationExtractor(client, model, **kw), OpenAITurnExtractor(client, model, **kw))
+    raise ValueError(f"unknown extractor {settings.extractor!r} "
+                     "(offline | offline-strict | bedrock | openai | offline+latency)")

@@ -92,7 +92,9 @@ _RULES: list[_Rule] = []
 # "My name is Zoë", "Hi, I'm Ørjan", "Hey there, I'm Ana": the relation extractor's too.
 _NAME_RULES = (re.compile(r"\b(?i:my name is|i'm called|i am called|call me|name's)\s+" + _PROPER),
                re.compile(r"^(?:(?i:(?:hi|hello|hey|hiya|howdy|greetings|good (?:morning|afternoon|evening))"
-                          r"(?: there| all| everyone)?)[!,.\s]+)?(?i:i['’]m|i am)\s+" + _PROPER + r"(?=\s*[,.!]|\s+and\b|$)"))
+                          r"(?: there| all| everyone)?)[!,.\s]+)?(?i:i['’]m|i am)\s+" + _PROPER + r"(?=\s*[,.!]|\s+and\b|$)"),
+               # "Rahul here." / "Hi, Noor here:": introducing oneself at the start of a message
+               re.compile(r"^(?:\S+(?:\s\S+)?[!,.]\s+)?(?P<value>" + _WORD + r")\s+(?i:here)\b(?=\s*[,.!:;]|$)"))
 
 
 def _name_of(m: re.Match) -> str | None:
@@ -102,6 +104,7 @@ def _name_of(m: re.Match) -> str | None:
 
 @_rule(_NAME_RULES[0])
 @_rule(_NAME_RULES[1])
+@_rule(_NAME_RULES[2])
 def _name(m, turn):
     if name := _name_of(m):
         yield _fact(f"Name is {name}", "identity", "name", name)
@@ -376,8 +379,9 @@ class OfflineExtractor:
 def extract_facts(turn: TurnRecorded) -> list[CandidateFact]:
     found: dict[tuple[str, str, bool], CandidateFact] = {}
     for sentence in re.split(r"(?<=[.!?])\s+|\n+", turn.user_message):
-        said = [c for part, forget in _parts(sentence) for c in (_forgotten(part, turn) if forget else (
-            c for rule in _RULES for m in rule.pattern.finditer(part) for c in rule.build(m, turn)))]
+        said = [replace(c, evidence=c.evidence or part.strip()) for part, forget in _parts(sentence)
+                for c in (_forgotten(part, turn) if forget else (
+                    c for rule in _RULES for m in rule.pattern.finditer(part) for c in rule.build(m, turn)))]
         ended = {(c.attribute, c.value.casefold()) for c in said if c.negated}
         for c in said:  # "My dog Rex died": that he is gone, not that the user has him
             if c.negated or (c.attribute, c.value.casefold()) not in ended:
@@ -385,8 +389,9 @@ def extract_facts(turn: TurnRecorded) -> list[CandidateFact]:
     greeting = _GREETING.match(turn.assistant_message.strip())  # inferred: the user never said it
     if greeting and greeting.group("value") not in _NOT_NAMES and not any(k[0] == "name" for k in found):
         name = greeting.group("value")
-        found[("name", name.casefold(), False)] = _fact(f"Name is {name}", "identity", "name", name,
-                                                        explicit=False, confidence=0.6)
+        found[("name", name.casefold(), False)] = replace(
+            _fact(f"Name is {name}", "identity", "name", name, explicit=False, confidence=0.6),
+            evidence=greeting.group(0))
     return list(found.values())
 
 

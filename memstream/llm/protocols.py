@@ -29,6 +29,8 @@ class CandidateFact(FactContent):
 
     valid_at: datetime | None = None
     negated: bool = False  # "I no longer have a car": the fact stops being true
+    # The words of the turn it rests on, as said (the junk guard looks for them in the turn).
+    evidence: str | None = None
 
 
 @dataclass(frozen=True)

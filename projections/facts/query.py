@@ -123,6 +123,15 @@ async def page(conn, user_id: str, include_history: bool, after: tuple, limit: i
     return await conn.fetch(_PAGE, user_id, include_history, *after, limit)
 
 
+async def refused_page(conn, user_id: str, after: tuple, limit: int) -> Sequence[asyncpg.Record]:
+    """Up to ``limit`` of the user's refused candidates recorded after the ``(recorded_at,
+    decision_id)`` key ``after``, oldest first."""
+    return await conn.fetch(
+        "SELECT decision_id, source_event_id, recorded_at, refusal, reason, text, category, attribute, value, "
+        "evidence, extractor FROM fact_refusals WHERE user_id = $1 AND (recorded_at, decision_id) > ($2, $3) "
+        "ORDER BY recorded_at, decision_id LIMIT $4", user_id, *after, limit)
+
+
 async def counts(conn, user_id: str) -> Sequence[asyncpg.Record]:
     """Per status: how many versions, the oldest recorded and the newest recorded or ended."""
     return await conn.fetch(_COUNTS, user_id)

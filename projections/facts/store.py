@@ -15,7 +15,7 @@ from memstream.projections.batches import forgets_user, runs
 from memstream.projections.facts.core import (COLUMNS, FactRow, Key, fold, key, lineages, slots, sources, targets,
                                               turn_decisions)
 from memstream.projections.profile import store as profile_store
-from memstream.schemas import Decision
+from memstream.schemas import Decision, FactRefused, MemoryForgotten
 
 
 _CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "version": "int", "user_id": "text", "text": "text", "category": "text",
@@ -109,10 +109,27 @@ class FactStore:
                 changed = fold(state, run)
                 await upsert(conn, list(changed.values()))
                 touched |= {r.user_id for r in changed.values()}
+                await _refusals(conn, run)
                 if forgotten is not None:
                     # A forgotten user's rows go, every version: nothing of theirs stays behind.
                     await conn.execute("DELETE FROM memory_facts WHERE user_id = $1", forgotten)
+                    await conn.execute("DELETE FROM fact_refusals WHERE user_id = $1", forgotten)
                     touched.add(forgotten)
             profiles = await profile_store.refresh(conn, touched)
             await pos.save(conn, self.name, positions)
         return profiles
+
+
+async def _refusals(conn, run: Sequence[Decision]) -> None:
+    """The junk guard's refusals of ``run`` kept (a refusal formed again is the same row), and
+    those of a forgotten turn dropped, in log order."""
+    for d in run:
+        if isinstance(d, FactRefused):
+            await conn.execute(
+                "INSERT INTO fact_refusals (user_id, decision_id, source_event_id, recorded_at, refusal, reason, text, "
+                "category, attribute, value, evidence, extractor) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
+                "$11, $12) ON CONFLICT DO NOTHING", d.user_id, d.decision_id, d.source_event_id, d.recorded_at,
+                d.refusal, d.reason, d.text, d.category, d.attribute, d.value, d.evidence, d.extractor)
+        elif isinstance(d, MemoryForgotten) and d.kind == "episode" and d.target is not None:
+            await conn.execute("DELETE FROM fact_refusals WHERE user_id = $1 AND source_event_id = $2",
+                               d.user_id, d.target)

@@ -22,6 +22,7 @@ import numpy as np
 from pgvector import Vector
 
 from memstream.config import Settings
+from memstream.embedding import dimensions_of
 from memstream.projections import db
 from memstream.projections import positions as pos
 from memstream.projections.episodes import core as episodes
@@ -183,7 +184,7 @@ async def _rebuild_episodes(settings: Settings, dsn: str, into: str, topic: str 
     on_progress = on_progress or (lambda done, total: None)
     seconds: dict[str, float] = {}
     t = time.perf_counter()
-    await db.migrate(dsn, into)
+    await db.migrate(dsn, into, dimensions_of(settings))
     seconds["migrate"] = time.perf_counter() - t
     pool = await db.create_pool(dsn, into, max_size=2)
     try:

@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from memstream.config import Settings
 from memstream.llm.clients import llm_clients
 from memstream.schemas.errors import MemstreamError, Refused
-from memstream.embedding import default_embedder
+from memstream.embedding import embedder_for
 from memstream.projections import db
 from memstream.schemas import FactDecision, GraphDecision, InvalidEvent, decode_decision
 from memstream.keys import Shredded, data_keys
@@ -72,7 +72,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
     """Form the events again into ``topic`` (``on_progress(done, total)``: events formed so far)."""
     on_progress = on_progress or (lambda done, total: None)
     extraction, resolution, relations, turn = llm_clients(settings.model_copy(update={"extractor": extractor}))
-    embedder = await asyncio.to_thread(default_embedder, settings.embed_threads, settings.embedding_variant)
+    embedder = await asyncio.to_thread(embedder_for, settings)
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
     pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=2)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from aiokafka import TopicPartition
 
 from memstream.config import Settings
+from memstream.embedding import dimensions_of
 from memstream.schemas.errors import MemstreamError
 from memstream.projections import db
 from memstream.keys import data_keys
@@ -116,7 +117,7 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
 
 async def _replay_into(settings: Settings, dsn: str, into: str, projections: list[str], topic: str | None,
                        batch_size: int, on_progress) -> ReplayReport:
-    await db.migrate(dsn, into)
+    await db.migrate(dsn, into, dimensions_of(settings))
     pool = await db.create_pool(dsn, into, max_size=2)
     try:
         if await pool.fetchval("SELECT count(*) FROM projection_positions WHERE projection = ANY($1::text[])", projections):

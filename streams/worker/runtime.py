@@ -34,7 +34,7 @@ import faust
 from faust.types import TP
 
 from memstream.config import Settings
-from memstream.embedding import default_embedder
+from memstream.embedding import embedder_for
 from memstream.llm.clients import llm_clients
 from memstream.projections import db, redis_client
 from memstream.projections import positions as pos
@@ -102,7 +102,7 @@ class Runtime:
             self.partitions = partitions
             if self.role == "formation":
                 m = self.metrics
-                embedder = TimedEmbedder(await asyncio.to_thread(default_embedder, s.embed_threads, s.embedding_variant), m)
+                embedder = TimedEmbedder(await asyncio.to_thread(embedder_for, s), m)
                 extractor, resolver, relations, turn = llm_clients(s)
                 extractor, resolver, relations, turn = (
                     ObservedLlm(extractor, "extraction", ("extract",), m),

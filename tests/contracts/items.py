@@ -11,7 +11,7 @@ import numpy as np
 
 from memstream.embedding import to_bytes
 from memstream.schemas import (SYSTEM_USER, AliasAdded, EdgeClosed, EdgeOpened, EntityCreated, EpisodeRecorded, Passage,
-                               ExpertIdentityDeleted, ExpertIdentityUpserted, FactAdded, FactChangeDeferred,
+                               ExpertIdentityDeleted, ExpertIdentityUpserted, FactAdded, FactChangeDeferred, FactRefused,
                                FactDeleted, FactReinforced, FactUpdated, LogPosition, PersonIdentitySet,
                                ReminderResolved, ReminderScheduled)
 from memstream.schemas.events import new_event_id
@@ -85,6 +85,12 @@ def reinforced(old: FactAdded | FactUpdated) -> FactReinforced:
 def deferred(old: FactAdded | FactUpdated, value: str) -> FactChangeDeferred:
     return FactChangeDeferred(**_turn(old.user_id, "fact:0"), **{**_FACT, "explicit": False}, reason="safety gate",
                               target=old.fact_id, operation="UPDATE", value=value, text=f"{old.attribute}: {value}")
+
+
+def refused(user: str = "ana", value: str = "Oslo", kind: str = "other_person") -> FactRefused:
+    return FactRefused(**_turn(user, "refused:0"), **_FACT, reason="about someone else", text=f"Lives in {value}",
+                       category="location", attribute="home", value=value, refusal=kind,
+                       evidence=f"My brother lives in {value}")
 
 
 _GRAPH = dict(extractor="contract-extractor", reason="said so")

@@ -150,7 +150,7 @@ class TestFactStore(ProjectionStoreContract):
         likes, home, pet = items.added(), items.added(attribute="home", value="Porto", category="location"), \
             items.added(attribute="pet", value="cat")
         return [likes, home, pet, items.reinforced(likes), items.deferred(likes, "blues"),
-                items.updated(home, "Lisbon"), items.deleted(pet), items.added("bo", value="tea")]
+                items.updated(home, "Lisbon"), items.deleted(pet), items.added("bo", value="tea"), items.refused()]
 
     def poisoned(self, name, batch):
         home = next(d for d in batch if isinstance(d, FactUpdated))

@@ -42,6 +42,22 @@ def dsn(stack: Stack) -> str:
     return stack.postgres.dsn
 
 
+@pytest.fixture(scope="session")
+def chat_model():
+    """A real llama.cpp server (``xllamacpp``) with the 135M SmolLM2 from its pinned package, on the
+    local stack's model port: its OpenAI-compatible base URL. Reused if one already answers."""
+    from memstream.stack import model_server
+
+    if model_server.answers(model_server.CHAT_PORT):
+        yield f"http://127.0.0.1:{model_server.CHAT_PORT}/v1"
+        return
+    proc = model_server.start("smollm2-135m", HOME / "models", log_path=HOME / "model-server.log")
+    try:
+        yield f"http://127.0.0.1:{model_server.CHAT_PORT}/v1"
+    finally:
+        model_server.stop(proc)
+
+
 @pytest.fixture(autouse=True)
 def no_postgres_crash(request):
     """A backend that crashed during a test fails it with the server log's reason: otherwise the

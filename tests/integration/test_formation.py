@@ -105,17 +105,23 @@ async def test_a_repeated_statement_reinforces_instead_of_duplicating(settings, 
     assert len(rows) == 1 and rows[0]["observation_count"] == 4 and rows[0]["status"] == "current"
 
 
-async def test_an_inferred_candidate_cannot_overwrite_an_identity_fact(settings, conn, workers, caplog):
+async def test_the_assistants_unconfirmed_guess_is_refused_and_recorded_not_stored(settings, conn, workers, caplog):
+    """The assistant calling the user "Mark" is its guess, never the user's word: the junk guard
+    refuses it before the safety gate would weigh it (the gate's own rules: tests/unit/test_decide.py),
+    and the refusal, with its kind and reason, is the user's history."""
     w = workers()
     await w.wait_assigned()
     await append_and_wait(settings, conn, [
         turn("cy", "Hi, my name is Maria.", 0, answer="Nice to meet you, Maria!"),
-        turn("cy", "What's the weather like?", 1, answer="Thanks, Mark! It's sunny."),  # inferred: Mark
+        turn("cy", "What's the weather like?", 1, answer="Thanks, Mark! It's sunny."),  # the assistant's guess: Mark
     ])
     names = await current(conn, "cy", "name")
     assert [n["value"] for n in names] == ["Maria"]
-    assert json.loads(names[0]["deferred"]) == {"UPDATE:mark": 1}
-    assert "GATE REFUSED UPDATE" in w.log()
+    assert json.loads(names[0]["deferred"]) == {}
+    refused = await conn.fetch("SELECT refusal, value, evidence, reason FROM fact_refusals WHERE user_id = 'cy'")
+    assert [(r["refusal"], r["value"]) for r in refused] == [("assistant_only", "Mark")]
+    assert "Mark" in refused[0]["evidence"] and refused[0]["reason"]
+    assert "REFUSED a identity candidate (assistant_only)" in w.log()
     # An explicit statement passes the gate at once.
     await append_and_wait(settings, conn, [turn("cy", "Sorry for the confusion: my name is Marta.", 2)])
     assert [n["value"] for n in await current(conn, "cy", "name")] == ["Marta"]

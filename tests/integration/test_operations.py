@@ -22,7 +22,7 @@ async def test_a_worker_stops_with_a_clear_error_when_partitions_are_added_under
     code = await asyncio.to_thread(w.proc.wait, 60)
     assert code == 78, w.log()[-3000:]
     assert "the partition count changed under this worker" in w.log()
-    assert "Operations" in w.log()  # where to read what to do
+    assert "docs/operations.md" in w.log()  # where to read what to do
 
 
 @pytest.mark.slow  # a load test (the longest of the suite); the switch itself is covered by the tests below

@@ -61,8 +61,9 @@ async def test_reform_versions_rebuild_to_comparable_projections(settings, conn,
         live_current = {r["text"] for r in await conn.fetch(f"SELECT text FROM {live}.memory_facts WHERE status='current'")}
         strict_current = {r["text"] for r in await conn.fetch(f"SELECT text FROM {strict}.memory_facts WHERE status='current'")}
         assert live_current == strict_current  # explicit facts agree ...
-        assert await conn.fetchval(f"SELECT count(*) FROM {strict}.memory_facts WHERE deferred <> '{{}}'::jsonb") == 0
-        assert await conn.fetchval(f"SELECT count(*) FROM {live}.memory_facts WHERE deferred <> '{{}}'::jsonb") == 1
+        # ... and the assistant's guess the rules infer is refused live (the junk guard), never made by the strict ones
+        assert await conn.fetchval(f"SELECT count(*) FROM {strict}.fact_refusals") == 0
+        assert await conn.fetchval(f"SELECT count(*) FROM {live}.fact_refusals WHERE refusal = 'assistant_only'") == 1
 
         # --since: earlier decisions are copied, later events formed again; the result is the same.
         r3 = await reform(settings, extractor="offline", topic=settings.decisions_topic + ".since", since=since)

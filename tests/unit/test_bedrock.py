@@ -37,7 +37,8 @@ def tool_response(name, tool_input):
 
 
 BERLIN = {"facts": [{"text": "Lives in Berlin", "category": "location", "attribute": "home", "value": "Berlin",
-                     "confidence": 0.95, "explicit": True, "valid_at": "2026-04-01T00:00:00Z"}]}
+                     "confidence": 0.95, "explicit": True, "valid_at": "2026-04-01T00:00:00Z",
+                     "evidence": "I moved to Berlin"}]}
 
 
 async def test_extraction_forces_the_tool_at_temperature_zero_and_parses_its_input(client):
@@ -49,7 +50,7 @@ async def test_extraction_forces_the_tool_at_temperature_zero_and_parses_its_inp
     facts = await ex.extract(TURN)
     assert facts == [CandidateFact(text="Lives in Berlin", category="location", attribute="home", value="Berlin",
                                    confidence=0.95, explicit=True,
-                                   valid_at=datetime(2026, 4, 1, tzinfo=timezone.utc))]
+                                   valid_at=datetime(2026, 4, 1, tzinfo=timezone.utc), evidence="I moved to Berlin")]
     req = ex.request(TURN)
     assert "I moved to Berlin last month." in req["messages"][0]["content"][0]["text"]
     assert req["toolConfig"]["tools"][0]["toolSpec"]["inputSchema"]["json"]["required"] == ["facts"]

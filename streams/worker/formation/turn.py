@@ -24,12 +24,12 @@ from memstream.projections.episodes import core as episodes
 from memstream.projections.facts import core as facts_core
 from memstream.projections.graph import store as graph_store
 from memstream.projections.graph.core import EdgeRow
-from memstream.schemas import (Decision, EpisodeRecorded, Event, FactChangeDeferred, FactDecision, LogPosition,
-                               TurnRecorded)
+from memstream.schemas import (Decision, EpisodeRecorded, Event, FactChangeDeferred, FactDecision, FactRefused,
+                               LogPosition, TurnRecorded)
 from memstream.schemas.events import Passage
 from memstream.schemas.vocabulary import relation_of
 from memstream.streams.log.records import Record
-from memstream.streams.worker.formation import slot_edges
+from memstream.streams.worker.formation import grounding, slot_edges
 from memstream.streams.worker.formation.decide import Context, decide
 from memstream.streams.worker.formation.graph import EdgeDecider, GraphContext, GraphView
 from memstream.streams.worker.formation.slots import OldestFirst
@@ -127,6 +127,8 @@ class TurnDecider:
             log.info("turn %s: %d candidate facts, the first %d decided", turn.event_id,
                      len(candidates), facts_core.MAX_CANDIDATES)
             candidates = candidates[:facts_core.MAX_CANDIDATES]
+        # The junk guard reads the turn, not the model: what it refuses is recorded, not weighed.
+        refused = {n: why for n, c in enumerate(candidates) if (why := grounding.refusal(c, turn)) is not None}
         vectors = await self.embed_facts([c.text for c in candidates])
         ctx = Context(turn=turn, source=LogPosition(r.topic, r.partition, r.offset), recorded_at=r.timestamp,
                       extractor=model, resolver=self._resolver.model_id,
@@ -140,8 +142,8 @@ class TurnDecider:
         # slot, other neighbours, far in meaning): the facts held before the turn are the ones
         # they would be weighed against after the earlier candidates, too. The others are
         # resolved one by one, each against the facts as the candidates before it left them.
-        alone = {n for n in range(len(candidates)) if not any(_bears_on(m, n, candidates, shown, vectors)
-                                                               for m in range(n))}
+        alone = {n for n in range(len(candidates)) if n not in refused and not any(
+            _bears_on(m, n, candidates, shown, vectors) for m in range(n) if m not in refused)}
         batched = [n for n in sorted(alone) if _related(candidates[n], shown[n])]
         answers = dict(zip(batched, await self.ask(self._resolver.resolve_all, [(candidates[n], shown[n])
                                                                                  for n in batched])
@@ -150,6 +152,9 @@ class TurnDecider:
         for n, (cand, vector) in enumerate(zip(candidates, vectors)):
             if (turn.user_id, own[n]) in overlay.rows:
                 continue  # decided when the turn was formed before
+            if n in refused:
+                out.append(_refused(ctx, n, cand, *refused[n]))
+                continue
             if n in alone:  # less what this turn ended since (unrelated to it: nothing to weigh)
                 neighbours = [nb for nb in shown[n]
                               if (row := overlay.rows.get((turn.user_id, nb.fact_id))) is None or row.current]
@@ -274,6 +279,16 @@ class TurnDecider:
     async def load_graph(self, user_id: str):
         async with self.pool.acquire() as conn:
             return await graph_store.load_user(conn, user_id)
+
+
+def _refused(ctx: Context, n: int, cand, kind: str, why: str) -> FactRefused:
+    log.info("REFUSED a %s candidate (%s) [event %s]", cand.category, kind, ctx.turn.event_id)
+    log.debug("REFUSED %r for user %s: %s [event %s]", cand.text, ctx.turn.user_id, why, ctx.turn.event_id)
+    return FactRefused(decision_id=uuid.uuid5(ctx.turn.event_id, f"refused:{n}"), source_event_id=ctx.turn.event_id,
+                       source=ctx.source, recorded_at=ctx.recorded_at, user_id=ctx.turn.user_id, extractor=ctx.extractor,
+                       resolver="junk-guard-v1", reason=why, confidence=float(cand.confidence), explicit=cand.explicit,
+                       text=cand.text, category=cand.category, attribute=cand.attribute, value=cand.value,
+                       refusal=kind, evidence=cand.evidence)
 
 
 def _own_facts(overlay: FactView, turn: TurnRecorded) -> list:

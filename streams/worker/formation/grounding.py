@@ -1,0 +1,157 @@
+"""The junk guard: a candidate fact is stored only if the turn grounds it as something the user
+said of themselves.
+
+Every extractor — the offline rules, Bedrock, an OpenAI-compatible model — names the words of
+the turn a candidate rests on (``evidence``). The guard reads those words in the turn, never the
+model's word for them, and refuses the candidate when:
+
+* the words are not in the user's message (``ungrounded``), or are only in the assistant's and
+  the user did not confirm them (``assistant_only``);
+* the sentence they are in asks (``question``) or asks for something (``request``), and they
+  say nothing of the user ("can you recommend a good book?"; but "any tips for my trip to
+  Lisbon?" still says the user is going);
+* it supposes rather than says (``hypothetical``: "if I lived in Paris", "I might move");
+* it says it in jest (``joke``: "just kidding", "yeah right");
+* it is about someone else (``other_person``: "my sister is allergic to peanuts" is not the
+  user's allergy) — a relationship of the user's stays theirs ("my sister is called Ana");
+* the words are quoted: someone else's, which the user passes on (``quoted``);
+* it is text the host or a prompt put in the turn (``prompt``: "You are a helpful assistant",
+  "The user is a lawyer"), or memory memstream itself rendered and the host sent back (``echo``).
+
+Pure and deterministic (rules on the turn's text): a refusal is recorded as a ``FactRefused``
+decision with its kind and reason, so a replay never runs the guard again, and what it refused
+is visible in the user's history. Model-agnostic by construction: it reads the turn, not the model.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from memstream.llm.protocols import CandidateFact
+from memstream.schemas import TurnRecorded
+from memstream.schemas.events import REFUSAL_KINDS
+
+KINDS = REFUSAL_KINDS
+
+_SENTENCE = re.compile(r"[^.!?\n]+[.!?]*", re.UNICODE)
+_CONFIRM = re.compile(r"^\W*(yes|yeah|yep|yup|right|correct|exactly|indeed|that'?s (right|correct|true)|true|sure is)\b",
+                      re.IGNORECASE)
+_QUESTION_START = re.compile(
+    r"^\W*(can|could|would|will|do|does|did|is|are|was|were|should|shall|what|where|when|who|whom|whose|why|how|"
+    r"which|any)\b", re.IGNORECASE)
+_REQUEST = re.compile(
+    r"^\W*(please\b|remind me\b|can you\b|could you\b|would you\b|will you\b|help me\b|tell me\b|recommend\b|"
+    r"suggest\b|give me\b|find me\b|show me\b|write me\b|let me know\b|set (a|an) (reminder|alarm|timer)\b)",
+    re.IGNORECASE)
+_HYPOTHETICAL = re.compile(
+    r"\b(if i\b|if only\b|what if\b|i would\b|i'd\b|i might\b|i may\b|maybe\b|perhaps\b|someday\b|some day\b|"
+    r"one day\b|thinking (about|of)\b|considering\b|i wish\b|imagine\b|suppose\b|pretend\b|hypothetically\b|"
+    r"in another life\b|dream of\b|not sure (if|whether)\b|wondering (if|whether)\b)", re.IGNORECASE)
+_JOKE = re.compile(r"(\bjust kidding\b|\bjk\b|\blol\b|\blmao\b|\bhaha\w*|\byeah,? right\b|\boh,? sure\b|\bas if\b|"
+                   r"\bnot really\b|/s\b|😂|🙃|😜|"
+                   # "Oh great, I love sweating through my shirt": delight opened by "oh" is mostly irony
+                   r"^\W*oh\b[^.!?]{0,30}\b(love|adore|enjoy|can't wait|favourite|favorite)\b)", re.IGNORECASE)
+_SHOUTED = re.compile(r"\b(LOVE|ADORE|ENJOY|AMAZING|GREAT)\b")  # "I LOVE Monday meetings"
+# Prompt injection anywhere in the message puts every fact of it in doubt.
+_INJECTION = re.compile(r"(\bignore (all |the |any )?(previous|prior|above) (instructions|prompts?)\b|\bsystem prompt\b|"
+                        r"<\|?(system|im_start)\|?>|\[inst\]|###\s*(instruction|system)\b|\bjailbreak\b|"
+                        r"\bdeveloper mode\b)", re.IGNORECASE)
+_REPORTED = re.compile(r"\b(you|they|he|she|someone|people)\s+(said|say|says|mentioned|told me|think|thought|assumed|"
+                       r"guessed|wrote)\b", re.IGNORECASE)
+_OTHERS = ("sister", "brother", "mother", "mom", "mum", "father", "dad", "wife", "husband", "partner", "boyfriend",
+           "girlfriend", "friend", "boss", "manager", "colleague", "coworker", "co-worker", "roommate", "flatmate",
+           "neighbour", "neighbor", "son", "daughter", "kid", "kids", "child", "children", "cousin", "aunt", "uncle",
+           "grandma", "grandmother", "grandpa", "grandfather", "niece", "nephew", "fiancé", "fiance", "fiancée",
+           "teammate", "classmate", "teacher", "doctor", "parents", "family", "in-laws")
+_OTHER_SUBJECT = re.compile(
+    r"^\W*((my|our)\s+(\w+\s+){0,2}(%s)\b|(he|she|they|his|her|their)\b)" % "|".join(map(re.escape, _OTHERS)),
+    re.IGNORECASE)
+_FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|i'll|me|myself)\b", re.IGNORECASE)
+_PROMPT = re.compile(
+    r"(\byou are an? \w+|\bas an ai\b|\bsystem prompt\b|\bsystem:|\binstructions?:|<\|?(system|im_start)\|?>|\[inst\]|"
+    r"###\s*(instruction|system)|\bthe user is\b|\bthe user('s| has| lives| works| likes)\b|\bact as\b|"
+    r"\bignore (all |the )?previous\b)", re.IGNORECASE)
+# What ``render_prompt`` writes: memory memstream rendered, sent back by the host as if said.
+_ECHO = re.compile(r"(<memory>|</memory>|^\s*(known facts|profile|relationships|relevant past conversation|"
+                   r"recent turns|due reminders|about the user \(from the host\)):)", re.IGNORECASE | re.MULTILINE)
+
+
+_MINE = re.compile(r"\b(my|our|mine|ours|we|we're|we've|us)\b", re.IGNORECASE)
+_CLAUSE = re.compile(r"[,;:]|\s(?:and|but|so|because)\s", re.IGNORECASE)
+_QUOTES = re.compile(r"\"[^\"]{8,}\"|“[^”]{8,}”|(?<![A-Za-z])'[^']{8,}'(?![A-Za-z])|‘[^’]{8,}’")
+
+
+def _quoted(text: str, at: int) -> bool:
+    return any(m.start() < at < m.end() for m in _QUOTES.finditer(text))
+
+
+def _asks(sentence: str, evidence: str) -> bool:
+    """Whether the clause of ``sentence`` holding ``evidence`` asks: the sentence is a question
+    and that clause is its last, or opens like one ("where is...", "can you...")."""
+    at = max(0, _find(sentence, evidence))
+    clauses = [(m.start(), m.end()) for m in re.finditer(r"[^,;:]+", sentence)]
+    mine = next(((a, b) for a, b in clauses if a <= at < b), (0, len(sentence)))
+    clause = sentence[mine[0]:mine[1]]
+    return bool(_QUESTION_START.match(clause)) or (sentence.rstrip().endswith("?") and mine == clauses[-1])
+
+
+def _sentence_of(text: str, at: int) -> str:
+    for m in _SENTENCE.finditer(text):
+        if m.start() <= at < m.end():
+            return m.group(0)
+    return text
+
+
+def _find(haystack: str, needle: str) -> int:
+    """Where ``needle``'s words are in ``haystack``, in order, case, spacing, quotes and
+    punctuation between them aside (-1: nowhere)."""
+    words = re.findall(r"\w+", unicodedata.normalize("NFKC", needle))
+    if not words:
+        return -1
+    m = re.search(r"\W*".join(map(re.escape, words)), unicodedata.normalize("NFKC", haystack), re.IGNORECASE)
+    return m.start() if m else -1
+
+
+def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | None:
+    """``(kind, reason)`` if ``candidate`` must not be stored as the user's fact, else None."""
+    evidence = (getattr(candidate, "evidence", None) or "").strip()
+    if not evidence:
+        return "ungrounded", "the extractor named no words of the turn this fact rests on"
+    said = turn.user_message
+    at = _find(said, evidence)
+    if at < 0:
+        if _find(turn.assistant_message, evidence) >= 0:
+            if not _CONFIRM.match(said):
+                return "assistant_only", "only the assistant said it, and the user did not confirm it"
+            return None
+        return "ungrounded", "the words it rests on are not in the turn"
+    if candidate.negated:
+        # A retraction or a request to forget ("please forget that I live in Lisbon") asks by
+        # nature: grounded in the user's words is all it needs.
+        return None
+    if _ECHO.search(said):
+        # Memory rendered by memstream, pasted back: facts in it were stored when they were said.
+        return "echo", "the turn holds memory memstream rendered, sent back as if the user said it"
+    if _INJECTION.search(said):
+        return "prompt", "the message tries to instruct the model; nothing in it is taken as the user's word"
+    if _quoted(said, at):
+        return "quoted", "the words are quoted: someone else's, passed on by the user"
+    sentence = _sentence_of(said, at)
+    said_at = max(_find(sentence, candidate.value) if candidate.value else -1, _find(sentence, evidence))
+    if said_at > 0 and _REPORTED.search(sentence[:said_at]):
+        return "quoted", "the words are what someone else said or thought, reported by the user"
+    if _PROMPT.search(sentence) or _PROMPT.search(evidence):
+        return "prompt", "the words are instructions or a description put in the turn, not the user speaking"
+    about_user = _FIRST_PERSON.search(evidence) or _MINE.search(evidence)
+    if not about_user and (_asks(sentence, evidence) or evidence.rstrip().endswith("?")):
+        return "question", "the user asked it; a question states nothing"
+    if not about_user and (_REQUEST.match(sentence) or _REQUEST.match(evidence)):
+        return "request", "the user asked for something; a request states nothing about them"
+    if _HYPOTHETICAL.search(sentence):
+        return "hypothetical", "the user supposed it rather than said it"
+    if _JOKE.search(sentence) or _SHOUTED.search(sentence):
+        return "joke", "the user said it in jest"
+    if candidate.category != "relationship" and _OTHER_SUBJECT.match(sentence) and not _FIRST_PERSON.search(
+            sentence.split(",")[0]):
+        return "other_person", "the sentence is about someone else, not the user"
+    return None

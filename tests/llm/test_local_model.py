@@ -1,0 +1,64 @@
+"""Formation with a real model: the pinned Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) on llama.cpp's
+server, asked through the OpenAI-compatible adapters — end to end through a worker on the real
+stack, and ``eval formation`` on part of the labelled set against its goals (junk rate at most 5%
+with recall beside it, at most 1.2 LLM calls a turn). ``make test-llm`` (not in ``make test``:
+about 2-3 s a turn on two cores)."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from memstream.bench.formation_eval import evaluate
+from memstream.schemas import TurnRecorded
+from memstream.stack import model_server
+from tests.integration.conftest import HOME, wait_until
+from tests.integration.helpers import BASE
+from tests.integration.test_formation import append_and_wait
+
+pytestmark = [pytest.mark.llm, pytest.mark.asyncio]
+
+MODEL = "qwen2.5-1.5b"
+
+
+@pytest.fixture(scope="module")
+def local_model():
+    if model_server.answers(model_server.CHAT_PORT):
+        pytest.fail(f"port {model_server.CHAT_PORT} already serves a model: stop it so this test serves {MODEL}")
+    proc = model_server.start(MODEL, HOME / "models", log_path=HOME / "model-server.log", wait_s=300)
+    try:
+        yield f"http://127.0.0.1:{model_server.CHAT_PORT}/v1"
+    finally:
+        model_server.stop(proc)
+
+
+@pytest.fixture
+def on_model(settings, local_model):
+    return settings.model_copy(update={"extractor": "openai", "openai_base_url": local_model, "openai_model": MODEL,
+                                       "formation_concurrency": 4})
+
+
+async def test_a_worker_forms_turns_with_the_local_model(on_model, conn, workers):
+    w = workers(settings=on_model)
+    await w.wait_assigned(timeout=120)
+    said = [TurnRecorded.new(user_id="lm", conversation_id="c", user_message=m, assistant_message="Noted.",
+                             occurred_at=BASE + timedelta(minutes=i))
+            for i, m in enumerate(["Hi, I'm Rosa and I live in Valencia.", "Can you recommend a good book?",
+                                   "My brother Luis lives in Quito."])]
+    await append_and_wait(on_model, conn, said)
+    homes = await wait_until(lambda: conn.fetch(
+        "SELECT value FROM memory_facts WHERE user_id = 'lm' AND attribute = 'home' AND status = 'current'"),
+        timeout=60, what="the user's home")
+    assert [r["value"] for r in homes] == ["Valencia"]  # not the brother's Quito
+    assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'lm'") == 3
+    assert await conn.fetchval("SELECT extractor FROM memory_facts WHERE user_id = 'lm' LIMIT 1") == f"openai:{MODEL}"
+
+
+async def test_eval_formation_with_the_local_model_meets_its_goals(settings, local_model):
+    s = settings.model_copy(update={"extractor": "openai", "openai_base_url": local_model, "openai_model": MODEL,
+                                    "formation_concurrency": 4})
+    report = await evaluate(s, limit=6)
+    assert report["turns"] >= 90
+    assert report["junk_rate"] is not None and report["junk_rate"] <= 0.05, report
+    assert report["recall"] >= 0.3, report  # a guard that refuses everything is not a guard
+    assert report["llm_calls_per_turn"] <= 1.2, report

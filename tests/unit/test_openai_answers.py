@@ -1,0 +1,57 @@
+"""Reading an OpenAI-compatible answer (``openai_compat._parse``): the schema's JSON in the content
+or in the forced tool call; a cut-off answer, a filtered one or one that is not the schema's JSON
+each raise the error formation handles for it. Pure: the answers are built, no service is asked
+(tests/integration/test_openai_compat.py asks a real llama.cpp server)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from openai.types.chat import ChatCompletion
+
+from memstream.llm.openai_compat import _Chat, _parse
+from memstream.llm.protocols import MalformedOutput, ModelRefused, Unanswered
+from memstream.llm.structured import EXTRACT_PROMPT, EXTRACT_TOOL, FactsAnswer
+from memstream.schemas.errors import Refused
+
+FACT = {"text": "Lives in Lisbon", "category": "location", "attribute": "home", "value": "Lisbon",
+        "confidence": 0.9, "explicit": True, "evidence": "I live in Lisbon"}
+
+
+def completion(content: str | None = None, finish: str = "stop", tool_args: str | None = None) -> ChatCompletion:
+    message: dict = {"role": "assistant", "content": content}
+    if tool_args is not None:
+        message["tool_calls"] = [{"id": "c1", "type": "function", "function": {"name": EXTRACT_TOOL,
+                                                                               "arguments": tool_args}}]
+    return ChatCompletion.model_validate({
+        "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+
+
+def test_the_answer_is_read_from_the_content_or_from_the_forced_tool_call():
+    from_content = _parse(completion(json.dumps({"facts": [FACT]})), EXTRACT_TOOL, FactsAnswer)
+    from_tool = _parse(completion(None, "tool_calls", json.dumps({"facts": [FACT]})), EXTRACT_TOOL, FactsAnswer)
+    assert from_content == from_tool and from_content.facts[0].value == "Lisbon"
+
+
+@pytest.mark.parametrize("answer, finish, error", [
+    ('{"facts": [', "length", MalformedOutput),  # cut off at the token limit
+    ("I cannot help with that.", "stop", MalformedOutput),  # prose, not the schema's JSON
+    ('{"facts": [{"text": "x"}]}', "stop", MalformedOutput),  # JSON, not the schema
+    ("", "content_filter", ModelRefused),
+])
+def test_an_answer_that_does_not_fit_is_asked_again_and_a_filtered_one_is_refused(answer, finish, error):
+    with pytest.raises(error) as raised:
+        _parse(completion(answer, finish), EXTRACT_TOOL, FactsAnswer)
+    assert isinstance(raised.value, Unanswered if error is MalformedOutput else Refused)
+    assert "Lisbon" not in str(raised.value)  # what the user said never reaches a reason
+
+
+def test_a_request_holds_the_answer_to_its_schema_by_response_format_or_by_a_forced_tool():
+    by_format = _Chat(None, "m").request(EXTRACT_PROMPT, "USER: hi", EXTRACT_TOOL, FactsAnswer)
+    assert by_format["response_format"]["json_schema"]["schema"] == FactsAnswer.model_json_schema()
+    assert "tools" not in by_format and f"calling {EXTRACT_TOOL}" not in by_format["messages"][0]["content"]
+    by_tool = _Chat(None, "m", structured="tools").request(EXTRACT_PROMPT, "USER: hi", EXTRACT_TOOL, FactsAnswer)
+    assert by_tool["tool_choice"]["function"]["name"] == EXTRACT_TOOL and "response_format" not in by_tool
+    assert by_tool["temperature"] == 0.0 and by_tool["seed"] == 0
