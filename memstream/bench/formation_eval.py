@@ -35,6 +35,7 @@ from typing import Any, Iterable
 
 from memstream.schemas import (Decision, EdgeOpened, FactAdded, FactDeleted, FactRefused, FactReinforced,
                                FactUpdated, TurnRecorded, encode)
+from memstream.llm.protocols import ModelRefused, ModelUnavailable, Unanswered
 from memstream.schemas.vocabulary import canonical, relation_of
 
 log = logging.getLogger("memstream.bench")
@@ -207,7 +208,7 @@ def _tokens(*clients) -> tuple[int, int]:
 
 
 async def evaluate(settings, dataset: Path = DATASET, *, limit: int | None = None, embedder=None,
-                   on_progress=None) -> dict[str, Any]:
+                   on_progress=None, parallel: int = 1) -> dict[str, Any]:
     """Score ``settings.extractor`` on ``dataset`` (at most ``limit`` conversations)."""
     from memstream.embedding import default_embedder
     from memstream.llm.clients import llm_clients
@@ -229,23 +230,44 @@ async def evaluate(settings, dataset: Path = DATASET, *, limit: int | None = Non
     score = Score()
     total = sum(len(c["turns"]) for c in conversations)
     started = time.perf_counter()
-    done = 0
-    for conv in conversations:
-        view, graph = MemoryView(embedder.model_id), GraphView(None)
-        at = datetime.fromisoformat(conv["started_at"])
-        for n, t in enumerate(conv["turns"]):
-            at += timedelta(minutes=t.get("minutes_after_previous", 1))
-            turn = TurnRecorded(event_id=_event_id(at, f"{conv['id']}:{n}"),
-                                user_id=conv["user_id"], conversation_id=conv["id"], occurred_at=at,
-                                user_message=t["user"], assistant_message=t["assistant"])
-            record = Record("eval", 0, n, conv["user_id"].encode(), encode(turn), (), int(at.timestamp() * 1000))
-            letters: list = []
-            made = await formation.decide([(record, turn)], view, graph, letters=letters)
-            score.refused_turns += len(letters)
-            score_turn(score, t, [d for _, d in made], t["user"])
-            done += 1
-            if on_progress is not None:
-                on_progress(done, total)
+    done = [0]
+    # Conversations side by side (each its own user), as the worker forms users: a model server
+    # answers several calls at once. Each conversation's turns stay in order.
+    at_once = asyncio.Semaphore(max(1, min(parallel, len(conversations))))
+
+    async def one(conv: dict) -> None:
+        async with at_once:
+            view, graph = MemoryView(embedder.model_id), GraphView(None)
+            at = datetime.fromisoformat(conv["started_at"])
+            for n, t in enumerate(conv["turns"]):
+                at += timedelta(minutes=t.get("minutes_after_previous", 1))
+                turn = TurnRecorded(event_id=_event_id(at, f"{conv['id']}:{n}"),
+                                    user_id=conv["user_id"], conversation_id=conv["id"], occurred_at=at,
+                                    user_message=t["user"], assistant_message=t["assistant"])
+                record = Record("eval", 0, n, conv["user_id"].encode(), encode(turn), (), int(at.timestamp() * 1000))
+                letters: list = []
+                made = []
+                # As the worker does: a turn the model gives no usable answer for is asked again, on
+                # forks of the views (nothing half-made stays), and given up after its attempts.
+                for attempt in range(settings.formation_model_attempts):
+                    facts, edges = view.fork(), graph.fork()
+                    try:
+                        made = await formation.decide([(record, turn)], facts, edges, letters=letters)
+                    except (Unanswered, ModelRefused, ModelUnavailable) as exc:
+                        log.info("turn %s of %s: %s", n, conv["id"], exc)
+                        if isinstance(exc, ModelRefused) or attempt == settings.formation_model_attempts - 1:
+                            letters.append((record, "eval", str(exc)))
+                            break
+                        continue
+                    view, graph = facts, edges
+                    break
+                score.refused_turns += len(letters)
+                score_turn(score, t, [d for _, d in made], t["user"])
+                done[0] += 1
+                if on_progress is not None:
+                    on_progress(done[0], total)
+
+    await asyncio.gather(*(one(c) for c in conversations))
     score.seconds = time.perf_counter() - started
     score.calls = calls[0]
     score.tokens = _tokens(*clients)
@@ -264,8 +286,8 @@ def render(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run(settings, extractors: list[str], dataset: Path = DATASET, limit: int | None = None, on_progress=None
-        ) -> list[dict[str, Any]]:
+def run(settings, extractors: list[str], dataset: Path = DATASET, limit: int | None = None, on_progress=None,
+        parallel: int = 1) -> list[dict[str, Any]]:
     embedder = None
     out = []
     for name in extractors:
@@ -273,5 +295,6 @@ def run(settings, extractors: list[str], dataset: Path = DATASET, limit: int | N
         from memstream.embedding import default_embedder
 
         embedder = embedder or default_embedder(s.embed_threads, s.embedding_variant)
-        out.append(asyncio.run(evaluate(s, dataset, limit=limit, embedder=embedder, on_progress=on_progress)))
+        out.append(asyncio.run(evaluate(s, dataset, limit=limit, embedder=embedder, on_progress=on_progress,
+                                        parallel=parallel)))
     return out

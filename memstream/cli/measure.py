@@ -241,11 +241,13 @@ def eval_formation(ctx: click.Context, extractors: tuple[str, ...], dataset: Pat
     if local_model is not None:
         served = model_server.start(local_model, Path(s.home) / "models", log_path=Path(s.home) / "model-server.log",
                                     parallel=min(4, s.formation_concurrency))
+        # A model on two cores answers a call in seconds to minutes: wait for it.
         s = s.model_copy(update={"openai_base_url": f"http://127.0.0.1:{model_server.CHAT_PORT}/v1",
-                                 "openai_model": local_model})
+                                 "openai_model": local_model, "openai_timeout_s": max(s.openai_timeout_s, 600.0)})
     try:
         with progress("eval formation", unit="turns") as on_progress:
-            reports = run(s, list(extractors) or [s.extractor], dataset or DATASET, limit, on_progress)
+            reports = run(s, list(extractors) or [s.extractor], dataset or DATASET, limit, on_progress,
+                          parallel=4 if local_model else 1)
     finally:
         if served is not None:
             model_server.stop(served)

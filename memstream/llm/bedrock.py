@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from memstream.llm.protocols import (CandidateFact, ExistingFact, MalformedOutput, ModelRefused,
                                      ModelFailed, ModelUnavailable, Resolution, Throttled,
                                      TurnCandidates)
@@ -31,7 +31,8 @@ from memstream.llm.retrying import retrying
 from memstream.llm.structured import (EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_TOOL,
                                       RESOLVE_ALL_PROMPT, RESOLVE_PROMPT, RESOLVE_TOOL, TURN_PROMPT, TURN_TOOL, FactsAnswer,
                                       RelationsAnswer, ResolutionAnswer, ResolutionsAnswer, TurnAnswer, render_turn,
-                                      resolution_of, resolutions_of, resolve_all_question, resolve_question)
+                                      resolution_of, resolutions_of, resolve_all_question, resolve_question,
+                                      validated)
 from memstream.schemas import TurnRecorded
 
 log = logging.getLogger("memstream.llm")
@@ -126,12 +127,7 @@ def _parse(response: dict, tool_name: str, model: type[BaseModel]) -> BaseModel:
     uses = [c["toolUse"] for c in content if "toolUse" in c and c["toolUse"].get("name") == tool_name]
     if not uses:
         raise MalformedOutput(f"the model did not call {tool_name} (stopReason={response.get('stopReason')!r})")
-    try:
-        return model.model_validate(uses[0].get("input"))
-    except ValidationError as exc:
-        # Without the input: it is what the model read in the turn (logged, and a dead letter's reason).
-        errors = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False)[:3]]
-        raise MalformedOutput(f"{tool_name} input does not fit its schema: {errors}") from exc
+    return validated(model, uses[0].get("input"), f"{tool_name} input")
 
 
 class _Counted:

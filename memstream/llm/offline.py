@@ -58,7 +58,9 @@ _RELATIVES = ("daughter", "son", "wife", "husband", "partner", "sister", "brothe
               "mum", "father", "dad", "boyfriend", "girlfriend", "grandmother", "grandfather", "friend")
 _PETS = ("dog", "cat", "puppy", "kitten", "parrot", "rabbit", "hamster", "horse", "fish")
 _PARTNERS = {"wife", "husband", "partner", "boyfriend", "girlfriend"}
-_CLAUSE = re.compile(r"(?i)^(?:as|so|but|which|if|when|you|i|please|just|though|too|also|really)\b")
+# What opens a clause or an aside after a list, not an item of it ("peanuts, by the way").
+_CLAUSE = re.compile(r"(?i)^(?:as|so|but|which|if|when|you|i|please|just|though|too|also|really|by the way|btw|"
+                     r"in case|honestly|actually|anyway|of course)\b")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class _Rule:
 
 def _clean(value: str) -> str:
     value = re.sub(r"^(?:[Tt]he|a|an|[Mm]y)\s+", "", value.strip())  # not "A Coruña"
+    value = re.sub(r"\s+(?:now|these days|nowadays|anymore|again)$", "", value)  # "a dispatcher now"
     return value.strip(" '\"")
 
 

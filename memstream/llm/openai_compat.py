@@ -16,6 +16,8 @@ setting the service does not take) is raised as it is: the deployment is broken,
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 import logging
 import re
@@ -23,7 +25,7 @@ from typing import Any, Literal, Sequence
 
 import httpx
 import openai
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from memstream.llm.protocols import (CandidateFact, ExistingFact, MalformedOutput, ModelRefused, ModelUnavailable,
                                      Resolution, Throttled, TurnCandidates)
@@ -32,7 +34,7 @@ from memstream.llm.structured import (EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMP
                                       RESOLVE_ALL_TOOL, RESOLVE_PROMPT, RESOLVE_TOOL, TURN_PROMPT, TURN_TOOL,
                                       FactsAnswer, RelationsAnswer, ResolutionAnswer, ResolutionsAnswer, TurnAnswer,
                                       render_turn, resolution_of, resolutions_of, resolve_all_question,
-                                      resolve_question)
+                                      resolve_question, validated)
 from memstream.schemas import TurnRecorded
 
 log = logging.getLogger("memstream.llm")
@@ -63,6 +65,9 @@ class _Chat:
         self._client, self.model, self._structured = client, model, structured
         self._attempts, self._backoff, self._max_tokens, self._seed = attempts, backoff, max_tokens, seed
         self.tokens = (0, 0)  # input and output tokens of every call so far (the answers' usage)
+        # Requests whose answer did not fit, by digest: asked again, they are sampled warmer (at
+        # temperature 0 a model gives the same unusable answer every time).
+        self._unfit: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     def request(self, system: str, user: str, name: str, answer: type[BaseModel]) -> dict[str, Any]:
         schema = answer.model_json_schema()
@@ -82,6 +87,9 @@ class _Chat:
 
     async def call(self, request: dict[str, Any], name: str, answer: type[BaseModel]) -> BaseModel:
         what = f"openai-compatible {self.model}"
+        key = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
+        if tries := self._unfit.get(key):
+            request = {**request, "temperature": min(1.0, 0.4 * tries), "seed": tries}
         try:
             response = await retrying(lambda: self._client.chat.completions.create(**request), retry_if=_passing,
                                       attempts=self._attempts, backoff=self._backoff, what=what)
@@ -96,7 +104,14 @@ class _Chat:
         if response.usage is not None:
             self.tokens = (self.tokens[0] + (response.usage.prompt_tokens or 0),
                            self.tokens[1] + (response.usage.completion_tokens or 0))
-        return _parse(response, name, answer)
+        try:
+            return _parse(response, name, answer)
+        except MalformedOutput:
+            self._unfit[key] = self._unfit.get(key, 0) + 1
+            self._unfit.move_to_end(key)
+            while len(self._unfit) > 1024:
+                self._unfit.popitem(last=False)
+            raise
 
 
 def _passing(exc: BaseException) -> bool:
@@ -124,13 +139,10 @@ def _parse(response, name: str, answer: type[BaseModel]) -> BaseModel:
     calls = [c for c in (message.tool_calls or []) if getattr(c, "function", None) and c.function.name == name]
     text = calls[0].function.arguments if calls else (message.content or "")
     try:
-        return answer.model_validate(json.loads(text))
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise MalformedOutput(f"{name}: the answer is not JSON ({exc.msg} at {exc.pos})") from exc
-    except ValidationError as exc:
-        # Without the input: it is what the model read in the turn (logged, and a dead letter's reason).
-        errors = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False)[:3]]
-        raise MalformedOutput(f"{name}: the answer does not fit its schema: {errors}") from exc
+    return validated(answer, data, f"{name}: the answer")
 
 
 class _Counted:

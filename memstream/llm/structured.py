@@ -8,7 +8,7 @@ import json
 from datetime import datetime, timezone
 from typing import Annotated, Literal, Sequence
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from memstream.llm.protocols import (CATEGORIES, CandidateFact, ExistingFact, MalformedOutput, Operation,
                                      Resolution)
@@ -33,6 +33,16 @@ def _world_time(when: datetime | None) -> datetime | None:
 
 
 WorldTime = Annotated[datetime | None, AfterValidator(_world_time)]
+
+
+def validated(answer: type[BaseModel], data, what: str) -> BaseModel:
+    """``data`` as ``answer``, or ``MalformedOutput`` naming what does not fit — without the input:
+    it is what the model read in the turn (logged, and a dead letter's reason)."""
+    try:
+        return answer.model_validate(data)
+    except ValidationError as exc:
+        errors = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False)[:3]]
+        raise MalformedOutput(f"{what} does not fit its schema: {errors}") from exc
 
 
 class FactAnswer(BaseModel):

@@ -16,7 +16,7 @@ import pytest
 from memstream.api.app import create_app
 from memstream.api.keys import ApiKeys
 from memstream.demo import script_turns
-from memstream.schemas import TurnRecorded
+from memstream.schemas import TurnRecorded, new_event_id
 from memstream.streams.log.producer import TurnLog
 
 from .conftest import served
@@ -87,6 +87,8 @@ def inspect_and_forget(driver, url: str, key: str) -> str:
     texts = [f.text for f in facts]
     assert any("Berlin" in t for t in texts) and any("peanut" in t.lower() for t in texts), texts
     assert driver.find_elements("css selector", "#episodes .conversation")
+    refused = [r.text for r in driver.find_elements("css selector", "#refused tbody tr[data-decision-id]")]
+    assert any("Rome" in r and "hypothetical" in r for r in refused), refused
     now = edges(driver)
     assert now, "the graph drew no edges"
 
@@ -133,6 +135,9 @@ async def test_a_person_sees_their_memory_as_it_was_and_makes_it_forget(browser,
     w = workers()
     await w.wait_assigned()
     turns = [msgspec.structs.replace(t, user_id="demo:maria") for t in script_turns(1)]
+    # Something the rules read and the junk guard refuses: shown under "Not kept", with why.
+    turns.append(msgspec.structs.replace(turns[-1], event_id=new_event_id(), assistant_message="Usually not.",
+                                         user_message="If I moved to Rome, would I need a visa?"))
     async with TurnLog(settings) as log:
         positions = await log.append_many(turns)
     keys = ApiKeys(tmp_path / "api-keys.json")

@@ -27,6 +27,7 @@ KEPT = [
     ("My sister is called Ana.", "My sister is called Ana", "sister", "relationship"),
     ("  i am   ALLERGIC to peanuts!", "I am allergic to peanuts", "allergy", "constraint"),
     ("Can you help me plan meals? I'm vegetarian.", "I'm vegetarian", "diet", "constraint"),
+    ("Hi, I'm Rosa and I live in Valencia.", "USER: Hi, I'm Rosa and I live in Valencia.", "home", "location"),
 ]
 
 

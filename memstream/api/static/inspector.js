@@ -98,15 +98,16 @@ async function signIn(wanted) {
 async function openUser(userId) {
   const opened = ++state.opened;
   state.user = userId;
-  state.facts = state.episodes = null;  // no "load more" may go on from another user's pages
+  state.facts = state.episodes = state.refused = null;  // no "load more" may go on from another user's pages
   $("facts-more").replaceChildren();
+  $("refused-more").replaceChildren();
   $("episodes").querySelectorAll("button.more").forEach((b) => b.remove());
   delete $("user").dataset.loaded;
   history.replaceState(null, "", `${location.pathname}#${new URLSearchParams({ user: userId })}`);
   $("user-name").textContent = userId;
   $("user").hidden = false;
   try {
-    await Promise.all([showProfile(), showFacts(), showGraph(null, true), showEpisodes(), showOps()]);
+    await Promise.all([showProfile(), showFacts(), showGraph(null, true), showEpisodes(), showRefused(), showOps()]);
     if (stillOpen(opened)) $("user").dataset.loaded = userId;
   } catch (err) {
     if (stillOpen(opened)) notice(`Could not load ${userId}: ${err.message}`, true);
@@ -308,6 +309,17 @@ function draw(graph) {
 }
 
 // --- episodes and the pipeline --------------------------------------------------------------
+
+async function showRefused(more) {
+  const shown = await pageOf("refused", more);
+  if (!shown) return;
+  const rows = shown.items.map((r) => el("tr", { "data-decision-id": r.decision_id },
+    el("td", {}, r.text), el("td", {}, r.refusal.replace("_", " ")), el("td", {}, r.reason),
+    el("td", { class: "quiet" }, r.evidence || "")));
+  $("refused").tBodies[0].replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: 4, class: "quiet" }, "nothing refused"))]));
+  $("refused-more").replaceChildren(...[moreButton("refused", shown, showRefused)].filter(Boolean));
+}
 
 async function showEpisodes(more) {
   const shown = await pageOf("episodes", more);

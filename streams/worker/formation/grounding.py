@@ -76,6 +76,7 @@ _ECHO = re.compile(r"(<memory>|</memory>|^\s*(known facts|profile|relationships|
                    r"recent turns|due reminders|about the user \(from the host\)):)", re.IGNORECASE | re.MULTILINE)
 
 
+_LABEL = re.compile(r"^\W*(user|assistant)\s*:\s*", re.IGNORECASE)
 _MINE = re.compile(r"\b(my|our|mine|ours|we|we're|we've|us)\b", re.IGNORECASE)
 _CLAUSE = re.compile(r"[,;:]|\s(?:and|but|so|because)\s", re.IGNORECASE)
 _QUOTES = re.compile(r"\"[^\"]{8,}\"|“[^”]{8,}”|(?<![A-Za-z])'[^']{8,}'(?![A-Za-z])|‘[^’]{8,}’")
@@ -114,7 +115,8 @@ def _find(haystack: str, needle: str) -> int:
 
 def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | None:
     """``(kind, reason)`` if ``candidate`` must not be stored as the user's fact, else None."""
-    evidence = (getattr(candidate, "evidence", None) or "").strip()
+    # A model may copy the turn's speaker label with the words ("USER: I live in Lisbon").
+    evidence = _LABEL.sub("", (getattr(candidate, "evidence", None) or "").strip())
     if not evidence:
         return "ungrounded", "the extractor named no words of the turn this fact rests on"
     said = turn.user_message
