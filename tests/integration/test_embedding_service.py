@@ -99,10 +99,13 @@ async def test_a_model_is_switched_by_a_reform_and_a_replay_into_a_new_schema_th
         await w2.wait_assigned()
         async with TurnLog(live) as log:
             await log.append(turn("emb", "I started working at Globex.", 2))
+        # Each projection applies the new turn's decisions on its own: wait for the one asked about.
+        model = await wait_until(lambda: conn.fetchval(
+            f"SELECT embedding_model FROM {new}.memory_facts WHERE user_id = 'emb' AND value = 'Globex'"),
+            timeout=90, what="the new turn's fact in the new version")
+        assert model == "openai:smollm2:576"
         await wait_until(lambda: conn.fetchval(f"SELECT count(*) = 3 FROM {new}.episodes WHERE user_id = 'emb'"),
-                         timeout=90, what="the new turn in the new version")
-        assert await conn.fetchval(f"SELECT embedding_model FROM {new}.memory_facts WHERE value = 'Globex'") == \
-            "openai:smollm2:576"
+                         timeout=90, what="the new turn's episode in the new version")
         reader = await MemoryReader.connect(live, dsn)
         try:
             ctx = await reader.read("emb", "c1", "what is my dog called?")
