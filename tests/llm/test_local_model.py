@@ -60,9 +60,9 @@ async def test_a_worker_forms_turns_with_the_local_model(on_model, conn, workers
 async def test_eval_formation_with_the_local_model_meets_its_goals(settings, local_model):
     s = settings.model_copy(update={"extractor": "openai", "openai_base_url": local_model, "openai_model": MODEL,
                                     "formation_concurrency": 4, "openai_timeout_s": 600.0, "openai_max_tokens": 768})
-    report = await evaluate(s, limit=8, parallel=4)
+    report = await evaluate(s, limit=3, parallel=3)
     (HOME / "eval-formation-local-model.json").write_text(json.dumps(report, indent=2))  # the figures, for BENCHMARKS.md
-    assert report["turns"] >= 130
+    assert report["turns"] >= 50
     assert report["junk_rate"] is not None and report["junk_rate"] <= 0.05, report
     assert report["recall"] >= 0.3, report  # a guard that refuses everything is not a guard
     assert report["llm_calls_per_turn"] <= 1.2, report
