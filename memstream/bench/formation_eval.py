@@ -210,7 +210,7 @@ def _tokens(*clients) -> tuple[int, int]:
 async def evaluate(settings, dataset: Path = DATASET, *, limit: int | None = None, embedder=None,
                    on_progress=None, parallel: int = 1) -> dict[str, Any]:
     """Score ``settings.extractor`` on ``dataset`` (at most ``limit`` conversations)."""
-    from memstream.embedding import default_embedder
+    from memstream.embedding import embedder_for
     from memstream.llm.clients import llm_clients
     from memstream.streams.log.records import Record
     from memstream.streams.worker.formation.graph import GraphView
@@ -219,7 +219,7 @@ async def evaluate(settings, dataset: Path = DATASET, *, limit: int | None = Non
 
     data = json.loads(Path(dataset).read_text())
     conversations = data["conversations"][:limit] if limit else data["conversations"]
-    embedder = embedder or default_embedder(settings.embed_threads, settings.embedding_variant)
+    embedder = embedder or embedder_for(settings)
     clients = llm_clients(settings)
     calls = [0]
     counted = [(_Counting(c, calls) if c is not None else None) for c in clients]
@@ -288,13 +288,12 @@ def render(reports: list[dict[str, Any]]) -> str:
 
 def run(settings, extractors: list[str], dataset: Path = DATASET, limit: int | None = None, on_progress=None,
         parallel: int = 1) -> list[dict[str, Any]]:
-    embedder = None
+    from memstream.embedding import embedder_for
+
+    embedder = embedder_for(settings)  # one for every extractor: the same vectors, loaded once
     out = []
     for name in extractors:
         s = settings.model_copy(update={"extractor": name})
-        from memstream.embedding import default_embedder
-
-        embedder = embedder or default_embedder(s.embed_threads, s.embedding_variant)
         out.append(asyncio.run(evaluate(s, dataset, limit=limit, embedder=embedder, on_progress=on_progress,
                                         parallel=parallel)))
     return out
