@@ -19,6 +19,35 @@ def single_valued(attribute: str) -> bool:
     return relation is not None and relation not in MULTI_VALUED
 
 
+# canonical fact slot -> names a model gives it. A slot's name decides what a new value does (an
+# UPDATE of a single-valued slot) and what a restatement is (the same slot and value): "company"
+# and "employer" must be one slot, or a change of job is stored beside the old one.
+_SLOTS: dict[str, tuple[str, ...]] = {
+    "name": ("first_name", "full_name", "user_name", "username", "preferred_name"),
+    "home": ("residence", "lives_in", "home_city", "current_city", "city_of_residence", "home_town_now",
+             "current_location", "living_in"),
+    "origin": ("hometown", "home_town", "birthplace", "place_of_birth", "born_in", "grew_up_in", "from",
+               "country_of_origin", "is_from"),
+    "employer": ("company", "workplace", "employer_name", "works_at", "works_for", "current_employer", "job_company",
+                 "organisation", "organization"),
+    "role": ("job_title", "occupation", "profession", "position", "job_role", "works_as"),
+    "likes": ("like", "enjoys", "loves", "hobby", "hobbies", "interest", "interests", "preference"),
+    "dislikes": ("dislike", "hates", "does_not_like", "doesnt_like"),
+    "allergy": ("allergies", "allergic_to", "food_allergy"),
+    "diet": ("dietary_preference", "diet_type", "dietary_restriction", "eating_habit"),
+    "age": ("user_age", "years_old"),
+}
+_SLOT_OF = {alias: slot for slot, aliases in _SLOTS.items() for alias in aliases}
+
+
+def fact_attribute(attribute: str) -> str:
+    """The slot ``attribute`` names, in memstream's words ("company" -> "employer",
+    "Favorite Book" -> "favourite_book"); a name it does not know is kept, in snake_case."""
+    key = re.sub(r"[^\w]+", "_", attribute.strip().casefold()).strip("_") or attribute
+    key = re.sub(r"^favorite_", "favourite_", key)
+    return _SLOT_OF.get(key, key)
+
+
 # canonical relation -> phrasings that mean the same thing
 _SYNONYMS: dict[str, tuple[str, ...]] = {
     "works_at": ("employed_by", "works_for", "employee_of", "job_at", "employer"),

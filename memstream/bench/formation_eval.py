@@ -138,7 +138,7 @@ def score_turn(score: Score, label: dict, made: Iterable[Decision], said: str) -
             if any(same_value(d.value, f["value"]) for f in keep):
                 score.guard_wrong += 1
                 score.guard_wrong_examples.append({"said": said[:160], "refused": f"{d.attribute}={d.value}",
-                                                   "as": d.refusal})
+                                                   "as": d.refusal, "evidence": (d.evidence or "")[:160]})
     for f in facts:
         score.ops += 1
         values = lambda kind: [d for d in made if isinstance(d, kind) and same_value(getattr(d, "value", ""),  # noqa: E731

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -127,10 +128,13 @@ def bench_keys(ctx: click.Context, users: int, forgets: int, as_json: bool) -> N
               help="with --llm-latency: log-normal latencies with this p95 (default: every call p50)")
 @click.option("--concurrency", type=click.IntRange(min=1), help="LLM calls in flight (formation_concurrency)")
 @click.option("--no-paced", is_flag=True, help="skip the turn -> facts visible phase")
+@click.option("--local-model", type=click.Choice(["smollm2-135m", "qwen2.5-1.5b"]),
+              help="form with this pinned local model (llama.cpp, OpenAI-compatible) instead of the configured extractor")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def bench_formation(ctx: click.Context, turns: int, users: int, llm_latency: float | None,
-                    llm_latency_p95: float | None, concurrency: int | None, no_paced: bool, as_json: bool) -> None:
+                    llm_latency_p95: float | None, concurrency: int | None, no_paced: bool, local_model: str | None,
+                    as_json: bool) -> None:
     """Turns/s through formation (extract, resolve, gate, merge) for one worker, LLM calls and
     tokens per turn; with --llm-latency, also turn -> facts visible while turns arrive paced
     (half the measured rate, plus one very active user).
@@ -141,11 +145,33 @@ def bench_formation(ctx: click.Context, turns: int, users: int, llm_latency: flo
 
     if llm_latency_p95 is not None and (llm_latency is None or llm_latency_p95 < llm_latency):
         raise click.UsageError("--llm-latency-p95 needs --llm-latency, and is at least it")
-    with progress("formation", unit="turns") as on_progress:
+    if local_model is not None and llm_latency is not None:
+        raise click.UsageError("--local-model is a real model: it takes no --llm-latency")
+    with _served(settings_of(ctx), local_model) as s, progress("formation", unit="turns") as on_progress:
+        if local_model is not None:
+            s = s.model_copy(update={"extractor": "openai"})
         report = asyncio.run(run_formation_bench(
-            settings_of(ctx), turns=turns, users=users, llm_latency=llm_latency, llm_latency_p95=llm_latency_p95,
+            s, turns=turns, users=users, llm_latency=llm_latency, llm_latency_p95=llm_latency_p95,
             concurrency=concurrency, paced=not no_paced, on_progress=on_progress))
     click.echo(json.dumps(report, indent=2) if as_json else _render_report(report))
+
+
+@contextlib.contextmanager
+def _served(s, local_model: str | None):
+    """``s`` pointed at ``local_model`` served by llama.cpp for the block (``s`` itself when None)."""
+    if local_model is None:
+        yield s
+        return
+    from memstream.stack import model_server
+
+    served = model_server.start(local_model, Path(s.home) / "models", log_path=Path(s.home) / "model-server.log",
+                                parallel=min(4, s.formation_concurrency))
+    try:
+        # A model on two cores answers a call in seconds to minutes: wait for it.
+        yield s.model_copy(update={"openai_base_url": f"http://127.0.0.1:{model_server.CHAT_PORT}/v1",
+                                   "openai_model": local_model, "openai_timeout_s": max(s.openai_timeout_s, 600.0)})
+    finally:
+        model_server.stop(served)
 
 
 def _render_report(report: dict) -> str:
@@ -234,21 +260,8 @@ def eval_formation(ctx: click.Context, extractors: tuple[str, ...], dataset: Pat
     """What formation stores, against labelled conversations: precision, recall, junk rate,
     wrong-subject rate and decision accuracy of facts and edges, and LLM calls per turn."""
     from memstream.bench.formation_eval import DATASET, render, run
-    from memstream.stack import model_server
 
-    s = settings_of(ctx)
-    served = None
-    if local_model is not None:
-        served = model_server.start(local_model, Path(s.home) / "models", log_path=Path(s.home) / "model-server.log",
-                                    parallel=min(4, s.formation_concurrency))
-        # A model on two cores answers a call in seconds to minutes: wait for it.
-        s = s.model_copy(update={"openai_base_url": f"http://127.0.0.1:{model_server.CHAT_PORT}/v1",
-                                 "openai_model": local_model, "openai_timeout_s": max(s.openai_timeout_s, 600.0)})
-    try:
-        with progress("eval formation", unit="turns") as on_progress:
-            reports = run(s, list(extractors) or [s.extractor], dataset or DATASET, limit, on_progress,
-                          parallel=4 if local_model else 1)
-    finally:
-        if served is not None:
-            model_server.stop(served)
+    with _served(settings_of(ctx), local_model) as s, progress("eval formation", unit="turns") as on_progress:
+        reports = run(s, list(extractors) or [s.extractor], dataset or DATASET, limit, on_progress,
+                      parallel=4 if local_model else 1)
     click.echo(json.dumps(reports, indent=2) if as_json else render(reports))

@@ -71,7 +71,8 @@ class _Rule:
 
 def _clean(value: str) -> str:
     value = re.sub(r"^(?:[Tt]he|a|an|[Mm]y)\s+", "", value.strip())  # not "A Coruña"
-    value = re.sub(r"\s+(?:now|these days|nowadays|anymore|again)$", "", value)  # "a dispatcher now"
+    # "a dispatcher now", "in Plovdiv myself", "in Leeds too"
+    value = re.sub(r"\s+(?:now|these days|nowadays|anymore|again|myself|too|as well)$", "", value)
     return value.strip(" '\"")
 
 
@@ -130,10 +131,24 @@ def _origin(m, turn):
     yield _fact(f"Is from {m.group('value')}", "location", "origin", m.group("value"))
 
 
+# "The same company" or "that place" points back at an employer rather than naming one: the
+# name may follow it ("the same company, Van Dijk Transport").
+_APPOSITIVE = re.compile(r",\s+" + _PROPER + r"(?=\s*[,.;!?]|$)")
+_POINTER = re.compile(r"(?i)(?:the\s+)?(?:same|that|this|said|other|his|her|their|your)\b")
+
+
+def _organisation(m: re.Match) -> str | None:
+    if not _POINTER.match(m.group("value").strip()):
+        return _clean(m.group("value"))
+    named = _APPOSITIVE.match(m.string, m.end("value"))
+    return named.group("value") if named else None
+
+
 @_rule(_I + r"\s+(?:currently |still |now )?(?:work|am working|'m working) (?:at|for) " + _VALUE)
 @_rule(_I + r"(?:'ve| have)?\s+(?:just |recently )?(?:joined|started (?:a new job |working )?at) " + _PROPER, 0)
 def _employer(m, turn):
-    value = _clean(m.group("value"))
+    if (value := _organisation(m)) is None:
+        return
     when = date_of(m.string, m.start(), m.end(), turn.occurred_at, past=True)
     yield _fact(f"Works at {value}", "work", "employer", value, valid_at=when)
 
@@ -144,13 +159,14 @@ def _employer(m, turn):
 def _role(m, turn):
     role = _clean(m.group("role"))
     yield _fact(f"Works as a {role}", "work", "role", role)
-    if m.groupdict().get("value"):
-        employer = _clean(m.group("value"))
+    if m.groupdict().get("value") and (employer := _organisation(m)) is not None:
         yield _fact(f"Works at {employer}", "work", "employer", employer)
 
 
 @_rule(_I + r"\s+(?:really |absolutely |also )?(?:love|like|enjoy|adore)\s+(?!you\b|it\b|that\b|this\b)" + _VALUE)
 def _likes(m, turn):
+    if re.match(r"(?i)my\s", m.group("value")):
+        return  # "I love my job": fondness for what one has, not a taste to recommend by
     value = _clean(m.group("value"))
     yield _fact(f"Likes {value}", "preference", "likes", value, confidence=0.8)
 

@@ -32,8 +32,8 @@ from memstream.llm.protocols import (CandidateFact, ExistingFact, MalformedOutpu
 from memstream.llm.retrying import retrying
 from memstream.llm.structured import (EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_PROMPT,
                                       RESOLVE_ALL_TOOL, RESOLVE_PROMPT, RESOLVE_TOOL, TURN_PROMPT, TURN_TOOL,
-                                      FactsAnswer, RelationsAnswer, ResolutionAnswer, ResolutionsAnswer, TurnAnswer,
-                                      render_turn, resolution_of, resolutions_of, resolve_all_question,
+                                      FactsAnswer, RelationsAnswer, TurnAnswer, render_turn, resolution_answer,
+                                      resolution_of, resolutions_answer, resolutions_of, resolve_all_question,
                                       resolve_question, validated)
 from memstream.schemas import TurnRecorded
 
@@ -177,14 +177,14 @@ class OpenAIResolver(_Counted):
         self.model_id = f"openai:{model}"
 
     async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
-        request = self._chat.request(RESOLVE_PROMPT, resolve_question(candidate, neighbours), RESOLVE_TOOL,
-                                     ResolutionAnswer)
-        return resolution_of(await self._chat.call(request, RESOLVE_TOOL, ResolutionAnswer), neighbours)
+        answer = resolution_answer(len(neighbours))
+        request = self._chat.request(RESOLVE_PROMPT, resolve_question(candidate, neighbours), RESOLVE_TOOL, answer)
+        return resolution_of(await self._chat.call(request, RESOLVE_TOOL, answer), neighbours)
 
     async def resolve_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> list[Resolution]:
-        request = self._chat.request(RESOLVE_ALL_PROMPT, resolve_all_question(asked), RESOLVE_ALL_TOOL,
-                                     ResolutionsAnswer)
-        return resolutions_of(await self._chat.call(request, RESOLVE_ALL_TOOL, ResolutionsAnswer), asked)
+        answer = resolutions_answer(len(asked), max((len(n) for _, n in asked), default=0))
+        request = self._chat.request(RESOLVE_ALL_PROMPT, resolve_all_question(asked), RESOLVE_ALL_TOOL, answer)
+        return resolutions_of(await self._chat.call(request, RESOLVE_ALL_TOOL, answer), asked)
 
 
 class OpenAIRelationExtractor(_Counted):

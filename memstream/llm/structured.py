@@ -4,16 +4,18 @@ output to: a Bedrock tool's input, an OpenAI-compatible ``json_schema`` response
 and reading an answer back into the protocols' types."""
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime, timezone
 from typing import Annotated, Literal, Sequence
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, create_model
 
 from memstream.llm.protocols import (CATEGORIES, CandidateFact, ExistingFact, MalformedOutput, Operation,
                                      Resolution)
 from memstream.schemas import TurnRecorded
 from memstream.schemas.events import in_range
+from memstream.schemas.vocabulary import fact_attribute
 
 
 MAX_SLOT_CHARS = 100
@@ -50,8 +52,9 @@ class FactAnswer(BaseModel):
     category: Literal[CATEGORIES]  # type: ignore[valid-type]
     # Bounded: attributes and relations are btree keys in the projections (a model's runaway
     # output must fail here, as malformed, not as an index row too large in the store).
-    attribute: str = Field(min_length=1, max_length=MAX_SLOT_CHARS,
-                           description="slot: name, home, employer, role, likes, allergy, ...")
+    attribute: Annotated[str, AfterValidator(fact_attribute)] = Field(
+        min_length=1, max_length=MAX_SLOT_CHARS, description="slot: name, home, origin, employer, role, likes, "
+                                                             "dislikes, allergy, diet, age, pet, favourite_<thing>, ...")
     value: str = Field(max_length=MAX_SLOT_CHARS)
     confidence: float = Field(ge=0, le=1)
     explicit: bool = Field(description="true if the user stated it, false if inferred")
@@ -86,6 +89,15 @@ EXTRACT_PROMPT = (
     "fact with negated=true and explicit=true, never a fact to learn. For each fact, evidence is the user's own "
     "words it rests on, copied exactly from the USER line. Questions, requests, hypotheticals, jokes, facts about "
     "other people, and text that instructs or describes the assistant are not facts about the user. "
+    "Keep only what will still be true and useful in a later conversation: not moods or feelings of the moment, "
+    "not counts and details of one event, not what the user is doing right now. A detail about someone the user "
+    "mentions (a child's age, a friend's job, a sister's allergy) is not the user's fact. Most turns hold no "
+    "fact at all. Examples (not from this conversation):\n"
+    "- \"My brother Tomás works at a bank in Lima.\" -> no fact about the user (the brother's job is his).\n"
+    "- \"We were nine at dinner last night and I was exhausted.\" -> no fact: one evening's count and a mood.\n"
+    "- \"Could you suggest a hike near Bristol?\" -> no fact: a request.\n"
+    "- \"I grew up in Porto but I've lived in Bristol for ten years.\" -> origin=Porto (evidence \"I grew up in "
+    "Porto\"), home=Bristol (evidence \"I've lived in Bristol\").\n"
     f"Always answer by calling {EXTRACT_TOOL}; an empty list is fine."
 )
 
@@ -121,6 +133,37 @@ class ResolutionsAnswer(BaseModel):
 
 
 RESOLVE_ALL_TOOL = "classify_facts"
+
+
+# Bounded answers: a decoder constrained by the schema (llama.cpp's grammar, structured outputs)
+# cannot then name a fact it was not shown, or leave UPDATE, DELETE or NOOP without one — a small
+# model otherwise does, and each such answer is a call asked again.
+_TARGET = "index of the existing fact the operation names (for ADD: the nearest one; it is not used)"
+
+
+@functools.lru_cache(maxsize=256)
+def resolution_answer(shown: int) -> type[ResolutionAnswer]:
+    """``ResolutionAnswer`` whose ``target_index`` is required and one of the ``shown`` facts."""
+    if shown < 1:
+        return ResolutionAnswer
+    return create_model(f"ResolutionAnswer{shown}", __base__=ResolutionAnswer,
+                        target_index=(int, Field(ge=0, le=shown - 1, description=_TARGET)))
+
+
+@functools.lru_cache(maxsize=256)
+def resolutions_answer(candidates: int, most_shown: int) -> type[ResolutionsAnswer]:
+    """``ResolutionsAnswer`` for ``candidates`` candidates, each index one that exists."""
+    if candidates < 1 or most_shown < 1:
+        return ResolutionsAnswer
+    base = ResolutionAnswer.model_fields
+    # The candidate first: a model names what it classifies before it classifies it.
+    one = create_model(f"IndexedResolutionAnswer{candidates}x{most_shown}", __base__=BaseModel,
+                       candidate_index=(int, Field(ge=0, le=candidates - 1, description="which candidate this classifies")),
+                       operation=(base["operation"].annotation, ...),
+                       target_index=(int, Field(ge=0, le=most_shown - 1, description=_TARGET)),
+                       reason=(str, Field(min_length=1, max_length=MAX_TEXT_CHARS)))
+    return create_model(f"ResolutionsAnswer{candidates}x{most_shown}", __base__=ResolutionsAnswer,
+                        resolutions=(list[one], Field(min_length=candidates, max_length=candidates)))  # type: ignore[valid-type]
 
 
 class RelationAnswer(BaseModel):

@@ -28,6 +28,10 @@ KEPT = [
     ("  i am   ALLERGIC to peanuts!", "I am allergic to peanuts", "allergy", "constraint"),
     ("Can you help me plan meals? I'm vegetarian.", "I'm vegetarian", "diet", "constraint"),
     ("Hi, I'm Rosa and I live in Valencia.", "USER: Hi, I'm Rosa and I live in Valencia.", "home", "location"),
+    # quoted loosely: a pronoun added, a contraction spelt out, words between left out
+    ("Grew up in Tampere, then moved south.", "I grew up in Tampere", "origin", "location"),
+    ("I'm coeliac, so no bread for me.", "I am coeliac", "diet", "constraint"),
+    ("I work as a night nurse at Rigshospitalet these days.", "I work at Rigshospitalet", "employer", "work"),
 ]
 
 
@@ -38,6 +42,8 @@ def test_what_the_user_says_of_themselves_is_kept(said, evidence, attribute, cat
 
 REFUSED = [
     ("ungrounded", "I like tea.", "I live in Paris", "Okay."),
+    ("ungrounded", "My sister lives in Oslo.", "I live in Oslo", "Nice."),  # "lives" is not "live"
+    ("ungrounded", "I have two cats.", "I have two dogs", "Nice."),
     ("assistant_only", "I grade papers all evening.", "you are a teacher", "Sounds like you are a teacher!"),
     ("question", "Can you recommend a good book?", "recommend a good book", "Sure."),
     ("question", "What's the weather like in Rome?", "the weather like in Rome", "Sunny."),

@@ -38,6 +38,18 @@ def test_extracts_the_fact_a_person_states(sentence, expected):
     assert (*expected, False) in found, found
 
 
+@pytest.mark.parametrize("sentence, expected, absent", [
+    ("Correct. I live in Leeds myself, near the park.", ("home", "Leeds"), ("home", "Leeds myself")),
+    ("I'm a nurse at the same hospital, St Mary's.", ("employer", "St Mary's"), ("employer", "same hospital")),
+    ("Still there: I work at that place.", None, ("employer", "that place")),
+    ("I love my new flat, honestly.", None, ("likes", "new flat")),
+])
+def test_what_points_back_or_owns_is_not_a_value(sentence, expected, absent):
+    found, _ = facts(sentence)
+    assert expected is None or (*expected, False) in found, found
+    assert (*absent, False) not in found, found
+
+
 def test_allergies_split_into_one_fact_each():
     found, _ = facts("I am allergic to shellfish and penicillin.")
     assert {("allergy", "shellfish", False), ("allergy", "penicillin", False)} <= found

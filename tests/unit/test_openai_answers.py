@@ -55,3 +55,28 @@ def test_a_request_holds_the_answer_to_its_schema_by_response_format_or_by_a_for
     by_tool = _Chat(None, "m", structured="tools").request(EXTRACT_PROMPT, "USER: hi", EXTRACT_TOOL, FactsAnswer)
     assert by_tool["tool_choice"]["function"]["name"] == EXTRACT_TOOL and "response_format" not in by_tool
     assert by_tool["temperature"] == 0.0 and by_tool["seed"] == 0
+
+
+def test_a_resolution_answer_can_only_name_a_fact_it_was_shown():
+    from pydantic import ValidationError
+
+    from memstream.llm.structured import resolution_answer, resolutions_answer
+
+    one = resolution_answer(2)
+    assert one.model_json_schema()["properties"]["target_index"]["maximum"] == 1
+    assert one.model_validate({"operation": "NOOP", "target_index": 1, "reason": "same"}).target_index == 1
+    for wrong in ({"operation": "UPDATE", "reason": "changed"}, {"operation": "NOOP", "target_index": 2, "reason": "r"}):
+        with pytest.raises(ValidationError):
+            one.model_validate(wrong)
+    batch = resolutions_answer(2, 3)
+    fields = list(batch.model_json_schema()["$defs"].values())[0]["properties"]
+    assert list(fields)[0] == "candidate_index" and fields["candidate_index"]["maximum"] == 1
+    with pytest.raises(ValidationError):  # one resolution per candidate
+        batch.model_validate({"resolutions": [{"candidate_index": 0, "operation": "ADD", "target_index": 0,
+                                               "reason": "new"}]})
+
+
+def test_a_model_s_name_for_a_slot_is_memstream_s():
+    answer = FactsAnswer.model_validate({"facts": [{**FACT, "attribute": "Company"}, {**FACT, "attribute": "Favorite Book"},
+                                                   {**FACT, "attribute": "sailing_club"}]})
+    assert [f.attribute for f in answer.facts] == ["employer", "favourite_book", "sailing_club"]

@@ -113,6 +113,30 @@ def _find(haystack: str, needle: str) -> int:
     return m.start() if m else -1
 
 
+# Words a model drops or adds when it quotes loosely ("I grew up in Kraków" for "Grew up in
+# Kraków", "I am vegan" for "I'm vegan", "I work at Zalando" for "I work as an engineer at
+# Zalando"): the rest must still be there, in order, close together.
+_SLACK = frozenset({"i", "m", "im", "ve", "ll", "d", "re", "am", "is", "are", "was", "have", "has", "a", "an", "the",
+                    "my", "me", "s", "and", "that", "to", "really", "also", "just", "so", "very"})
+
+
+def _find_loosely(haystack: str, needle: str) -> int:
+    """Where ``needle``'s words other than ``_SLACK`` are in ``haystack``, in order, at most five
+    words apart (-1: nowhere, or no such word to go by)."""
+    words = [w for w in re.findall(r"\w+", unicodedata.normalize("NFKC", needle)) if w.casefold() not in _SLACK]
+    if not words:
+        return -1
+    gap = r"\W+(?:\w+\W+){0,5}?"
+    m = re.search(r"\b" + gap.join(map(re.escape, words)) + r"\b", unicodedata.normalize("NFKC", haystack),
+                  re.IGNORECASE)
+    return m.start() if m else -1
+
+
+def _located(text: str, evidence: str) -> int:
+    at = _find(text, evidence)
+    return at if at >= 0 else _find_loosely(text, evidence)
+
+
 def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | None:
     """``(kind, reason)`` if ``candidate`` must not be stored as the user's fact, else None."""
     # A model may copy the turn's speaker label with the words ("USER: I live in Lisbon").
@@ -120,9 +144,9 @@ def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | N
     if not evidence:
         return "ungrounded", "the extractor named no words of the turn this fact rests on"
     said = turn.user_message
-    at = _find(said, evidence)
+    at = _located(said, evidence)
     if at < 0:
-        if _find(turn.assistant_message, evidence) >= 0:
+        if _located(turn.assistant_message, evidence) >= 0:
             if not _CONFIRM.match(said):
                 return "assistant_only", "only the assistant said it, and the user did not confirm it"
             return None
