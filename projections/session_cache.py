@@ -6,8 +6,10 @@ UTC is added once more). Keys carry the schema and the projection epoch, so a re
 second deployment never reads another's cache. Losing Redis loses nothing: the read client
 falls back to Postgres, and a conversation's key that is missing when its next turn arrives (a
 flush, a restart, a switch's new epoch) is seeded from the store first (``push_turns``), so it
-holds the conversation's last turns, not only the ones since. (A Redis restored from an older
-snapshot, or a replica promoted without the last writes, keeps keys short of those turns.)
+holds the conversation's last turns, not only the ones since. A key expires some days after its
+conversation's last turn (``tier0_ttl_s``): a quiet conversation costs Redis nothing. (A Redis
+restored from an older snapshot, or a replica promoted without the last writes, keeps keys short
+of those turns.)
 """
 from __future__ import annotations
 
@@ -37,19 +39,24 @@ def member(episode_id, occurred_at, user_message: str, assistant_message: str) -
 
 History = Callable[[Sequence[tuple[str, str]], int], Awaitable[Mapping[tuple[str, str], Sequence[Mapping]]]]
 
-# Adds the turns (ARGV: keep, then score, member pairs) only to a key that exists, and trims it;
-# 1 if it did. One key per call: a Redis cluster takes it.
+# Adds the turns (ARGV: keep, seconds to live, then score, member pairs) only to a key that
+# exists, trims it and sets it to expire; 1 if it did. One key per call: a Redis cluster takes it.
 _ADD_IF_KEPT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-for i = 2, #ARGV, 2 do redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 3, #ARGV, 2 do redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[1]) + 1))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 """
+# A conversation's key lives this long past its last turn by default: the read path finds a key
+# gone as it finds one flushed (it reads Postgres), and the next turn seeds it again.
+TTL_S = 3 * 86400
 
 
 async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow], keep: int,
-                     history: History, stale: Iterable[tuple[str, str]] = ()) -> None:
-    """Adds ``rows`` to their conversations' keys, each trimmed to its last ``keep`` turns.
+                     history: History, stale: Iterable[tuple[str, str]] = (), ttl_s: int = TTL_S) -> None:
+    """Adds ``rows`` to their conversations' keys, each trimmed to its last ``keep`` turns and
+    set to expire ``ttl_s`` seconds after this push.
     ``history`` gives the last ``keep`` stored turns of each ``(user_id, conversation_id)`` asked
     (``rows`` already stored among them): it seeds the keys that do not exist yet, which would
     otherwise hold only the turns from here on, and rebuilds those of ``stale``, conversations
@@ -65,7 +72,7 @@ async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow],
     # connection from the pool (redis-py 8.1), and Redis caches the script by its digest anyway.
     async with redis.pipeline(transaction=False) as pipe:
         for c in kept:
-            pipe.eval(_ADD_IF_KEPT, 1, key[c], keep, *(x for m, score in turns[c].items() for x in (score, m)))
+            pipe.eval(_ADD_IF_KEPT, 1, key[c], keep, ttl_s, *(x for m, score in turns[c].items() for x in (score, m)))
         added = await pipe.execute() if kept else []
     seed = [c for c, there in zip(kept, added) if not there] + list(stale)
     if not seed:
@@ -80,6 +87,7 @@ async def push_turns(redis, schema: str, epoch: int, rows: Iterable[EpisodeRow],
             if members := {**members, **turns[c]}:
                 pipe.zadd(key[c], members)
                 pipe.zremrangebyrank(key[c], 0, -(keep + 1))
+                pipe.expire(key[c], ttl_s)
         await pipe.execute()
 
 

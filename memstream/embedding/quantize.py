@@ -55,11 +55,27 @@ def dynamic_model(directory: Path | None = None) -> Path:
     return out
 
 
-def digest(path: Path) -> str:
-    """The derived file's sha256, recorded beside it when it was derived (hashing the model again
-    would cost every process at start-up)."""
+class ModelCorrupt(RuntimeError):
+    """A model file's bytes are not the ones recorded for it (a cache damaged or tampered with, a
+    package file changed): nothing is embedded with it."""
+
+
+def verified(path: Path, expected: str | None) -> tuple[bytes, str]:
+    """``path``'s bytes and their sha256, checked against ``expected`` (None: nothing recorded,
+    trusted as read). The bytes hashed are the bytes the caller loads: nothing can change between
+    the check and the load."""
+    model = path.read_bytes()
+    got = hashlib.sha256(model).hexdigest()
+    if expected is not None and got != expected:
+        raise ModelCorrupt(f"the embedding model {path} does not match its recorded sha256 ({got[:16]}... is not "
+                           f"{expected[:16]}...): delete it and its .sha256 to derive it again, or reinstall its package")
+    return model, got
+
+
+def recorded_digest(path: Path) -> str | None:
+    """The derived file's sha256 as recorded beside it when it was derived, if it was."""
     recorded = _digest_file(path)
-    return recorded.read_text().strip() if recorded.exists() else _sha256(path)
+    return recorded.read_text().strip() if recorded.exists() else None
 
 
 def _digest_file(path: Path) -> Path:

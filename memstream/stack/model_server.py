@@ -115,9 +115,10 @@ def _sha256(path: Path) -> str:
 
 
 def serve(model: LocalModel, cache: Path, port: int = CHAT_PORT, *, parallel: int = 4, ctx_per_slot: int = 2048,
-          threads: int | None = None, embedding: bool = False) -> None:
-    """Serve ``model`` on 127.0.0.1:``port`` until SIGTERM or SIGINT (in this process);
-    ``embedding``: its mean-pooled hidden states on ``/v1/embeddings`` instead of chat."""
+          threads: int | None = None, embedding: bool = False, parent: int | None = None) -> None:
+    """Serve ``model`` on 127.0.0.1:``port`` until SIGTERM or SIGINT (in this process), or until
+    process ``parent`` is no longer this one's parent; ``embedding``: its mean-pooled hidden
+    states on ``/v1/embeddings`` instead of chat."""
     import xllamacpp
 
     params = xllamacpp.CommonParams()
@@ -139,8 +140,8 @@ def serve(model: LocalModel, cache: Path, port: int = CHAT_PORT, *, parallel: in
     stop = {"now": False}
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.update(now=True))
-    while not stop["now"]:
-        time.sleep(0.2)
+    while not stop["now"] and (parent is None or os.getppid() == parent):
+        time.sleep(0.2)  # a parent gone (killed, not stopped) takes its server with it: no orphan on the port
     del server
 
 
@@ -162,7 +163,8 @@ def start(model: str, cache: Path, port: int = CHAT_PORT, *, wait_s: float = 120
             raise ModelUnavailable(f"port {port} is taken: another model server (or anything) listens there")
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
     proc = subprocess.Popen([sys.executable, "-m", "memstream.stack.model_server", "--model", model, "--port", str(port),
-                             "--cache", str(cache), "--parallel", str(parallel), *(["--embedding"] if embedding else [])],
+                             "--cache", str(cache), "--parallel", str(parallel), "--parent", str(os.getpid()),
+                             *(["--embedding"] if embedding else [])],
                             stdout=out, stderr=out,
                             start_new_session=True)
     deadline = time.monotonic() + wait_s
@@ -193,9 +195,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=Path(".memstream") / "models")
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--embedding", action="store_true", help="serve /v1/embeddings (mean pooling) instead of chat")
+    parser.add_argument("--parent", type=int, help="stop when this process is no longer the parent")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(MODELS[args.model], args.cache, args.port, parallel=args.parallel, embedding=args.embedding)
+    serve(MODELS[args.model], args.cache, args.port, parallel=args.parallel, embedding=args.embedding,
+          parent=args.parent)
 
 
 if __name__ == "__main__":

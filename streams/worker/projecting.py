@@ -86,9 +86,10 @@ class EpisodesProjection:
 
     name = "episodes"
 
-    def __init__(self, *, pool: asyncpg.Pool, redis, schema: str, dead_letters, tier0_turns: int):
+    def __init__(self, *, pool: asyncpg.Pool, redis, schema: str, dead_letters, tier0_turns: int,
+                 tier0_ttl_s: int = session_cache.TTL_S):
         self._pool, self._redis, self._schema = pool, redis, schema
-        self._dead, self._keep = dead_letters, tier0_turns
+        self._dead, self._keep, self._ttl_s = dead_letters, tier0_turns, tier0_ttl_s
         self._store = EpisodeStore()
         self._cache = CacheEpoch("episodes")
         # Conversations whose Tier 0 push failed, in the order they failed, with their partition:
@@ -179,7 +180,7 @@ class EpisodesProjection:
                     return await episodes_query.recent_of(conn, conversations, n)
 
             await session_cache.push_turns(self._redis, self._schema, epoch_now, turns, self._keep, history,
-                                           stale=due)
+                                           stale=due, ttl_s=self._ttl_s)
             return due
         except Exception:  # the read path falls back to Postgres for a conversation with no key
             log.exception("tier 0 cache update failed for %d turns and %d stale conversations", len(turns), len(due))

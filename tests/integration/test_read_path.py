@@ -286,6 +286,52 @@ async def test_turns_a_failed_tier0_push_missed_are_seeded_again_once_redis_answ
         await pool.close()
 
 
+async def test_tier0_keys_expire_after_their_last_turn_and_come_back_whole(settings, dsn):
+    """A conversation's key lives ``tier0_ttl_s`` past its last push (seeded or added to); once
+    it expired, as when flushed, the next turn seeds it from the store with what it held."""
+    from memstream.projections.session_cache import recent_turns, tier0_key
+    from memstream.schemas import EpisodeRecorded, encode
+    from memstream.streams.worker.projecting import EpisodesProjection
+    from memstream.streams.log.records import Record
+
+    from .test_delivery import UNIT, _decided
+
+    class Letters:
+        async def send(self, letters):
+            assert not letters
+
+        def observe(self, n_ok):
+            pass
+
+    said = [EpisodeRecorded(**_decided(settings, i, "ivy", "episode"), conversation_id="c1", user_message=f"turn {i}",
+                            occurred_at=NOW + timedelta(minutes=i), assistant_message="ok", embedding=UNIT,
+                            embedding_model="test") for i in range(3)]
+    records = [Record(settings.decisions_topic, 0, i, b"ivy", encode(d), (), 1_700_000_000_000) for i, d in enumerate(said)]
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
+    redis = aioredis.from_url(settings.redis_url)
+    try:
+        projection = EpisodesProjection(pool=pool, redis=redis, schema=settings.postgres_schema, dead_letters=Letters(),
+                                        tier0_turns=20, tier0_ttl_s=120)
+        await projection.process(records[:1])  # seeds the key
+        key = tier0_key(settings.postgres_schema, projection._cache.value, "ivy", "c1")
+        assert 0 < await redis.ttl(key) <= 120
+        await redis.expire(key, 5)
+        await projection.process(records[1:2])  # adds to it: its life starts again
+        assert 5 < await redis.ttl(key) <= 120
+        await redis.pexpire(key, 1)  # Redis expires it
+        await wait_until(lambda: _gone(redis, key), what="the key expired")
+        await projection.process(records[2:])
+        held = await recent_turns(redis, settings.postgres_schema, projection._cache.value, "ivy", "c1", 20)
+        assert [t["user_message"] for t in held] == ["turn 0", "turn 1", "turn 2"] and 0 < await redis.ttl(key) <= 120
+    finally:
+        await redis.aclose()
+        await pool.close()
+
+
+async def _gone(redis, key: str) -> bool:
+    return not await redis.exists(key)
+
+
 async def test_budgets_bound_each_section_in_real_tokens(settings, conn, dsn, workers, embedder):
     w = workers()
     await w.wait_assigned()
