@@ -67,6 +67,7 @@ class Settings(BaseModel):
 
     home: Path = Path(".memstream")  # local stack data, logs and jars
     tier0_turns: int = Field(20, ge=1)  # recent turns kept per conversation in Redis
+    tier0_ttl_s: int = Field(3 * 86400, ge=60)  # ...for this long after the conversation's last turn
     batch_size: int = Field(256, ge=1)
     batch_seconds: float = Field(0.01, gt=0)  # linger per hop: at low load latency ~ 2 x this
     embed_threads: int = Field(1, ge=1)  # worker: leave a core for Kafka, Postgres and the other role
@@ -119,6 +120,10 @@ class Settings(BaseModel):
     stand_in_max_in_flight: int | None = Field(None, ge=1)
     # An inferred change to an identity or constraint fact commits on this many observations.
     gate_observations: int = Field(3, ge=1)
+    # A decay sweep archives a fact whose strength (projections.facts.decay) is below this.
+    decay_threshold: float = Field(0.2, ge=0, le=1)
+    # Formation workers sweep the users of their partitions this often (0: never; `memstream sweep decay` only).
+    decay_sweep_every_s: float = Field(86400.0, ge=0)
     # Prices for the estimated LLM cost in the workers' metrics, USD per million tokens
     # (defaults: Claude 3.5 Haiku on Bedrock, on demand).
     llm_usd_per_mtok_input: float = Field(0.8, ge=0)

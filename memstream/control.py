@@ -53,7 +53,7 @@ async def forget_fact(log, reader, user_id: str, fact_id: uuid.UUID, *, actor: s
     (``episodes_of_fact`` lists them first) unless ``keep_episodes``; their other facts and edges
     stay, noted."""
     row = await _own(reader, "facts", user_id, fact_id)
-    if row["status"] != "current":
+    if row["status"] not in ("current", "archived"):  # archived: believed still, off the read path
         raise NotFound(f"fact {fact_id} is not current ({row['status']})")
     return await log.append(FactForgotten(**_envelope(user_id, actor, reason), fact_id=fact_id,
                                           attribute=row["attribute"], value=row["value"], keep_episodes=keep_episodes))

@@ -124,7 +124,7 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
         return _noted(ctx) + render_prompt(ctx, message)
 
     @tool
-    async def list_memories(kind: Literal["facts", "episodes", "edges"] = "facts", limit: int = 50,
+    async def list_memories(kind: Literal["facts", "episodes", "edges", "archived"] = "facts", limit: int = 50,
                             cursor: str | None = None, user_id: str | None = None,
                             include_history: bool = False, ctx: Context = None) -> dict[str, Any]:
         """One page of what memory holds about the user, oldest first (``next_cursor`` for more);

@@ -23,8 +23,10 @@ def check_user(user_id) -> None:
 
 
 def check_read(user_id, conversation_id, message, *, after, k, k_facts, k_edges, wait_timeout, now, as_of,
-               identity_id, budgets) -> None:
+               identity_id, budgets, include_archived=False) -> None:
     check_user(user_id)
+    if not isinstance(include_archived, bool):
+        raise InvalidArgument(f"include_archived must be true or false, not {include_archived!r}")
     if not isinstance(conversation_id, str) or not conversation_id:
         raise InvalidArgument(f"conversation_id is required: a non-empty string, not {conversation_id!r}")
     if not isinstance(message, str):

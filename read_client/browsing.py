@@ -40,8 +40,9 @@ class Browsing:
                        limit: int = 50, cursor: str | None = None) -> MemoryPage:
         """One page of what memstream holds about the user, oldest first: ``kind`` is ``facts``
         (current versions, or every version with ``include_history``), ``episodes`` (every
-        remembered turn), ``edges`` (current relationships, or closed ones too) or ``refused`` (the
-        candidates the junk guard did not keep, and why: ``RefusedFact``). At most
+        remembered turn), ``edges`` (current relationships, or closed ones too), ``refused`` (the
+        candidates the junk guard did not keep, and why: ``RefusedFact``) or ``archived`` (facts a
+        decay sweep took off the read path, still believed; a mention brings one back). At most
         ``limit`` items (1..500); pass the page's ``next_cursor`` for the next one. Bad arguments
         raise ``InvalidArgument`` before any I/O."""
         check_page(user_id, kind, limit, cursor)

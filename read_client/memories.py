@@ -17,7 +17,7 @@ from memstream.schemas.events import in_range
 from memstream.schemas.read_models import (AsOf, Edge, Episode, FactVersion, Graph, GraphEdge, GraphNode, KindStats,
                                            MemoryPage, MemoryStats, RankedEdge, RefusedFact, UserPage)
 
-KINDS = ("facts", "episodes", "edges", "refused")
+KINDS = ("facts", "episodes", "edges", "refused", "archived")
 MAX_PAGE = 500
 _START = (datetime.min.replace(tzinfo=timezone.utc), uuid.UUID(int=0))
 
@@ -64,8 +64,9 @@ def check_page(user_id, kind, limit, cursor) -> None:
 
 async def memory_page(conn, user_id: str, kind: str, include_history: bool, limit: int, cursor: str | None) -> MemoryPage:
     after = _after(kind, cursor)
-    if kind == "facts":
-        rows = await facts_q.page(conn, user_id, include_history, after, limit + 1)
+    if kind in ("facts", "archived"):
+        rows = await (facts_q.page(conn, user_id, include_history, after, limit + 1) if kind == "facts"
+                      else facts_q.archived_page(conn, user_id, after, limit + 1))
         items = [fact_version(r) for r in rows[:limit]]
         keys = [(r["recorded_at"], r["fact_id"]) for r in rows[:limit]]
     elif kind == "episodes":

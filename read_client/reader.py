@@ -151,8 +151,9 @@ class MemoryReader(Browsing):
                    after: LogPosition | None = None, k: int = 5, k_facts: int = 10, k_edges: int = 8,
                    wait_timeout: float = 5.0, now: datetime | None = None,
                    as_of: AsOf | datetime | None = None, identity_id: str | None = None,
-                   budgets: Budgets | None = None) -> MemoryContext:
-        """The memory context for ``message`` (the contract above). ``as_of`` (an ``AsOf``, or a
+                   budgets: Budgets | None = None, include_archived: bool = False) -> MemoryContext:
+        """The memory context for ``message`` (the contract above); with ``include_archived``, the
+        facts a decay sweep archived compete too (``RankedFact.archived``). ``as_of`` (an ``AsOf``, or a
         time for both axes) is one moment for every section: facts, the profile built from them,
         edges, episodes, reminders and identities as they were then, as believed then; the recent
         turns are left out (``MemoryContext.left_out``). Traced as span
@@ -161,7 +162,7 @@ class MemoryReader(Browsing):
         with tracer.start_as_current_span("memstream.read") as span:
             ctx = await self._read(user_id, conversation_id, message, after=after, k=k, k_facts=k_facts,
                                    k_edges=k_edges, wait_timeout=wait_timeout, now=now, as_of=as_of,
-                                   identity_id=identity_id, budgets=budgets)
+                                   identity_id=identity_id, budgets=budgets, include_archived=include_archived)
             span.set_attributes({"memstream.gated": ctx.gated, "memstream.caught_up": ctx.caught_up,
                                  "memstream.facts": len(ctx.facts), "memstream.episodes": len(ctx.episodes),
                                  "memstream.edges": len(ctx.edges), "memstream.degraded": list(ctx.degraded)})
@@ -173,12 +174,13 @@ class MemoryReader(Browsing):
                     after: LogPosition | None = None, k: int = 5, k_facts: int = 10, k_edges: int = 8,
                     wait_timeout: float = 5.0, now: datetime | None = None,
                     as_of: AsOf | datetime | None = None, identity_id: str | None = None,
-                    budgets: Budgets | None = None) -> MemoryContext:
+                    budgets: Budgets | None = None, include_archived: bool = False) -> MemoryContext:
         if self._closed:
             # A usage error, not a failing store: otherwise every section came back degraded.
             raise ReaderClosed("this MemoryReader is closed")
         check_read(user_id, conversation_id, message, after=after, k=k, k_facts=k_facts, k_edges=k_edges,
-                    wait_timeout=wait_timeout, now=now, as_of=as_of, identity_id=identity_id, budgets=budgets)
+                    wait_timeout=wait_timeout, now=now, as_of=as_of, identity_id=identity_id, budgets=budgets,
+                   include_archived=include_archived)
         t0 = time.perf_counter()
         ctx = MemoryContext(user_id=user_id, conversation_id=conversation_id, message=message)
         if after is not None:
@@ -218,11 +220,13 @@ class MemoryReader(Browsing):
             fv = ("facts_vector", self._nearest, facts_q, user_id, embedding, ANN_CANDIDATES, *facts_at)
             ev = ("episodes_vector", self._nearest, episodes_q, user_id, embedding, n, *episodes_at)
             ed = ("edges", self._edges, user_id, embedding, as_of, k_edges)
+            archived = [("facts_archived", self._nearest, facts_q.Archived, user_id, embedding)] if (
+                include_archived and as_of is None) else []  # as of a moment, archived facts are in its versions
         keyword_ready = {"episodes_keyword": asyncio.Event()}
         try:
             await asyncio.gather(
                 ch.lane(text_lane, pool=self._text_pool, ready=keyword_ready),
-                *([ch.lane([ed], after=embedding),
+                *([ch.lane([ed, *archived], after=embedding),
                    ch.into("episodes", self._episodes_lane(ch, user_id, [fv, ev], embedding, keyword_ready))]
                   if not ctx.gated else []),
                 *([ch.into("recent_turns", ch.channel("recent_turns", self._recent_turns, user_id, conversation_id))]
@@ -234,6 +238,9 @@ class MemoryReader(Browsing):
         ctx.expert_identity = got.get("expert_identity")
         ctx.due_reminders = [Reminder(**r) for r in got.get("due_reminders") or []]
         ctx.recent_turns = got.get("recent_turns") or []
+        if got.get("facts_archived"):
+            got["facts_vector"] = sorted([*(got.get("facts_vector") or []), *got["facts_archived"]],
+                                         key=lambda r: (r["distance"], r["fact_id"]))
         ctx.facts = self._ranked_facts(got, now, k_facts)
         ranked = self._ranked_episodes(believed(got.get("episodes") or [], as_of), now, k, message)
         ctx.edges = got.get("edges") or []
@@ -344,7 +351,8 @@ class MemoryReader(Browsing):
             RankedFact(**{c: s.cand.row[c] for c in ("fact_id", "text", "category", "attribute", "value", "confidence",
                                                      "explicit", "observation_count", "valid_from", "recorded_at")},
                        score=round(s.score, 6), relevance=round(s.relevance, 6), recency=round(s.recency, 6),
-                       importance=round(s.importance, 6), type_weight=s.type, channels=s.cand.channels)
+                       importance=round(s.importance, 6), type_weight=s.type, channels=s.cand.channels,
+                       archived=s.cand.row["status"] == "archived")
             for s in facts[:k]
         ]
 

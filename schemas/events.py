@@ -288,6 +288,41 @@ class EdgeForgotten(_Control, tag="EdgeForgotten", kw_only=True, frozen=True):
     target: Annotated[str, msgspec.Meta(max_length=500)] | None = None
 
 
+class MemoriesUsed(Event, tag="MemoriesUsed", kw_only=True, frozen=True):
+    """The host used these of the user's facts (ids as ``read`` returned them) in an answer:
+    recall feedback, counted by the commands projection, that a decay sweep weighs (a fact in
+    use is not archived). Sent by the host, never by the read path inline."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    fact_ids: Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)]
+
+
+class SweptFact(msgspec.Struct, kw_only=True, frozen=True):
+    """One fact a decay sweep found weak, with what it weighed: its strength at the sweep's time
+    and the inputs it was computed from."""
+
+    fact_id: uuid.UUID
+    strength: Annotated[float, msgspec.Meta(ge=0, le=1)]
+    observations: Annotated[int, msgspec.Meta(ge=0)]
+    uses: Annotated[int, msgspec.Meta(ge=0)]
+    idle_days: Annotated[float, msgspec.Meta(ge=0)]
+    rate: Annotated[float, msgspec.Meta(ge=0)]
+
+
+class DecaySwept(_Control, tag="DecaySwept", kw_only=True, frozen=True):
+    """A decay sweep (``sweep_id``, under ``policy``) found these of the user's facts weak as of
+    ``occurred_at`` (the sweep's own clock, recorded here so no replay reads one). Formation
+    archives each that is still the current version the sweep weighed and was not observed
+    again since (``FactArchived``); the others it leaves."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    sweep_id: uuid.UUID
+    policy: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    facts: Annotated[list[SweptFact], msgspec.Meta(min_length=1, max_length=1000)]
+
+
 # Why a whole user was forgotten. A user forget stays plain on the log forever (it is read after
 # the key is gone), so it carries one of these, never text a host or tenant wrote.
 ErasureReason = Literal["unspecified", "user_request", "account_closed", "retention", "legal", "other"]
@@ -483,6 +518,26 @@ class FactRefused(FactDecision, tag="FactRefused", kw_only=True, frozen=True):
             raise InvalidEvent(f"refusal must be one of {REFUSAL_KINDS}", "$.refusal")
 
 
+class FactArchived(FactDecision, tag="FactArchived", kw_only=True, frozen=True):
+    """A decay sweep archived ``target``: still believed, but weak (old, not said again, not
+    used), so it leaves the hot index and the read path until the user mentions it again
+    (``FactRestored``) or a caller asks for archived memories."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    target: uuid.UUID
+    sweep_id: uuid.UUID
+    strength: float
+
+
+class FactRestored(FactDecision, tag="FactRestored", kw_only=True, frozen=True):
+    """The user said an archived fact (``target``) again: it is current again, observed once more."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    target: uuid.UUID
+
+
 class GraphDecision(Decision, kw_only=True, frozen=True):
     """Common fields of graph decisions: which extractor decided, and why."""
 
@@ -577,14 +632,15 @@ class NothingDecided(Decision, tag="NothingDecided", kw_only=True, frozen=True):
 
 EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded, ReminderScheduled, ReminderResolved, PersonIdentitySet,
                                          ExpertIdentityUpserted, ExpertIdentityDeleted, FactCorrected, FactForgotten,
-                                         EpisodeForgotten, EdgeForgotten, UserForgotten)
+                                         EpisodeForgotten, EdgeForgotten, UserForgotten, MemoriesUsed, DecaySwept)
 # Commands the commands projection applies straight from the events topic.
 COMMAND_TYPES = (ReminderScheduled, ReminderResolved, PersonIdentitySet, ExpertIdentityUpserted, ExpertIdentityDeleted,
-                 UserForgotten)
+                 UserForgotten, MemoriesUsed)
 # Requests about a user's memory that formation turns into decisions, in order with their turns.
-CONTROL_TYPES = (FactCorrected, FactForgotten, EpisodeForgotten, EdgeForgotten, UserForgotten)
+CONTROL_TYPES = (FactCorrected, FactForgotten, EpisodeForgotten, EdgeForgotten, UserForgotten, DecaySwept)
 HOST_WIDE_TYPES = (ExpertIdentityUpserted, ExpertIdentityDeleted)
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
-                                               FactReinforced, FactChangeDeferred, FactRefused, EntityCreated, AliasAdded,
+                                               FactReinforced, FactChangeDeferred, FactRefused, FactArchived,
+                                               FactRestored, EntityCreated, AliasAdded,
                                                EdgeOpened, EdgeClosed, MemoryForgotten, NothingDecided)
 AnyEvent = TurnRecorded

@@ -61,7 +61,8 @@ class RankedEpisode(Episode):
 
 
 class RankedFact(BaseModel, FactContent):
-    """A current fact about the user (what it says: ``FactContent``), with how it scored for the message."""
+    """A current fact about the user (what it says: ``FactContent``), with how it scored for the
+    message; or, when asked for, an archived one (still believed, off the read path by decay)."""
 
     fact_id: uuid.UUID
     observation_count: int
@@ -73,6 +74,7 @@ class RankedFact(BaseModel, FactContent):
     importance: float
     type_weight: float
     channels: list[str]
+    archived: bool = False  # a decay sweep took it off the read path; read(include_archived=True) asked for it
 
 
 class RankedEdge(Edge):

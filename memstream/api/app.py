@@ -277,7 +277,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
     @app.get("/v1/users/{user_id}/memories", response_model=MemoryPage, tags=["memories"],
              dependencies=[Depends(reading)])
-    async def memories(kind: Literal["facts", "episodes", "edges", "refused"] = "facts", include_history: bool = False,
+    async def memories(kind: Literal["facts", "episodes", "edges", "refused", "archived"] = "facts", include_history: bool = False,
                        limit: int = 50, cursor: str | None = None, user_id: str = Depends(user)):
         """One page of what memstream holds about the user, oldest first."""
         return await state["reader"].memories(user_id, kind, include_history=include_history, limit=limit, cursor=cursor)

@@ -18,19 +18,20 @@ def memories() -> None:
 
 @memories.command("list")
 @click.argument("user")
-@click.option("--kind", type=click.Choice(["facts", "episodes", "edges", "refused"]), default="facts", show_default=True,
-              help="refused: candidates the junk guard did not keep, and why")
+@click.option("--kind", type=click.Choice(["facts", "episodes", "edges", "refused", "archived"]), default="facts",
+              show_default=True, help="refused: candidates the junk guard did not keep, and why; archived: facts a "
+                                      "decay sweep took off the read path")
 @click.option("--history", is_flag=True, help="every version of facts, closed edges too")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 500))
 @click.option("--cursor", help="the next_cursor of the page before")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def memories_list(ctx, user: str, kind: str, history: bool, limit: int, cursor: str | None, as_json: bool) -> None:
-    """One page of the user's facts, episodes, edges or refused candidates, oldest first."""
+    """One page of the user's facts, episodes, edges, refused candidates or archived facts, oldest first."""
     page = run_on_memory(ctx, lambda log, reader: reader.memories(user, kind, include_history=history, limit=limit,
                                                              cursor=cursor))
     def line(item) -> str:
-        if kind == "facts":
+        if kind in ("facts", "archived"):
             return f"{item.fact_id}  {item.status:<10} {item.text}"
         if kind == "refused":
             return f"{item.decision_id}  {item.refusal:<14} {item.text}  ({item.reason})"

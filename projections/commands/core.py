@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from memstream.schemas.errors import Refused
-from memstream.schemas import (Event, ExpertIdentityDeleted, ExpertIdentityUpserted, PersonIdentitySet,
+from memstream.schemas import (Event, ExpertIdentityDeleted, ExpertIdentityUpserted, MemoriesUsed, PersonIdentitySet,
                                ReminderResolved, ReminderScheduled, UserForgotten)
 
 
@@ -71,7 +71,17 @@ class UserGone:
     user_id: str
 
 
-Row = ReminderRow | PersonIdentityRow | ExpertIdentityRow | ExpertIdentityGone | UserGone
+@dataclass(frozen=True)
+class FactsUsed:
+    """One more use of each of ``fact_ids`` (counted once per event: by its offset)."""
+
+    user_id: str
+    fact_ids: tuple[uuid.UUID, ...]
+    used_at: datetime
+    source_offset: int
+
+
+Row = ReminderRow | PersonIdentityRow | ExpertIdentityRow | ExpertIdentityGone | UserGone | FactsUsed
 
 
 ReminderKey = tuple[str, uuid.UUID]
@@ -109,4 +119,6 @@ def apply(reminders: Mapping[ReminderKey, ReminderRow], logged: Logged) -> list[
         return [ExpertIdentityGone(e.identity_id, e.occurred_at, e.event_id, at)]
     if isinstance(e, UserForgotten):
         return [UserGone(e.user_id)]
+    if isinstance(e, MemoriesUsed):
+        return [FactsUsed(e.user_id, tuple(dict.fromkeys(e.fact_ids)), e.occurred_at, at)]
     return []

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Iterable, Mapping
 
-from memstream.schemas import (Decision, FactAdded, FactChangeDeferred, FactDecision, FactDeleted,
-                               FactReinforced, FactUpdated, MemoryForgotten)
+from memstream.schemas import (Decision, FactAdded, FactArchived, FactChangeDeferred, FactDecision, FactDeleted,
+                               FactReinforced, FactRestored, FactUpdated, MemoryForgotten)
 from memstream.schemas.errors import Refused
 from memstream.schemas.facts import FactContent
 from memstream.schemas.vocabulary import single_valued
@@ -94,7 +94,7 @@ def targets(decision: Decision) -> list[uuid.UUID]:
         return [decision.fact_id, decision.supersedes]
     if isinstance(decision, FactAdded):
         return [decision.fact_id]
-    if isinstance(decision, (FactDeleted, FactReinforced, FactChangeDeferred)):
+    if isinstance(decision, (FactDeleted, FactReinforced, FactChangeDeferred, FactArchived, FactRestored)):
         return [decision.target]
     if isinstance(decision, MemoryForgotten) and decision.kind == "fact":
         return [decision.target]
@@ -227,6 +227,23 @@ def apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
         return [replace(old, observation_count=old.observation_count + 1, last_observed_at=d.recorded_at,
                         confidence=max(old.confidence, d.confidence), explicit=old.explicit or d.explicit,
                         observed_by=old.observed_by + (d.decision_id,),
+                        observed_in=old.observed_in + ((d.source_event_id,) if d.source_event_id not in old.observed_in
+                                                       else ()))]
+    if isinstance(d, FactArchived):
+        # Still believed (no end in either time axis): out of the hot index and the read path only.
+        # Its id joins ``observed_by`` (as a deferral's does): delivered again after a restore, it
+        # changes nothing.
+        row = _target(state, d.target, d)
+        if row.status == "archived" or d.decision_id in row.observed_by or (old := _live(state, d.target, d)) is None:
+            return []
+        return [replace(old, status="archived", observed_by=old.observed_by + (d.decision_id,),
+                        notes=old.notes + (f"archived by decay sweep {d.sweep_id} at strength {d.strength:.2f}",))]
+    if isinstance(d, FactRestored):
+        old = _target(state, d.target, d)
+        if old.status != "archived" or d.decision_id in old.observed_by:
+            return []  # current again already (a redelivery), or ended or forgotten since
+        return [replace(old, status="current", observation_count=old.observation_count + 1,
+                        last_observed_at=d.recorded_at, observed_by=old.observed_by + (d.decision_id,),
                         observed_in=old.observed_in + ((d.source_event_id,) if d.source_event_id not in old.observed_in
                                                        else ()))]
     if isinstance(d, FactChangeDeferred):

@@ -21,6 +21,14 @@ WITH c AS MATERIALIZED (
 SELECT * FROM c ORDER BY distance, fact_id
 """
 
+# Archived facts (a decay sweep's): out of the partial HNSW index, so scanned exactly — a user's
+# archive, read only when a caller asks for it.
+_NEAREST_ARCHIVED = f"""
+SELECT {_COLS}, embedding <=> $2 AS distance FROM memory_facts
+WHERE user_id = $1 AND status = 'archived' AND embedding_model = $4
+ORDER BY distance, fact_id LIMIT $3
+"""
+
 _KEYWORD = fulltext.keyword_sql(table="memory_facts", key="fact_id", time_col="recorded_at", cols=_COLS,
                                 where="t.status = 'current'")
 
@@ -91,6 +99,14 @@ async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str,
     return await conn.fetch(_NEAREST, user_id, embedding, k, model)
 
 
+class Archived:
+    """The archived facts' nearest search, in the shape the read path's channels call (``q.nearest``)."""
+
+    @staticmethod
+    async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str) -> Sequence[asyncpg.Record]:
+        return await conn.fetch(_NEAREST_ARCHIVED, user_id, embedding, k, model)
+
+
 async def keyword(conn, user_id: str, text: str, k: int, as_of=None) -> Sequence[asyncpg.Record]:
     if as_of is not None:
         return await conn.fetch(_KEYWORD_AS_OF, user_id, text, k, as_of.valid_time, as_of.recorded_time)
@@ -121,6 +137,15 @@ async def page(conn, user_id: str, include_history: bool, after: tuple, limit: i
     """Up to ``limit`` of the user's facts recorded after the ``(recorded_at, fact_id)`` key
     ``after``; every version with ``include_history``, else the current ones."""
     return await conn.fetch(_PAGE, user_id, include_history, *after, limit)
+
+
+_ARCHIVED_PAGE = _PAGE.replace("($2 OR status = 'current')", "status = 'archived' AND $2")
+
+
+async def archived_page(conn, user_id: str, after: tuple, limit: int) -> Sequence[asyncpg.Record]:
+    """Up to ``limit`` of the user's archived facts (a decay sweep took them off the read path)
+    recorded after the ``(recorded_at, fact_id)`` key ``after``, oldest first."""
+    return await conn.fetch(_ARCHIVED_PAGE, user_id, True, *after, limit)
 
 
 async def refused_page(conn, user_id: str, after: tuple, limit: int) -> Sequence[asyncpg.Record]:

@@ -3,7 +3,7 @@
 Per step (the projections, formation, the ingress sealing) and partition: the stored position,
 the topic's high-water mark, the lag in records and in seconds (the age of the oldest record
 not yet applied), then the dead letters and the last one's reason, and the workers' consumer
-groups with their members and assignments.
+groups with their members and assignments, and the last decay sweep of each partition.
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ class Status:
     last_dead_letter: dict | None
     groups: dict[str, list[Member]] = field(default_factory=dict)
     moves: list[dict] = field(default_factory=list)  # the log's moves to more partitions (streams.log.log_topics)
+    sweeps: list[dict] = field(default_factory=list)  # the last decay sweep per events partition (streams.ops.sweep)
     unavailable: dict[str, str] = field(default_factory=dict)  # a part of the report that failed, and why
 
     @property
@@ -71,6 +72,8 @@ class Status:
             out += [f"  {m.client_id} {m.host}: {' '.join(m.assigned) or '(none)'}" for m in members]
         out += [f"log moved from {m['from_events']} ({m['from_partitions']} partitions) to {m['to_events']} "
                 f"({m['partitions']}): {m['state']}" for m in self.moves]
+        out += [f"decay sweep {w['sweep_id']} on {w['topic']}/{w['partition']} at {w['swept_at']}: "
+                f"{w['archived']} facts of {w['users']} users archived" for w in self.sweeps]
         out += [f"{part}: unavailable ({why})" for part, why in self.unavailable.items()]
         return out
 
@@ -84,6 +87,9 @@ async def pipeline_status(settings: Settings, dsn: str) -> Status:
                                 [settings.events_topic, settings.decisions_topic, settings.ingress_topic])
         moved = [{k: m[k] for k in ("from_events", "to_events", "from_partitions", "partitions", "state")}
                  for m in await moves(pool, settings)]
+        sweeps = [{**dict(r), "sweep_id": str(r["sweep_id"]), "swept_at": r["swept_at"].isoformat()}
+                  for r in await pool.fetch("SELECT topic, partition, sweep_id, swept_at, users, archived "
+                                            "FROM decay_sweeps ORDER BY topic, partition")]
     finally:
         await pool.close()
     unavailable: dict[str, str] = {}
@@ -101,7 +107,7 @@ async def pipeline_status(settings: Settings, dsn: str) -> Status:
         positions = await _positions(consumer, rows, step_routes(settings))
         dead, last = await part("dead letters", (0, None), _dead_letters(consumer, settings.dead_letter_topic))
     groups = await part("groups", {}, worker_groups(settings))
-    return Status(positions, dead, last, groups, moved, unavailable)
+    return Status(positions, dead, last, groups, moved, sweeps, unavailable)
 
 
 async def _positions(consumer, rows, routes) -> list[Position]:

@@ -127,7 +127,8 @@ class Runtime:
                          embedder.model_id, extractor.model_id, resolver.model_id)
             else:
                 steps.append(EpisodesProjection(pool=self.pool, redis=self.redis, schema=s.postgres_schema,
-                                                dead_letters=dead, tier0_turns=s.tier0_turns))
+                                                dead_letters=dead, tier0_turns=s.tier0_turns,
+                                                tier0_ttl_s=s.tier0_ttl_s))
                 steps.append(FactsProjection(pool=self.pool, dead_letters=dead, redis=self.redis,
                                              schema=s.postgres_schema))
                 steps.append(GraphProjection(pool=self.pool, dead_letters=dead))
@@ -265,6 +266,31 @@ class Runtime:
                 await step.abandon()
         self.forget(tps)
 
+    async def sweep_decay(self) -> None:
+        """The formation role's decay sweep (``streams.worker.sweeping``), as of now, for the users
+        of the events partitions this worker owns; recorded for those partitions."""
+        from datetime import datetime, timezone
+
+        from memstream.streams.log.producer import TurnLog
+        from memstream.streams.worker.sweeping import owned, plan, record, requests
+
+        s = self.settings
+        mine = sorted(tp.partition for tp in self.app.consumer.assignment() if tp.topic == s.events_topic)
+        if not mine or self.pool is None:
+            return
+        async with groupless_consumer(s.kafka_bootstrap) as consumer:
+            partitions = len(await partitions_of(consumer, s.events_topic))
+        async with self.pool.acquire() as conn:
+            found = owned(await plan(conn, at=datetime.now(timezone.utc), threshold=s.decay_threshold),
+                          partitions, mine)
+        if found.weak:
+            async with TurnLog(s) as turns:
+                await turns.append_many(requests(found))
+        async with self.pool.acquire() as conn:
+            await record(conn, s.events_topic, found, partitions, only=mine)
+        log.info("decay sweep %s of partitions %s: %d facts of %d users to archive", found.sweep_id, mine,
+                 found.archiving, len(found.weak))
+
     def assigned(self) -> None:
         # Kafka may assign again under the revoked generation (a member rejoining a stable
         # group): its events are this consumer's. Any it was fed before this are sought back to.
@@ -374,6 +400,14 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
             await runtime.measure_lag(routes)
         except Exception:  # a gauge, not the pipeline: try again next time
             log.warning("measuring lag for the metrics failed", exc_info=True)
+
+    if role == "formation" and settings.decay_sweep_every_s > 0:
+        @app.timer(interval=settings.decay_sweep_every_s)
+        async def decay_sweep():
+            try:
+                await runtime.sweep_decay()
+            except Exception:  # consolidation, not the pipeline: the next interval tries again
+                log.warning("the decay sweep failed", exc_info=True)
 
     @app.timer(interval=RESEEK_AFTER_S)
     async def reseek_silent_partitions():

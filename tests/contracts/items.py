@@ -12,8 +12,8 @@ import numpy as np
 from memstream.embedding import to_bytes
 from memstream.schemas import (SYSTEM_USER, AliasAdded, EdgeClosed, EdgeOpened, EntityCreated, EpisodeRecorded, Passage,
                                ExpertIdentityDeleted, ExpertIdentityUpserted, FactAdded, FactChangeDeferred, FactRefused,
-                               FactDeleted, FactReinforced, FactUpdated, LogPosition, PersonIdentitySet,
-                               ReminderResolved, ReminderScheduled)
+                               FactArchived, FactDeleted, FactReinforced, FactRestored, FactUpdated, LogPosition,
+                               MemoriesUsed, PersonIdentitySet, ReminderResolved, ReminderScheduled)
 from memstream.schemas.events import new_event_id
 
 T0 = datetime(2026, 3, 1, 9, tzinfo=timezone.utc)
@@ -87,6 +87,15 @@ def deferred(old: FactAdded | FactUpdated, value: str) -> FactChangeDeferred:
                               target=old.fact_id, operation="UPDATE", value=value, text=f"{old.attribute}: {value}")
 
 
+def archived(old: FactAdded | FactUpdated, sweep_id: uuid.UUID = uuid.UUID(int=7)) -> FactArchived:
+    c = _turn(old.user_id, "archived:0")
+    return FactArchived(**c, **_FACT, reason="decayed", target=old.fact_id, sweep_id=sweep_id, strength=0.1)
+
+
+def restored(old: FactAdded | FactUpdated) -> FactRestored:
+    return FactRestored(**_turn(old.user_id, "fact:0"), **_FACT, reason="said again", target=old.fact_id)
+
+
 def refused(user: str = "ana", value: str = "Oslo", kind: str = "other_person") -> FactRefused:
     return FactRefused(**_turn(user, "refused:0"), **_FACT, reason="about someone else", text=f"Lives in {value}",
                        category="location", attribute="home", value=value, refusal=kind,
@@ -147,3 +156,7 @@ def expert(identity_id: str, name: str) -> ExpertIdentityUpserted:
 def expert_gone(identity_id: str) -> ExpertIdentityDeleted:
     return ExpertIdentityDeleted(event_id=new_event_id(), user_id=SYSTEM_USER, occurred_at=_at(),
                                  identity_id=identity_id)
+
+
+def used(user: str, *fact_ids: uuid.UUID) -> MemoriesUsed:
+    return MemoriesUsed(event_id=new_event_id(), user_id=user, occurred_at=_at(), fact_ids=list(fact_ids))

@@ -149,8 +149,10 @@ class TestFactStore(ProjectionStoreContract):
     def batch(self):
         likes, home, pet = items.added(), items.added(attribute="home", value="Porto", category="location"), \
             items.added(attribute="pet", value="cat")
+        tea, chess = items.added("bo", value="tea"), items.added("bo", value="chess")
         return [likes, home, pet, items.reinforced(likes), items.deferred(likes, "blues"),
-                items.updated(home, "Lisbon"), items.deleted(pet), items.added("bo", value="tea"), items.refused()]
+                items.updated(home, "Lisbon"), items.deleted(pet), tea, items.refused(), chess,
+                items.archived(tea), items.archived(chess), items.restored(chess)]
 
     def poisoned(self, name, batch):
         home = next(d for d in batch if isinstance(d, FactUpdated))
@@ -226,12 +228,13 @@ class TestCommandStore(ProjectionStoreContract):
         call, water = items.scheduled("ana", "call mum"), items.scheduled("bo", "water the plants")
         return logged(0, [call, water, items.resolved(call), items.identity("ana", name="Ana", tone="brief"),
                           items.expert("coach", "Coach"), items.expert("chef", "Chef"), items.expert_gone("chef"),
-                          items.identity("ana", name="Ana", tone="warm")])
+                          items.identity("ana", name="Ana", tone="warm"), items.used("ana", uuid.UUID(int=1)),
+                          items.used("ana", uuid.UUID(int=1), uuid.UUID(int=2))])
 
     def poisoned(self, name, batch):
         water = [c.event for c in batch if isinstance(c.event, ReminderScheduled)][1]
         # Commands are written one by one: these rows are in the transaction when the last item fails.
-        changes = [items.resolved(water, "dismissed"), items.identity("bo", name="Bo"),
+        changes = [items.resolved(water, "dismissed"), items.identity("bo", name="Bo"), items.used("bo", uuid.UUID(int=3)),
                    items.scheduled("ana", "dentist"), items.expert("coach", "Head coach")]
         if name == "a reminder never scheduled resolved":
             return logged(len(batch), [*changes, items.resolved(items.scheduled("ana", "never on the log"))]), UnknownReminder

@@ -94,3 +94,8 @@ def test_a_turn_decides_no_more_candidates_than_forgetting_it_can_name():
                                 GraphView(None)))
     facts = [d for _, d in made if type(d).__name__ == "FactAdded"]
     assert len(facts) == MAX_CANDIDATES and {d.fact_id for d in facts} == set(turn_decisions(t.event_id))
+
+
+def test_a_fact_said_again_is_known_without_asking_the_resolver():
+    statuses, calls = formed(["I live in Rome.", "As I said, I live in Rome.", "Yes, I live in Rome and I like jazz."])
+    assert statuses == {"Lives in Rome": "current", "Likes jazz": "current"} and calls == 0

@@ -13,8 +13,8 @@ import uuid
 from typing import Sequence
 
 from memstream.projections.facts import core as facts_core
-from memstream.schemas import (Decision, EdgeForgotten, EpisodeForgotten, Event, FactCorrected, FactForgotten,
-                               FactUpdated, LogPosition, MemoryForgotten, UserForgotten)
+from memstream.schemas import (DecaySwept, Decision, EdgeForgotten, EpisodeForgotten, Event, FactArchived, FactCorrected,
+                               FactForgotten, FactUpdated, LogPosition, MemoryForgotten, UserForgotten)
 from memstream.schemas.errors import Refused
 from memstream.schemas.vocabulary import attributes_of, relation_of
 from memstream.embedding import to_bytes
@@ -27,6 +27,8 @@ from memstream.streams.worker.formation.turn import TurnDecider
 from memstream.streams.worker.formation.views import FactView
 
 log = logging.getLogger("memstream.formation")
+# What a forget may name: a fact believed now, in the read path or archived out of it.
+_HELD = ("current", "archived")
 
 
 class RequestRefused(Refused):
@@ -76,13 +78,13 @@ class ControlRequests:
                 return e.attribute is None or (f.attribute == e.attribute
                                                and (e.value or "").casefold() == f.value.casefold())
 
-            if row is not None and row.current and named(row):
+            if row is not None and row.status in _HELD and named(row):
                 targets = [row.fact_id]
             else:
                 # Re-formed with another extractor, the fact may have another id, and its id be
                 # another fact's: the same slot and value.
-                targets = sorted(f.fact_id for f in overlay.rows.values() if f.user_id == e.user_id and f.current
-                                 and e.attribute is not None and named(f))
+                targets = sorted(f.fact_id for f in overlay.rows.values() if f.user_id == e.user_id
+                                 and f.status in _HELD and e.attribute is not None and named(f))
                 if not targets:
                     raise RequestRefused(f"FactForgotten names {e.fact_id}, not a current fact of this user")
             # Earlier versions of the fact saying the same value go too (a correction that kept the
@@ -162,6 +164,22 @@ class ControlRequests:
             relations = ({relation_of(f.attribute) for f in alone} | slots) - {None}
             return made + await self._turns.follow(r, e, overlay, graph, relations, extractor=f"control:{e.actor}",
                                              why=f"forgotten{why}", forgot=(e.actor, e.reason, [f.value for f in alone]))
+        if isinstance(e, DecaySwept):
+            await overlay.ensure(e.user_id, [f.fact_id for f in e.facts])
+            made = []
+            for n, f in enumerate(e.facts):
+                row = overlay.rows.get((e.user_id, f.fact_id))
+                # Archived only on what the sweep weighed: a fact said again since (or ended, or
+                # archived already) is left as it is — its strength is not the one recorded.
+                if row is None or not row.current or row.observation_count != f.observations:
+                    continue
+                made.append(FactArchived(
+                    **common, decision_id=uuid.uuid5(e.event_id, f"archived:{n}"), extractor=f"decay:{e.policy}",
+                    resolver=f"control:{e.actor}", confidence=row.confidence, explicit=row.explicit,
+                    target=row.fact_id, sweep_id=e.sweep_id, strength=f.strength,
+                    reason=f"decayed to strength {f.strength:.2f}: idle {f.idle_days:.0f} days, observed "
+                           f"{f.observations}x, used {f.uses}x (rate {f.rate:g}/day)"))
+            return made
         if isinstance(e, UserForgotten):
             self._turns.forget_user(e.user_id)
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user",

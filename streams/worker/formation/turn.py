@@ -22,9 +22,11 @@ from memstream.llm.protocols import (ExtractionClient, ModelRefused, ModelUnavai
 from memstream.llm.relations import RelationExtractionClient
 from memstream.projections.episodes import core as episodes
 from memstream.projections.facts import core as facts_core
+from memstream.projections.facts import decay
 from memstream.projections.graph import store as graph_store
 from memstream.projections.graph.core import EdgeRow
 from memstream.schemas import (Decision, EpisodeRecorded, Event, FactChangeDeferred, FactDecision, FactRefused,
+                               FactRestored,
                                LogPosition, TurnRecorded)
 from memstream.schemas.events import Passage
 from memstream.schemas.vocabulary import relation_of
@@ -144,16 +146,26 @@ class TurnDecider:
         # resolved one by one, each against the facts as the candidates before it left them.
         alone = {n for n in range(len(candidates)) if n not in refused and not any(
             _bears_on(m, n, candidates, shown, vectors) for m in range(n) if m not in refused)}
-        batched = [n for n in sorted(alone) if _related(candidates[n], shown[n])]
+        # A fact the user says again after a sweep archived it comes back (the same slot and value).
+        restored = {n: d for n in range(len(candidates)) if n not in refused
+                    and (d := await self._restored(ctx, n, candidates[n], shown[n], overlay)) is not None}
+        alone -= restored.keys()
+        repeats = {n: known for n in alone if (known := _repeated(candidates[n], shown[n])) is not None}
+        batched = [n for n in sorted(alone) if n not in repeats and _related(candidates[n], shown[n])]
         answers = dict(zip(batched, await self.ask(self._resolver.resolve_all, [(candidates[n], shown[n])
                                                                                  for n in batched])
                            if batched else []))
+        answers.update(repeats)
         out: list[Decision] = []
         for n, (cand, vector) in enumerate(zip(candidates, vectors)):
             if (turn.user_id, own[n]) in overlay.rows:
                 continue  # decided when the turn was formed before
             if n in refused:
                 out.append(_refused(ctx, n, cand, *refused[n]))
+                continue
+            if n in restored:
+                overlay.apply(restored[n])
+                out.append(restored[n])
                 continue
             if n in alone:  # less what this turn ended since (unrelated to it: nothing to weigh)
                 neighbours = [nb for nb in shown[n]
@@ -162,14 +174,28 @@ class TurnDecider:
             else:
                 neighbours = await overlay.neighbours(turn.user_id, cand.attribute, vector)
                 await overlay.ensure(turn.user_id, [nb.fact_id for nb in neighbours])
-                resolution = (await self.ask(self._resolver.resolve, cand, neighbours)
-                              if _related(cand, neighbours) else NEW)
+                resolution = _repeated(cand, neighbours) or (await self.ask(self._resolver.resolve, cand, neighbours)
+                                                             if _related(cand, neighbours) else NEW)
             decision = decide(ctx, n, cand, vector, resolution, neighbours, overlay.rows)
             _log(turn, cand, resolution, decision)
             if decision is not None:
                 overlay.apply(decision)
                 out.append(decision)
         return out
+
+    async def _restored(self, ctx: Context, n: int, cand, shown, overlay: FactView) -> FactRestored | None:
+        """``FactRestored`` if ``cand`` states an archived fact of its user (none held current)."""
+        if cand.negated or not decay.decays(cand.category, cand.attribute) or _repeated(cand, shown) is not None:
+            return None
+        said = cand.value.casefold().strip()
+        row = next((f for f in await overlay.slot(ctx.turn.user_id, [cand.attribute])
+                    if f.status == "archived" and f.value.casefold().strip() == said), None)
+        if row is None:
+            return None
+        return FactRestored(decision_id=facts_core.fact_id(ctx.turn.event_id, n), source_event_id=ctx.turn.event_id,
+                            source=ctx.source, recorded_at=ctx.recorded_at, user_id=ctx.turn.user_id,
+                            extractor=ctx.extractor, resolver="decay-restore", confidence=float(cand.confidence),
+                            explicit=cand.explicit, target=row.fact_id, reason=f"said again: {row.text!r}")
 
     async def edges(self, r: Record, turn: TurnRecorded, graph: GraphView, candidates=None) -> list[Decision]:
         if candidates is None:
@@ -300,6 +326,16 @@ def _related(cand, neighbours) -> bool:
     """Whether a resolver has anything to weigh ``cand`` against: a fact of its slot, or one near
     it in meaning. Without one it cannot update, delete or repeat a fact: it is new."""
     return any(nb.attribute == cand.attribute or nb.similarity >= RELATED for nb in neighbours)
+
+
+def _repeated(cand, neighbours) -> Resolution | None:
+    """NOOP on the current fact ``cand`` states again (its slot and value, not a retraction):
+    nothing for a resolver to weigh, so no call — every resolver would say the same."""
+    if cand.negated:
+        return None
+    same = next((nb for nb in neighbours if nb.attribute == cand.attribute
+                 and nb.value.casefold().strip() == cand.value.casefold().strip()), None)
+    return None if same is None else Resolution(Operation.NOOP, same.fact_id, "already known")
 
 
 def _bears_on(m: int, n: int, candidates, shown, vectors) -> bool:

@@ -1,0 +1,120 @@
+"""A decay sweep's plan: find the facts that have faded and the requests that ask, on each user's
+log, for them to be archived — for ``memstream sweep decay`` (``streams.ops.sweep``) and the
+formation workers' timer, each for the users it sweeps.
+
+The sweep reads the facts projection and the recall counts (``fact_uses``) at its own time,
+weighs every current fact with the decay policy (``projections.facts.decay``) and appends one
+``DecaySwept`` request per user with facts below the threshold: its time, its id and, for each
+fact, the strength and the inputs it was computed from. Formation turns each request into
+``FactArchived`` decisions in its place among the user's turns, so a fact said again before the
+request is read is not archived on a stale strength, and a replay applies the recorded
+decisions without a sweep, a clock or a model. ``--dry-run`` appends nothing.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Iterable
+
+import msgspec
+
+from memstream.projections.facts import decay
+from memstream.schemas import DecaySwept, SweptFact, new_event_id
+from memstream.streams.log.screening import expected_partition
+
+log = logging.getLogger("memstream.sweep")
+
+# One request names at most this many facts (DecaySwept.facts): a user with more gets several.
+PER_REQUEST = 1000
+
+_CURRENT = """
+SELECT f.user_id, f.fact_id, f.category, f.attribute, f.confidence, f.observation_count, f.last_observed_at,
+       coalesce(u.uses, 0) AS uses, u.last_used_at
+FROM memory_facts f LEFT JOIN fact_uses u ON u.user_id = f.user_id AND u.fact_id = f.fact_id
+WHERE f.status = 'current' AND ($1::text IS NULL OR f.user_id = $1)
+ORDER BY f.user_id, f.recorded_at, f.fact_id
+"""
+
+
+@dataclass
+class Plan:
+    """What a sweep found, by user: the facts it would archive, weakest first."""
+
+    sweep_id: uuid.UUID
+    swept_at: datetime
+    threshold: float
+    facts_weighed: int = 0
+    weak: dict[str, list[SweptFact]] = field(default_factory=dict)
+    texts: dict[uuid.UUID, str] = field(default_factory=dict)  # for a dry run's listing (DEBUG, never logged above)
+
+    @property
+    def archiving(self) -> int:
+        return sum(len(v) for v in self.weak.values())
+
+    def as_dict(self) -> dict:
+        return {"sweep_id": str(self.sweep_id), "swept_at": self.swept_at.isoformat(), "threshold": self.threshold,
+                "policy": decay.POLICY, "facts_weighed": self.facts_weighed, "users": len(self.weak),
+                "archiving": self.archiving,
+                "facts": [{"user_id": user, **msgspec.to_builtins(f),
+                           "text": self.texts.get(f.fact_id, "")}
+                          for user, facts in sorted(self.weak.items()) for f in facts]}
+
+
+async def plan(conn, *, at: datetime, threshold: float, user_id: str | None = None) -> Plan:
+    """Weigh every current fact (of ``user_id``, or everyone's) as of ``at``."""
+    found = Plan(sweep_id=uuid.uuid4(), swept_at=at, threshold=threshold)
+    weak: dict[str, list[SweptFact]] = defaultdict(list)
+    async with conn.transaction(readonly=True, isolation="repeatable_read"):
+        async for r in conn.cursor(_CURRENT, user_id, prefetch=1000):
+            found.facts_weighed += 1
+            if not decay.decays(r["category"], r["attribute"]):
+                continue
+            last = max(t for t in (r["last_observed_at"], r["last_used_at"]) if t is not None)
+            w = decay.strength(category=r["category"], attribute=r["attribute"], confidence=r["confidence"],
+                               observations=r["observation_count"], uses=r["uses"],
+                               idle_days=(at - last).total_seconds() / 86400)
+            if w.strength < threshold:
+                weak[r["user_id"]].append(SweptFact(fact_id=r["fact_id"], strength=round(w.strength, 4),
+                                                    observations=r["observation_count"], uses=r["uses"],
+                                                    idle_days=round(w.idle_days, 2), rate=w.rate))
+    if weak:
+        rows = await conn.fetch("SELECT fact_id, text FROM memory_facts WHERE fact_id = ANY($1::uuid[])",
+                                [f.fact_id for facts in weak.values() for f in facts])
+        found.texts = {r["fact_id"]: r["text"] for r in rows}
+    found.weak = {u: sorted(fs, key=lambda f: (f.strength, str(f.fact_id))) for u, fs in weak.items()}
+    return found
+
+
+def requests(found: Plan, actor: str = "operator") -> list[DecaySwept]:
+    """The requests that carry ``found`` onto the users' logs, at the sweep's own time."""
+    out = []
+    for user, facts in sorted(found.weak.items()):
+        for i in range(0, len(facts), PER_REQUEST):
+            out.append(DecaySwept(event_id=new_event_id(), user_id=user, occurred_at=found.swept_at, actor=actor,
+                                  reason=f"decay sweep below strength {found.threshold:g}",
+                                  sweep_id=found.sweep_id, policy=decay.POLICY, facts=facts[i:i + PER_REQUEST]))
+    return out
+
+
+async def record(conn, topic: str, found: Plan, partitions: int, only: Iterable[int] | None = None) -> None:
+    """Record ``found`` as the last sweep of each partition of ``topic`` it swept (``only``, or
+    every one of the ``partitions``), for ``memstream status``."""
+    counts: dict[int, list[int]] = {p: [0, 0] for p in (range(partitions) if only is None else only)}
+    for user, facts in found.weak.items():
+        c = counts.setdefault(expected_partition(user.encode(), partitions), [0, 0])
+        c[0], c[1] = c[0] + 1, c[1] + len(facts)
+    await conn.executemany(
+        "INSERT INTO decay_sweeps (topic, partition, sweep_id, swept_at, users, archived) "
+        "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (topic, partition) DO UPDATE SET sweep_id = "
+        "EXCLUDED.sweep_id, swept_at = EXCLUDED.swept_at, users = EXCLUDED.users, archived = EXCLUDED.archived",
+        [(topic, p, found.sweep_id, found.swept_at, u, a) for p, (u, a) in sorted(counts.items())])
+
+
+def owned(found: Plan, partitions: int, mine: Iterable[int]) -> Plan:
+    """``found`` for the users whose records are on ``mine`` of the ``partitions``."""
+    mine = set(mine)
+    return replace(found, weak={u: f for u, f in found.weak.items()
+                                if expected_partition(u.encode(), partitions) in mine})

@@ -1,0 +1,144 @@
+"""Decay on the real stack: a sweep weighs facts at its own recorded time, asks on each user's log
+for the faded ones to be archived, and formation archives them in order with the user's turns;
+an archived fact leaves the read path, is listed as archived, comes back when the user says it
+again, and a replay (no model, no embedder, no sweep) lands on the same rows."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+
+from memstream.embedding import default_embedder
+from memstream.projections.compare import TABLES, diff_counts
+from memstream.projections.db import drop_schema
+from memstream.schemas import MemoriesUsed, new_event_id
+from memstream.stack.worker_process import worker_env
+from memstream.streams.log.producer import TurnLog
+from memstream.streams.ops.reform import reform
+from memstream.streams.ops.replay import replay
+from memstream.streams.ops.sweep import sweep_decay
+
+from .conftest import wait_until
+from .helpers import BASE
+from .test_formation import append_and_wait, turn
+from .test_read_path import make_reader
+
+pytestmark = pytest.mark.asyncio
+LATER = BASE + timedelta(days=3 * 365)  # the sweep's own time: three years on
+
+
+async def test_a_sweep_archives_faded_facts_a_mention_restores_them_and_a_replay_agrees(
+        settings, conn, dsn, workers, forbid_llm_and_embedder):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [
+        turn("dee", "I live in Porto.", 0), turn("dee", "I'm allergic to peanuts.", 1),
+        turn("dee", "I like jazz.", 2), turn("dee", "I like sudoku.", 3), turn("dee", "I like kayaking.", 4),
+        turn("eli", "I like sudoku.", 5)])
+    facts = {(r["user_id"], r["value"]): r["fact_id"] for r in await conn.fetch(
+        "SELECT user_id, value, fact_id FROM memory_facts WHERE status = 'current'")}
+    # The host used jazz in an answer the day before the sweep: in use, it stays.
+    async with TurnLog(settings) as log:
+        await log.append(MemoriesUsed(event_id=new_event_id(), user_id="dee", occurred_at=LATER - timedelta(days=1),
+                                      fact_ids=[facts["dee", "jazz"]]))
+    await append_and_wait(settings, conn, [turn("dee", "thanks", 6)])
+    await wait_until(lambda: conn.fetchval("SELECT uses FROM fact_uses WHERE user_id = 'dee'"), what="the use counted")
+
+    cli = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "memstream.cli", "sweep", "decay", "--user",
+                                                   "dee", "--dry-run", "--as-of", LATER.strftime("%Y-%m-%dT%H:%M:%S")],
+                                  env=worker_env(settings), capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    said = cli.stdout.splitlines()
+    assert "would archive 2 of 1 users" in said[0] and len(said) == 3, cli.stdout
+    assert sorted(line.rsplit("  ", 1)[1] for line in said[1:]) == ["Likes kayaking", "Likes sudoku"]
+    dry = await sweep_decay(settings, dsn, user_id="dee", dry_run=True, at=LATER)
+    assert sorted(dry.texts[f.fact_id] for f in dry.weak["dee"]) == ["Likes kayaking", "Likes sudoku"]
+    assert all(f.strength < 0.2 and f.idle_days > 800 and f.rate > 0 for f in dry.weak["dee"])
+    assert not await conn.fetchval("SELECT count(*) FROM decay_sweeps")  # a dry run records nothing
+
+    done = await sweep_decay(settings, dsn, user_id="dee", at=LATER)
+    assert done.archiving == 2 and await conn.fetchval("SELECT sum(archived) FROM decay_sweeps") == 2
+
+    async def archived():
+        return {r["value"] for r in await conn.fetch(
+            "SELECT value FROM memory_facts WHERE user_id = 'dee' AND status = 'archived'")}
+    assert await wait_until(lambda: archived(), what="the sweep's facts archived") == {"sudoku", "kayaking"}
+    # Who they are, what they must not eat, where they live, what is in use: never archived; nor
+    # is another user's fact of the same words.
+    assert {r["value"] for r in await conn.fetch("SELECT value FROM memory_facts WHERE user_id = 'dee' AND "
+                                                 "status = 'current'")} == {"Porto", "peanuts", "jazz"}
+    assert await conn.fetchval("SELECT status FROM memory_facts WHERE user_id = 'eli'") == "current"
+    # Off the read path and its keyword postings, listed as archived, with why in its history.
+    reader = await make_reader(dsn, settings, default_embedder())
+    try:
+        ctx = await reader.read("dee", "c1", "what puzzles and games do I like, sudoku?")
+        assert not any("sudoku" in f.text for f in ctx.facts)
+        assert not await conn.fetchval("SELECT count(*) FROM memory_facts_terms t JOIN memory_facts f USING (user_id, "
+                                       "fact_id) WHERE f.status = 'archived'")
+        asked = await reader.read("dee", "c1", "what puzzles and games do I like, sudoku?", include_archived=True)
+        assert [f.archived for f in asked.facts if "sudoku" in f.text] == [True]
+        page = await reader.memories("dee", "archived")
+        assert sorted(f.text for f in page.items) == ["Likes kayaking", "Likes sudoku"]
+        [version] = await reader.fact_history("dee", facts["dee", "sudoku"])
+        assert version.status == "archived" and version.valid_to is None  # still believed: nothing ended
+
+        # Said again: current again, observed once more.
+        await append_and_wait(settings, conn, [turn("dee", "I like sudoku.", 7)])
+        await wait_until(lambda: conn.fetchval("SELECT status = 'current' FROM memory_facts WHERE fact_id = $1",
+                                               facts["dee", "sudoku"]), what="sudoku restored")
+        assert await conn.fetchval("SELECT observation_count FROM memory_facts WHERE fact_id = $1",
+                                   facts["dee", "sudoku"]) == 2
+        ctx = await reader.read("dee", "c1", "what puzzles and games do I like, sudoku?")
+        assert any("sudoku" in f.text for f in ctx.facts)
+    finally:
+        await reader.close()
+    await append_and_wait(settings, conn, [turn("dee", "bye", 8)])
+    w.stop()
+
+    forbid_llm_and_embedder()  # a replay applies what was decided: no sweep, model or embedder
+    rebuilt = settings.postgres_schema + "_re"
+    try:
+        await replay(settings, dsn, rebuilt, ["episodes", "facts", "graph", "commands"])
+        for table in [t for tables in TABLES.values() for t in tables]:
+            assert await diff_counts(conn, settings.postgres_schema, rebuilt, table) == (0, 0), table
+    finally:
+        await drop_schema(dsn, rebuilt)
+
+
+async def test_a_reform_decides_the_recorded_sweep_again(settings, conn, dsn, workers):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("fay", "I like chess.", 0), turn("fay", "I like tennis.", 1)])
+    await sweep_decay(settings, dsn, at=LATER)
+    await append_and_wait(settings, conn, [turn("fay", "I like tennis.", 2)])  # restored
+    await wait_until(lambda: conn.fetchval("SELECT status = 'current' FROM memory_facts WHERE value = 'tennis'"),
+                     what="tennis restored")
+    w.stop()
+    reformed = settings.postgres_schema + "_rf"
+    try:
+        await reform(settings, extractor="offline", topic=settings.decisions_topic + ".v2")
+        await replay(settings, dsn, reformed, ["episodes", "facts", "graph"], topic=settings.decisions_topic + ".v2")
+        for table in TABLES["facts"]:
+            assert await diff_counts(conn, settings.postgres_schema, reformed, table) == (0, 0), table
+        assert [r["status"] for r in await conn.fetch(
+            f'SELECT status FROM "{reformed}".memory_facts ORDER BY value')] == ["archived", "current"]
+    finally:
+        await drop_schema(dsn, reformed)
+
+
+async def test_a_formation_worker_sweeps_the_users_of_its_partitions_on_its_timer(settings, conn, workers):
+    # A threshold no decaying fact of confidence below 1 reaches, and a timer of seconds: the
+    # worker's own sweep, as of its clock, archives the like and keeps the name.
+    swept = settings.model_copy(update={"decay_threshold": 0.99, "decay_sweep_every_s": 2.0})
+    w = workers(settings=swept)
+    await w.wait_assigned()
+    await append_and_wait(swept, conn, [turn("gus", "Hi, I'm Gus. I like chess.", 0)])
+    assert await wait_until(lambda: conn.fetchval(
+        "SELECT status = 'archived' FROM memory_facts WHERE user_id = 'gus' AND value = 'chess'"),
+        timeout=60, what="the worker's sweep")
+    assert await conn.fetchval("SELECT status FROM memory_facts WHERE user_id = 'gus' AND attribute = 'name'") == \
+        "current"
+    assert await conn.fetchval("SELECT sum(archived) FROM decay_sweeps") >= 1

@@ -1,0 +1,47 @@
+"""The decay policy and the facts core's archive and restore, pure: which facts fade, how fast,
+what holds them up, and that an archive or a restore delivered again changes nothing."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from memstream.projections.facts import core, decay
+from memstream.projections.facts.core import EndedTarget
+from tests.contracts import items
+
+
+@pytest.mark.parametrize("category, attribute", [("identity", "name"), ("constraint", "allergy"),
+                                                 ("location", "home"), ("work", "employer"), ("preference", "favourite_food")])
+def test_who_the_user_is_what_they_must_avoid_and_their_profile_never_fade(category, attribute):
+    assert not decay.decays(category, attribute)
+    assert decay.strength(category=category, attribute=attribute, confidence=0.5, observations=1, uses=0,
+                          idle_days=10_000).strength == 1.0
+
+
+def test_a_preference_fades_over_years_a_plan_over_months_and_use_and_mentions_hold_them_up():
+    def s(category, days, observations=1, uses=0):
+        return decay.strength(category=category, attribute="x", confidence=0.9, observations=observations,
+                              uses=uses, idle_days=days).strength
+
+    assert s("preference", 365) > 0.4 and s("preference", 3 * 365) < 0.2
+    assert s("plan", 60) > 0.4 and s("plan", 365) < 0.05
+    assert s("preference", 3 * 365, observations=4) > 0.2 and s("preference", 3 * 365, uses=4) > 0.2
+    assert s("preference", -5) == pytest.approx(0.9)  # a clock behind the fact: not stronger than new
+
+
+def test_archive_and_restore_fold_once_and_an_ended_fact_is_not_archived():
+    added = items.added("ana", value="chess")
+    state = {}
+    core.fold(state, [added])
+    archive, restore = items.archived(added), items.restored(added)
+    row = core.fold(state, [archive])[("ana", added.fact_id)]
+    assert row.status == "archived" and row.valid_to is None and row.superseded_at is None
+    assert not core.fold(state, [archive])  # delivered again
+    row = core.fold(state, [restore])[("ana", added.fact_id)]
+    assert row.status == "current" and row.observation_count == 2
+    assert not core.fold(state, [archive, restore])  # both again, after the restore: nothing
+    deleted = items.deleted(added)
+    core.fold(state, [deleted])
+    with pytest.raises(EndedTarget):
+        core.fold(state, [items.archived(added, uuid.UUID(int=9))])
