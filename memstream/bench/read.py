@@ -277,9 +277,53 @@ async def load_corpus(pool, embedder, rows: int) -> dict:
     return await _load_corpus(pool, embedder, corpus_plan(rows)[1])
 
 
+AGED_DAYS = 3 * 365
+
+
+async def _decayed(pool, reader, conversation: str, reads: int) -> dict:
+    """The heavy user aged: their facts' last observations spread over three years, a decay sweep
+    as of the end (the sweep's plan and requests, their ``FactArchived`` decisions applied by the
+    facts projection, as formation would decide them), and the same reads again (a sweep cannot
+    be undone to alternate: the reads after it are warmed first, as the ones before were)."""
+    from memstream.projections.facts import store as facts_store
+    from memstream.schemas import LogPosition
+    from memstream.streams.worker.sweeping import archivals, plan, requests
+
+    end = T0 + timedelta(days=AGED_DAYS)
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE memory_facts SET last_observed_at = $1::timestamptz + (($2::float8 * row_number) / count) * interval '1 day' "
+            "FROM (SELECT fact_id AS id, row_number() OVER (ORDER BY fact_id) AS row_number, count(*) OVER () AS count "
+            "FROM memory_facts WHERE user_id = 'heavy') o WHERE user_id = 'heavy' AND fact_id = o.id", T0, AGED_DAYS)
+        await conn.execute("VACUUM ANALYZE memory_facts")  # as after the sweep: the same table state but its rows
+    await _timed_reads(reader, "heavy", QUESTIONS, 30, conversation)
+    # Twice: how much the same reads drift with time alone, against which the change after is read.
+    before = [await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation) for _ in range(2)]
+    async with pool.acquire() as conn:
+        found = await plan(conn, at=end, threshold=0.2, user_id="heavy")
+        decided = []
+        for n, request in enumerate(requests(found)):
+            rows = await facts_store.load(conn, [(request.user_id, f.fact_id) for f in request.facts])
+            decided += archivals(request, rows, dict(source_event_id=request.event_id, recorded_at=end,
+                                                     source=LogPosition("bench", 0, n), user_id=request.user_id))
+        await facts_store.FactStore().apply_batch(conn, decided, {})
+        await conn.execute("VACUUM ANALYZE memory_facts")
+        held = await conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'heavy' AND status = 'current'")
+    after = [await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation)]
+    await _timed_reads(reader, "heavy", QUESTIONS, 30, conversation)  # warm again after the vacuum
+    after.append(await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation))
+    return {"facts_weighed": found.facts_weighed, "archived": len(decided), "current_after": held,
+            "before_ms": _pcts(before[0][0]), "before_again_ms": _pcts(before[1][0]),
+            "after_ms": _pcts([t for run, _ in after[1:] for t in run]),
+            "after_facts_vector_p50_ms": round(float(np.median([ch.get("facts_vector", 0) for ch in after[1][1]])), 2),
+            "before_facts_vector_p50_ms": round(float(np.median([ch.get("facts_vector", 0) for ch in before[0][1]])), 2)}
+
+
 async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int = 32, reads: int = 300,
-                         keep: bool = False, reuse: str | None = None, on_progress=None) -> dict:
-    """``reuse``: measure a corpus kept by an earlier ``keep=True`` run (same ``rows``) instead of loading one."""
+                         keep: bool = False, reuse: str | None = None, on_progress=None, decay: bool = False) -> dict:
+    """``reuse``: measure a corpus kept by an earlier ``keep=True`` run (same ``rows``) instead of
+    loading one. ``decay``: then age the heavy user, sweep and read again (``_decayed``; it
+    archives the corpus's facts: measure the rest on a corpus without it)."""
     from memstream.embedding import default_embedder
     from memstream.projections.db import create_pool, drop_schema, migrate
     from memstream.read_client import MemoryReader
@@ -362,6 +406,8 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         report["growth_one_user"] = growth_report
         report["filtered_ann_full_k"] = await _full_k(pool, embedder, ["heavy", *[f"grow-{g // 1000}k" for g in growth],
                                                                        fillers[0]])
+        if decay:  # last: it archives part of the corpus
+            report["decay"] = await _decayed(pool, reader, ongoing["heavy"], reads)
         await redis.aclose()
     finally:
         await pool.close()

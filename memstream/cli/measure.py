@@ -76,16 +76,19 @@ def bench_grow(ctx: click.Context, turns: int, users: int, as_json: bool) -> Non
 @click.option("--reads", default=300, show_default=True, type=click.IntRange(min=1), help="reads per single-reader phase")
 @click.option("--keep", is_flag=True, help="keep the benchmark schema afterwards")
 @click.option("--reuse", metavar="SCHEMA", help="measure a corpus kept by an earlier --keep run (same --rows)")
+@click.option("--decay", is_flag=True, help="last, age the heavy user over three years, sweep, and read again "
+                                            "(it archives facts of the corpus: not with --keep for later runs)")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def bench_read(ctx: click.Context, rows: int, readers: int, reads: int, keep: bool, reuse: str | None,
-               as_json: bool) -> None:
-    """Read latency (one and many readers, gated path, growth per user) and filtered-ANN full-k."""
+               decay: bool, as_json: bool) -> None:
+    """Read latency (one and many readers, gated path, growth per user) and filtered-ANN full-k;
+    with --decay, the heavy user's before and after a decay sweep."""
     from memstream.bench.read import run_read_bench
 
     with progress("load the corpus", unit="users") as on_progress:
         report = asyncio.run(run_read_bench(settings_of(ctx), rows=rows, readers=readers, reads=reads, keep=keep,
-                                              reuse=reuse, on_progress=on_progress))
+                                              reuse=reuse, on_progress=on_progress, decay=decay))
     click.echo(json.dumps(report, indent=2, default=str) if as_json else _render_report(report))
 
 

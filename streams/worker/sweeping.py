@@ -17,12 +17,13 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import msgspec
 
 from memstream.projections.facts import decay
-from memstream.schemas import DecaySwept, SweptFact, new_event_id
+from memstream.projections.facts.core import FactRow, Key
+from memstream.schemas import DecaySwept, FactArchived, SweptFact, new_event_id
 from memstream.streams.log.screening import expected_partition
 
 log = logging.getLogger("memstream.sweep")
@@ -96,6 +97,25 @@ def requests(found: Plan, actor: str = "operator") -> list[DecaySwept]:
             out.append(DecaySwept(event_id=new_event_id(), user_id=user, occurred_at=found.swept_at, actor=actor,
                                   reason=f"decay sweep below strength {found.threshold:g}",
                                   sweep_id=found.sweep_id, policy=decay.POLICY, facts=facts[i:i + PER_REQUEST]))
+    return out
+
+
+def archivals(request: DecaySwept, rows: Mapping[Key, FactRow], common: dict) -> list[FactArchived]:
+    """What ``request`` archives of the facts in ``rows`` (keyed as the facts core keys them):
+    each fact it names that is still the current version the sweep weighed — not observed again
+    since, not ended, not archived already; its strength is not the one recorded otherwise.
+    ``common``: the decisions' envelope (source event, position, time, user)."""
+    out = []
+    for n, f in enumerate(request.facts):
+        row = rows.get((request.user_id, f.fact_id))
+        if row is None or not row.current or row.observation_count != f.observations:
+            continue
+        out.append(FactArchived(
+            **common, decision_id=uuid.uuid5(request.event_id, f"archived:{n}"), extractor=f"decay:{request.policy}",
+            resolver=f"control:{request.actor}", confidence=row.confidence, explicit=row.explicit, target=row.fact_id,
+            sweep_id=request.sweep_id, strength=f.strength,
+            reason=f"decayed to strength {f.strength:.2f}: idle {f.idle_days:.0f} days, observed "
+                   f"{f.observations}x, used {f.uses}x (rate {f.rate:g}/day)"))
     return out
 
 

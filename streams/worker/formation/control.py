@@ -13,7 +13,7 @@ import uuid
 from typing import Sequence
 
 from memstream.projections.facts import core as facts_core
-from memstream.schemas import (DecaySwept, Decision, EdgeForgotten, EpisodeForgotten, Event, FactArchived, FactCorrected,
+from memstream.schemas import (DecaySwept, Decision, EdgeForgotten, EpisodeForgotten, Event, FactCorrected,
                                FactForgotten, FactUpdated, LogPosition, MemoryForgotten, UserForgotten)
 from memstream.schemas.errors import Refused
 from memstream.schemas.vocabulary import attributes_of, relation_of
@@ -25,6 +25,7 @@ from memstream.streams.worker.formation import slot_edges
 from memstream.streams.worker.formation.graph import GraphView
 from memstream.streams.worker.formation.turn import TurnDecider
 from memstream.streams.worker.formation.views import FactView
+from memstream.streams.worker.sweeping import archivals
 
 log = logging.getLogger("memstream.formation")
 # What a forget may name: a fact believed now, in the read path or archived out of it.
@@ -166,20 +167,7 @@ class ControlRequests:
                                              why=f"forgotten{why}", forgot=(e.actor, e.reason, [f.value for f in alone]))
         if isinstance(e, DecaySwept):
             await overlay.ensure(e.user_id, [f.fact_id for f in e.facts])
-            made = []
-            for n, f in enumerate(e.facts):
-                row = overlay.rows.get((e.user_id, f.fact_id))
-                # Archived only on what the sweep weighed: a fact said again since (or ended, or
-                # archived already) is left as it is — its strength is not the one recorded.
-                if row is None or not row.current or row.observation_count != f.observations:
-                    continue
-                made.append(FactArchived(
-                    **common, decision_id=uuid.uuid5(e.event_id, f"archived:{n}"), extractor=f"decay:{e.policy}",
-                    resolver=f"control:{e.actor}", confidence=row.confidence, explicit=row.explicit,
-                    target=row.fact_id, sweep_id=e.sweep_id, strength=f.strength,
-                    reason=f"decayed to strength {f.strength:.2f}: idle {f.idle_days:.0f} days, observed "
-                           f"{f.observations}x, used {f.uses}x (rate {f.rate:g}/day)"))
-            return made
+            return archivals(e, overlay.rows, common)
         if isinstance(e, UserForgotten):
             self._turns.forget_user(e.user_id)
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user",
