@@ -280,3 +280,21 @@ async def test_readiness_needs_postgres_and_kafka_and_reports_redis(api, setting
         assert await gone.reachable(timeout_s=0.5) is False
     finally:
         await gone.stop()
+
+
+async def test_a_host_reports_the_facts_it_used_but_cannot_write_a_sweeps_record(api, settings, conn, workers):
+    client, keys = api
+    w = workers()
+    await w.wait_assigned()
+    acme = auth(keys["acme"])
+    fact = "00000000-0000-0000-0000-000000000001"
+    used = await client.post("/v1/users/acme:uma/events", headers=acme, json={"type": "MemoriesUsed", "fact_ids": [fact],
+                                                                                   "occurred_at": "2026-05-01T12:00:00Z"})
+    assert used.status_code == 202, used.text
+    assert await wait_until(lambda: conn.fetchval("SELECT uses FROM fact_uses WHERE user_id = 'acme:uma'"),
+                            what="the use counted") == 1
+    swept = await client.post("/v1/users/acme:uma/events", headers=acme, json={
+        "type": "DecaySwept", "occurred_at": "2026-05-01T12:00:00Z", "actor": "operator", "sweep_id": fact,
+        "policy": "decay-v1",
+        "facts": [{"fact_id": fact, "strength": 0.0, "observations": 1, "uses": 0, "idle_days": 999, "rate": 0.01}]})
+    assert swept.status_code == 400 and "memstream sweep decay" in swept.json()["detail"], swept.text
