@@ -41,7 +41,7 @@ async def correct_fact(log, reader, user_id: str, fact_id: uuid.UUID, value: str
                        actor: str = "user", reason: str = "") -> LogPosition:
     """A new version of the fact saying ``value`` (and ``text``), explicit: it passes the safety gate."""
     row = await _own(reader, "facts", user_id, fact_id)
-    if row["status"] != "current":
+    if row["status"] not in ("current", "archived"):
         raise NotFound(f"fact {fact_id} is not current ({row['status']}): correct its current version")
     return await log.append(FactCorrected(**_envelope(user_id, actor, reason), fact_id=fact_id, value=value, text=text))
 

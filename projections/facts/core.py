@@ -154,12 +154,12 @@ def _target(state: Mapping[Key, FactRow], fid: uuid.UUID, d: Decision) -> FactRo
 
 
 def _live(state: Mapping[Key, FactRow], fid: uuid.UUID, d: Decision) -> FactRow | None:
-    """The current version ``d`` changes; None when it was forgotten (it stays so, whatever
-    decision comes after: one made before the forget, delivered again)."""
+    """The current (or archived) version ``d`` changes; None when it was forgotten (it stays so,
+    whatever decision comes after: one made before the forget, delivered again)."""
     row = _target(state, fid, d)
     if row.status == "forgotten":
         return None
-    if not row.current:
+    if not row.current and row.status != "archived":  # archived: believed still, so it ends as a current one
         raise EndedTarget(f"{type(d).__name__} {d.decision_id} changes fact {fid}, already {row.status}")
     return row
 

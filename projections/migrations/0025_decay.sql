@@ -8,9 +8,11 @@
 ALTER TABLE memory_facts DROP CONSTRAINT memory_facts_status_check,
     ADD CONSTRAINT memory_facts_status_check
         CHECK (status IN ('current', 'superseded', 'deleted', 'forgotten', 'archived'));
+-- Built as 0010 builds it (ef_construction = 200: pgvector's 64 loses clusters of near-identical facts).
+SET LOCAL maintenance_work_mem = '512MB';
 DROP INDEX memory_facts_embedding_hnsw;
 CREATE INDEX memory_facts_embedding_hnsw ON memory_facts USING hnsw (embedding vector_cosine_ops)
-    WHERE status = 'current';
+    WITH (m = 16, ef_construction = 200) WHERE status = 'current';
 
 -- Recall feedback (``MemoriesUsed``): how often the host used each fact in an answer, and when
 -- last, as of the log. Read by the decay sweep; deleted with the user.

@@ -49,7 +49,7 @@ class Plan:
     threshold: float
     facts_weighed: int = 0
     weak: dict[str, list[SweptFact]] = field(default_factory=dict)
-    texts: dict[uuid.UUID, str] = field(default_factory=dict)  # for a dry run's listing (DEBUG, never logged above)
+    texts: dict[tuple[str, uuid.UUID], str] = field(default_factory=dict)  # for a dry run's listing, never logged
 
     @property
     def archiving(self) -> int:
@@ -60,7 +60,7 @@ class Plan:
                 "policy": decay.POLICY, "facts_weighed": self.facts_weighed, "users": len(self.weak),
                 "archiving": self.archiving,
                 "facts": [{"user_id": user, **msgspec.to_builtins(f),
-                           "text": self.texts.get(f.fact_id, "")}
+                           "text": self.texts.get((user, f.fact_id), "")}
                           for user, facts in sorted(self.weak.items()) for f in facts]}
 
 
@@ -82,9 +82,11 @@ async def plan(conn, *, at: datetime, threshold: float, user_id: str | None = No
                                                     observations=r["observation_count"], uses=r["uses"],
                                                     idle_days=round(w.idle_days, 2), rate=w.rate))
     if weak:
-        rows = await conn.fetch("SELECT fact_id, text FROM memory_facts WHERE fact_id = ANY($1::uuid[])",
-                                [f.fact_id for facts in weak.values() for f in facts])
-        found.texts = {r["fact_id"]: r["text"] for r in rows}
+        # By user and id: two users' turns given one event id gave their facts one id.
+        rows = await conn.fetch("SELECT f.user_id, f.fact_id, f.text FROM memory_facts f JOIN unnest($1::text[], "
+                                "$2::uuid[]) AS w(user_id, fact_id) USING (user_id, fact_id)",
+                                *zip(*[(u, f.fact_id) for u, facts in weak.items() for f in facts]))
+        found.texts = {(r["user_id"], r["fact_id"]): r["text"] for r in rows}
     found.weak = {u: sorted(fs, key=lambda f: (f.strength, str(f.fact_id))) for u, fs in weak.items()}
     return found
 

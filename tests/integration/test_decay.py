@@ -55,7 +55,7 @@ async def test_a_sweep_archives_faded_facts_a_mention_restores_them_and_a_replay
     assert "would archive 2 of 1 users" in said[0] and len(said) == 3, cli.stdout
     assert sorted(line.rsplit("  ", 1)[1] for line in said[1:]) == ["Likes kayaking", "Likes sudoku"]
     dry = await sweep_decay(settings, dsn, user_id="dee", dry_run=True, at=LATER)
-    assert sorted(dry.texts[f.fact_id] for f in dry.weak["dee"]) == ["Likes kayaking", "Likes sudoku"]
+    assert sorted(dry.texts["dee", f.fact_id] for f in dry.weak["dee"]) == ["Likes kayaking", "Likes sudoku"]
     assert all(f.strength < 0.2 and f.idle_days > 800 and f.rate > 0 for f in dry.weak["dee"])
     assert not await conn.fetchval("SELECT count(*) FROM decay_sweeps")  # a dry run records nothing
 
@@ -93,9 +93,14 @@ async def test_a_sweep_archives_faded_facts_a_mention_restores_them_and_a_replay
                                    facts["dee", "sudoku"]) == 2
         ctx = await reader.read("dee", "c1", "what puzzles and games do I like, sudoku?")
         assert any("sudoku" in f.text for f in ctx.facts)
+
+        # Believed still, an archived fact is retracted or corrected as a current one.
+        await append_and_wait(settings, conn, [turn("dee", "Forget that I like kayaking.", 9)])
+        await wait_until(lambda: conn.fetchval("SELECT status = 'deleted' FROM memory_facts WHERE fact_id = $1",
+                                               facts["dee", "kayaking"]), what="the archived fact retracted")
     finally:
         await reader.close()
-    await append_and_wait(settings, conn, [turn("dee", "bye", 8)])
+    await append_and_wait(settings, conn, [turn("dee", "bye", 10)])
     w.stop()
 
     forbid_llm_and_embedder()  # a replay applies what was decided: no sweep, model or embedder
@@ -142,3 +147,39 @@ async def test_a_formation_worker_sweeps_the_users_of_its_partitions_on_its_time
     assert await conn.fetchval("SELECT status FROM memory_facts WHERE user_id = 'gus' AND attribute = 'name'") == \
         "current"
     assert await conn.fetchval("SELECT sum(archived) FROM decay_sweeps") >= 1
+
+
+async def test_an_archived_relationship_keeps_its_edge_and_an_archived_fact_can_be_corrected(settings, conn, dsn, workers):
+    from memstream import control
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("hal", "My sister Anna is visiting.", 0), turn("hal", "I like chess.", 1)])
+    await sweep_decay(settings, dsn, at=LATER)
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 2 FROM memory_facts WHERE user_id = 'hal' AND "
+                                           "status = 'archived'"), what="both archived")
+
+    async def sisters():
+        return sorted(r["name"] for r in await conn.fetch(
+            "SELECT n.name FROM memory_edges e JOIN entities n ON n.user_id = e.user_id AND n.entity_id = "
+            "e.target_entity_id WHERE e.user_id = 'hal' AND e.relation = 'has_sibling' AND e.valid_to IS NULL "
+            "AND NOT e.forgotten"))
+
+    assert await sisters() == ["Anna"]  # archived, believed still: the graph says so too
+    await append_and_wait(settings, conn, [turn("hal", "My sister Bea is visiting.", 2)])
+    assert await wait_until(lambda: _listed(sisters, 2), what="Bea's edge") == ["Anna", "Bea"]
+    reader = await make_reader(dsn, settings, default_embedder())
+    try:
+        [chess] = [f for f in (await reader.memories("hal", "archived")).items if f.value == "chess"]
+        async with TurnLog(settings) as log:
+            pos = await control.correct_fact(log, reader, "hal", chess.fact_id, "checkers")
+        assert await reader.caught_up(pos, timeout=30)
+        versions = await reader.fact_history("hal", chess.fact_id)
+        assert [(v.value, v.status) for v in versions] == [("chess", "superseded"), ("checkers", "current")]
+    finally:
+        await reader.close()
+
+
+async def _listed(names, n: int):
+    got = await names()
+    return got if len(got) >= n else None

@@ -45,3 +45,13 @@ def test_archive_and_restore_fold_once_and_an_ended_fact_is_not_archived():
     core.fold(state, [deleted])
     with pytest.raises(EndedTarget):
         core.fold(state, [items.archived(added, uuid.UUID(int=9))])
+
+
+def test_an_archived_fact_is_believed_still_so_it_is_corrected_or_retracted_as_a_current_one():
+    added, other = items.added("ana", value="chess"), items.added("ana", value="go")
+    state = {}
+    core.fold(state, [added, other, items.archived(added), items.archived(other)])
+    corrected = core.fold(state, [items.updated(added, "checkers")])
+    assert {r.value: r.status for r in corrected.values()} == {"chess": "superseded", "checkers": "current"}
+    retracted = core.fold(state, [items.deleted(other)])[("ana", other.fact_id)]
+    assert retracted.status == "deleted" and retracted.valid_to is not None

@@ -200,7 +200,7 @@ async def facts_of_edges(overlay: FactView, graph: GraphView, user_id: str, edge
 async def current_fact(overlay: FactView, user_id: str, fact_id: uuid.UUID, e: Event):
     await overlay.ensure(user_id, [fact_id])
     row = overlay.rows.get((user_id, fact_id))
-    if row is None or not row.current:
+    if row is None or row.status not in _HELD:  # an archived fact is corrected as a current one
         raise RequestRefused(f"{type(e).__name__} names {fact_id}, not a current fact of this user")
     return row
 

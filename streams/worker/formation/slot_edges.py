@@ -62,7 +62,10 @@ async def follow(decider: EdgeDecider, facts: FactView, relations: Iterable[str]
         if not rows:
             continue  # no fact ever filled it: the relation extractor's alone
         await decider.view.ensure_user(user_id)
-        current = sorted((r for r in rows if r.current), key=lambda r: (r.valid_from, r.recorded_at, r.fact_id))
+        # Archived facts are believed still (decay takes them off the read path, not out of the
+        # world): their edges stay, and a new value of a multi-valued slot closes none of them.
+        current = sorted((r for r in rows if r.status in ("current", "archived")),
+                         key=lambda r: (r.valid_from, r.recorded_at, r.fact_id))
         if relation not in MULTI_VALUED:  # one value at a time: the newest word
             current = current[-1:]
         held: dict[str, FactRow] = {}  # value -> the version holding it from the earliest

@@ -25,9 +25,8 @@ from memstream.projections.facts import core as facts_core
 from memstream.projections.facts import decay
 from memstream.projections.graph import store as graph_store
 from memstream.projections.graph.core import EdgeRow
-from memstream.schemas import (Decision, EpisodeRecorded, Event, FactChangeDeferred, FactDecision, FactRefused,
-                               FactRestored,
-                               LogPosition, TurnRecorded)
+from memstream.schemas import (Decision, EpisodeRecorded, Event, FactChangeDeferred, FactDecision, FactDeleted,
+                               FactRefused, FactRestored, LogPosition, TurnRecorded)
 from memstream.schemas.events import Passage
 from memstream.schemas.vocabulary import relation_of
 from memstream.streams.log.records import Record
@@ -146,7 +145,8 @@ class TurnDecider:
         # resolved one by one, each against the facts as the candidates before it left them.
         alone = {n for n in range(len(candidates)) if n not in refused and not any(
             _bears_on(m, n, candidates, shown, vectors) for m in range(n) if m not in refused)}
-        # A fact the user says again after a sweep archived it comes back (the same slot and value).
+        # A fact the user says again after a sweep archived it comes back (the same slot and
+        # value); one they retract ends.
         restored = {n: d for n in range(len(candidates)) if n not in refused
                     and (d := await self._restored(ctx, n, candidates[n], shown[n], overlay)) is not None}
         alone -= restored.keys()
@@ -183,19 +183,25 @@ class TurnDecider:
                 out.append(decision)
         return out
 
-    async def _restored(self, ctx: Context, n: int, cand, shown, overlay: FactView) -> FactRestored | None:
-        """``FactRestored`` if ``cand`` states an archived fact of its user (none held current)."""
-        if cand.negated or not decay.decays(cand.category, cand.attribute) or _repeated(cand, shown) is not None:
-            return None
+    async def _restored(self, ctx: Context, n: int, cand, shown, overlay: FactView) -> FactRestored | FactDeleted | None:
+        """What ``cand`` does to an archived fact of its user of the same slot and value (none
+        held current): states it again (``FactRestored``), or retracts it (``FactDeleted``: an
+        archived fact is believed still, and ends as a current one)."""
         said = cand.value.casefold().strip()
+        if not said or not decay.decays(cand.category, cand.attribute) or _repeated(cand, shown) is not None:
+            return None
         row = next((f for f in await overlay.slot(ctx.turn.user_id, [cand.attribute])
                     if f.status == "archived" and f.value.casefold().strip() == said), None)
         if row is None:
             return None
-        return FactRestored(decision_id=facts_core.fact_id(ctx.turn.event_id, n), source_event_id=ctx.turn.event_id,
-                            source=ctx.source, recorded_at=ctx.recorded_at, user_id=ctx.turn.user_id,
-                            extractor=ctx.extractor, resolver="decay-restore", confidence=float(cand.confidence),
-                            explicit=cand.explicit, target=row.fact_id, reason=f"said again: {row.text!r}")
+        common = dict(decision_id=facts_core.fact_id(ctx.turn.event_id, n), source_event_id=ctx.turn.event_id,
+                      source=ctx.source, recorded_at=ctx.recorded_at, user_id=ctx.turn.user_id, extractor=ctx.extractor,
+                      resolver="decay-restore", confidence=float(cand.confidence), explicit=cand.explicit,
+                      target=row.fact_id)
+        if cand.negated:
+            return FactDeleted(**common, valid_to=max(cand.valid_at or ctx.turn.occurred_at, row.valid_from),
+                               reason=f"user retracts archived {row.text!r}")
+        return FactRestored(**common, reason=f"said again: {row.text!r}")
 
     async def edges(self, r: Record, turn: TurnRecorded, graph: GraphView, candidates=None) -> list[Decision]:
         if candidates is None:
