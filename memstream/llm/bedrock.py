@@ -24,7 +24,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
 from pydantic import BaseModel
-from memstream.llm.protocols import (CandidateFact, ExistingFact, MalformedOutput, ModelRefused,
+from memstream.llm.protocols import (CandidateFact, CountsTokens, ExistingFact, MalformedOutput, ModelRefused,
                                      ModelFailed, ModelUnavailable, Resolution, Throttled,
                                      TurnCandidates)
 from memstream.llm.retrying import retrying
@@ -52,7 +52,7 @@ STOPPED = frozenset({"content_filtered", "guardrail_intervened", "model_context_
 def bedrock_client(region: str, *, aws_access_key_id: str | None = None, aws_secret_access_key: str | None = None,
                    aws_session_token: str | None = None, max_in_flight: int = 10):
     """A ``bedrock-runtime`` client; explicit keys if given, else boto3's credential chain.
-    botocore's own retries are off: ``_converse`` retries, so attempts are counted once. Its
+    botocore's own retries are off: ``_Converse.call`` retries, so attempts are counted once. Its
     connection pool holds ``max_in_flight`` connections (botocore's default of 10 would queue
     formation's concurrent calls behind each other)."""
     return boto3.client(
@@ -130,87 +130,77 @@ def _parse(response: dict, tool_name: str, model: type[BaseModel]) -> BaseModel:
     return validated(model, uses[0].get("input"), f"{tool_name} input")
 
 
-class _Counted:
-    """Tokens used so far, for the workers' metrics."""
-
-    _converse: _Converse
-
-    @property
-    def tokens(self) -> tuple[int, int]:
-        return self._converse.tokens
-
-
-class BedrockExtractor(_Counted):
+class BedrockExtractor(CountsTokens):
     """``ExtractionClient`` over Bedrock Converse."""
 
     def __init__(self, client, model_id: str, **kw: Any):
-        self._converse = _Converse(client, model_id, **kw)
+        self._service = _Converse(client, model_id, **kw)
         self.model_id = f"bedrock:{model_id}"
         self._tool = _tool(EXTRACT_TOOL, "Record the facts found in the turn.", FactsAnswer)
 
     def request(self, turn: TurnRecorded) -> dict:
-        return self._converse.request(EXTRACT_PROMPT, render_turn(turn), self._tool)
+        return self._service.request(EXTRACT_PROMPT, render_turn(turn), self._tool)
 
     async def extract(self, turn: TurnRecorded) -> Sequence[CandidateFact]:
-        out = await self._converse.call(self.request(turn), FactsAnswer)
+        out = await self._service.call(self.request(turn), FactsAnswer)
         return [CandidateFact(**f.model_dump()) for f in out.facts]  # type: ignore[attr-defined]
 
 
-class BedrockResolver(_Counted):
+class BedrockResolver(CountsTokens):
     """``ResolutionClient`` over Bedrock Converse. Neighbours are shown numbered; the model
     answers with an index, mapped back to the fact id here (it never sees ids)."""
 
     def __init__(self, client, model_id: str, **kw: Any):
-        self._converse = _Converse(client, model_id, **kw)
+        self._service = _Converse(client, model_id, **kw)
         self.model_id = f"bedrock:{model_id}"
         self._tool = _tool(RESOLVE_TOOL, "Classify the candidate against the existing facts.", ResolutionAnswer)
         self._all_tool = _tool(RESOLVE_ALL_TOOL, "Classify each candidate against its existing facts.", ResolutionsAnswer)
 
     def request(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> dict:
-        return self._converse.request(RESOLVE_PROMPT, resolve_question(candidate, neighbours), self._tool)
+        return self._service.request(RESOLVE_PROMPT, resolve_question(candidate, neighbours), self._tool)
 
     async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
-        return resolution_of(await self._converse.call(self.request(candidate, neighbours), ResolutionAnswer), neighbours)
+        return resolution_of(await self._service.call(self.request(candidate, neighbours), ResolutionAnswer), neighbours)
 
     def request_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> dict:
-        return self._converse.request(RESOLVE_ALL_PROMPT, resolve_all_question(asked), self._all_tool)
+        return self._service.request(RESOLVE_ALL_PROMPT, resolve_all_question(asked), self._all_tool)
 
     async def resolve_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> list[Resolution]:
-        return resolutions_of(await self._converse.call(self.request_all(asked), ResolutionsAnswer), asked)
+        return resolutions_of(await self._service.call(self.request_all(asked), ResolutionsAnswer), asked)
 
 
-class BedrockRelationExtractor(_Counted):
+class BedrockRelationExtractor(CountsTokens):
     """``RelationExtractionClient`` over Bedrock Converse."""
 
     def __init__(self, client, model_id: str, **kw: Any):
-        self._converse = _Converse(client, model_id, **kw)
+        self._service = _Converse(client, model_id, **kw)
         self.model_id = f"bedrock:{model_id}"
         self._tool = _tool(RELATE_TOOL, "Record the relationships found in the turn.", RelationsAnswer)
 
     def request(self, turn: TurnRecorded) -> dict:
-        return self._converse.request(RELATE_PROMPT, render_turn(turn), self._tool)
+        return self._service.request(RELATE_PROMPT, render_turn(turn), self._tool)
 
     async def extract(self, turn: TurnRecorded):
         from memstream.llm.relations import RelationCandidate
 
-        out = await self._converse.call(self.request(turn), RelationsAnswer)
+        out = await self._service.call(self.request(turn), RelationsAnswer)
         return [RelationCandidate(**r.model_dump()) for r in out.relations]  # type: ignore[attr-defined]
 
 
-class BedrockTurnExtractor(_Counted):
+class BedrockTurnExtractor(CountsTokens):
     """``TurnExtractionClient`` over Bedrock Converse: facts and relations in one tool call."""
 
     def __init__(self, client, model_id: str, **kw: Any):
-        self._converse = _Converse(client, model_id, **kw)
+        self._service = _Converse(client, model_id, **kw)
         self.model_id = self.relations_model_id = f"bedrock:{model_id}"
         self._tool = _tool(TURN_TOOL, "Record the facts and the relationships found in the turn.", TurnAnswer)
 
     def request(self, turn: TurnRecorded) -> dict:
-        return self._converse.request(TURN_PROMPT, render_turn(turn), self._tool)
+        return self._service.request(TURN_PROMPT, render_turn(turn), self._tool)
 
     async def extract_turn(self, turn: TurnRecorded) -> TurnCandidates:
         from memstream.llm.relations import RelationCandidate
 
-        out = await self._converse.call(self.request(turn), TurnAnswer)
+        out = await self._service.call(self.request(turn), TurnAnswer)
         return TurnCandidates([CandidateFact(**f.model_dump()) for f in out.facts],  # type: ignore[attr-defined]
                               [RelationCandidate(**r.model_dump()) for r in out.relations])  # type: ignore[attr-defined]

@@ -27,8 +27,8 @@ import httpx
 import openai
 from pydantic import BaseModel
 
-from memstream.llm.protocols import (CandidateFact, ExistingFact, MalformedOutput, ModelRefused, ModelUnavailable,
-                                     Resolution, Throttled, TurnCandidates)
+from memstream.llm.protocols import (CandidateFact, CountsTokens, ExistingFact, MalformedOutput, ModelRefused,
+                                     ModelUnavailable, Resolution, Throttled, TurnCandidates)
 from memstream.llm.retrying import retrying
 from memstream.llm.structured import (EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_PROMPT,
                                       RESOLVE_ALL_TOOL, RESOLVE_PROMPT, RESOLVE_TOOL, TURN_PROMPT, TURN_TOOL,
@@ -145,74 +145,64 @@ def _parse(response, name: str, answer: type[BaseModel]) -> BaseModel:
     return validated(answer, data, f"{name}: the answer")
 
 
-class _Counted:
-    """Tokens used so far, for the workers' metrics."""
-
-    _chat: _Chat
-
-    @property
-    def tokens(self) -> tuple[int, int]:
-        return self._chat.tokens
-
-
-class OpenAIExtractor(_Counted):
+class OpenAIExtractor(CountsTokens):
     """``ExtractionClient`` over an OpenAI-compatible chat API."""
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, **kw: Any):
-        self._chat = _Chat(client, model, **kw)
+        self._service = _Chat(client, model, **kw)
         self.model_id = f"openai:{model}"
 
     async def extract(self, turn: TurnRecorded) -> Sequence[CandidateFact]:
-        out = await self._chat.call(self._chat.request(EXTRACT_PROMPT, render_turn(turn), EXTRACT_TOOL, FactsAnswer),
+        out = await self._service.call(self._service.request(EXTRACT_PROMPT, render_turn(turn), EXTRACT_TOOL, FactsAnswer),
                                     EXTRACT_TOOL, FactsAnswer)
         return [CandidateFact(**f.model_dump()) for f in out.facts]  # type: ignore[attr-defined]
 
 
-class OpenAIResolver(_Counted):
+class OpenAIResolver(CountsTokens):
     """``ResolutionClient`` over an OpenAI-compatible chat API. Neighbours are shown numbered;
     the model answers with an index, mapped back to the fact id here (it never sees ids)."""
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, **kw: Any):
-        self._chat = _Chat(client, model, **kw)
+        self._service = _Chat(client, model, **kw)
         self.model_id = f"openai:{model}"
 
     async def resolve(self, candidate: CandidateFact, neighbours: Sequence[ExistingFact]) -> Resolution:
         answer = resolution_answer(len(neighbours))
-        request = self._chat.request(RESOLVE_PROMPT, resolve_question(candidate, neighbours), RESOLVE_TOOL, answer)
-        return resolution_of(await self._chat.call(request, RESOLVE_TOOL, answer), neighbours)
+        request = self._service.request(RESOLVE_PROMPT, resolve_question(candidate, neighbours), RESOLVE_TOOL, answer)
+        return resolution_of(await self._service.call(request, RESOLVE_TOOL, answer), neighbours)
 
     async def resolve_all(self, asked: Sequence[tuple[CandidateFact, Sequence[ExistingFact]]]) -> list[Resolution]:
         answer = resolutions_answer(len(asked), max((len(n) for _, n in asked), default=0))
-        request = self._chat.request(RESOLVE_ALL_PROMPT, resolve_all_question(asked), RESOLVE_ALL_TOOL, answer)
-        return resolutions_of(await self._chat.call(request, RESOLVE_ALL_TOOL, answer), asked)
+        request = self._service.request(RESOLVE_ALL_PROMPT, resolve_all_question(asked), RESOLVE_ALL_TOOL, answer)
+        return resolutions_of(await self._service.call(request, RESOLVE_ALL_TOOL, answer), asked)
 
 
-class OpenAIRelationExtractor(_Counted):
+class OpenAIRelationExtractor(CountsTokens):
     """``RelationExtractionClient`` over an OpenAI-compatible chat API."""
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, **kw: Any):
-        self._chat = _Chat(client, model, **kw)
+        self._service = _Chat(client, model, **kw)
         self.model_id = f"openai:{model}"
 
     async def extract(self, turn: TurnRecorded):
         from memstream.llm.relations import RelationCandidate
 
-        request = self._chat.request(RELATE_PROMPT, render_turn(turn), RELATE_TOOL, RelationsAnswer)
-        out = await self._chat.call(request, RELATE_TOOL, RelationsAnswer)
+        request = self._service.request(RELATE_PROMPT, render_turn(turn), RELATE_TOOL, RelationsAnswer)
+        out = await self._service.call(request, RELATE_TOOL, RelationsAnswer)
         return [RelationCandidate(**r.model_dump()) for r in out.relations]  # type: ignore[attr-defined]
 
 
-class OpenAITurnExtractor(_Counted):
+class OpenAITurnExtractor(CountsTokens):
     """``TurnExtractionClient`` over an OpenAI-compatible chat API: facts and relations in one answer."""
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, **kw: Any):
-        self._chat = _Chat(client, model, **kw)
+        self._service = _Chat(client, model, **kw)
         self.model_id = self.relations_model_id = f"openai:{model}"
 
     async def extract_turn(self, turn: TurnRecorded) -> TurnCandidates:
         from memstream.llm.relations import RelationCandidate
 
-        out = await self._chat.call(self._chat.request(TURN_PROMPT, render_turn(turn), TURN_TOOL, TurnAnswer),
+        out = await self._service.call(self._service.request(TURN_PROMPT, render_turn(turn), TURN_TOOL, TurnAnswer),
                                     TURN_TOOL, TurnAnswer)
         return TurnCandidates([CandidateFact(**f.model_dump()) for f in out.facts],  # type: ignore[attr-defined]
                               [RelationCandidate(**r.model_dump()) for r in out.relations])  # type: ignore[attr-defined]

@@ -129,3 +129,18 @@ class ModelRefused(Refused):
     rejected the request made of it (too long for the model), or its answers never fitted.
     Formation records the turn's episode without facts or relations and dead-letters the turn
     with this reason (``memstream dead-letters retry`` forms it again)."""
+
+
+class CountsTokens:
+    """A model client whose ``tokens`` (input and output so far, cumulative) are those its
+    service's answers reported: what the workers' metrics read (``streams.worker.metrics``)."""
+
+    _service: "TokenCounter"
+
+    @property
+    def tokens(self) -> tuple[int, int]:
+        return self._service.tokens
+
+
+class TokenCounter(Protocol):
+    tokens: tuple[int, int]
