@@ -271,25 +271,11 @@ class Runtime:
         of the events partitions this worker owns; recorded for those partitions."""
         from datetime import datetime, timezone
 
-        from memstream.streams.log.producer import TurnLog
-        from memstream.streams.worker.sweeping import owned, plan, record, requests
+        from memstream.streams.worker.sweeping import sweep
 
-        s = self.settings
-        mine = sorted(tp.partition for tp in self.app.consumer.assignment() if tp.topic == s.events_topic)
-        if not mine or self.pool is None:
-            return
-        async with groupless_consumer(s.kafka_bootstrap) as consumer:
-            partitions = len(await partitions_of(consumer, s.events_topic))
-        async with self.pool.acquire() as conn:
-            found = owned(await plan(conn, at=datetime.now(timezone.utc), threshold=s.decay_threshold),
-                          partitions, mine)
-        if found.weak:
-            async with TurnLog(s) as turns:
-                await turns.append_many(requests(found))
-        async with self.pool.acquire() as conn:
-            await record(conn, s.events_topic, found, partitions, only=mine)
-        log.info("decay sweep %s of partitions %s: %d facts of %d users to archive", found.sweep_id, mine,
-                 found.archiving, len(found.weak))
+        mine = sorted(tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.settings.events_topic)
+        if mine and self.pool is not None:
+            await sweep(self.settings, self.pool, at=datetime.now(timezone.utc), mine=mine)
 
     def assigned(self) -> None:
         # Kafka may assign again under the revoked generation (a member rejoining a stable

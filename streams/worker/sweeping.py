@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 import msgspec
 
+from memstream.config import Settings
 from memstream.projections.facts import decay
 from memstream.projections.facts.core import FactRow, Key
 from memstream.schemas import DecaySwept, FactArchived, SweptFact, new_event_id
@@ -64,12 +65,15 @@ class Plan:
                           for user, facts in sorted(self.weak.items()) for f in facts]}
 
 
-async def plan(conn, *, at: datetime, threshold: float, user_id: str | None = None) -> Plan:
-    """Weigh every current fact (of ``user_id``, or everyone's) as of ``at``."""
+async def plan(conn, *, at: datetime, threshold: float, user_id: str | None = None,
+               kept: Callable[[str], bool] | None = None) -> Plan:
+    """Weigh every current fact (of ``user_id``, or everyone's; of the users ``kept`` accepts) as of ``at``."""
     found = Plan(sweep_id=uuid.uuid4(), swept_at=at, threshold=threshold)
     weak: dict[str, list[SweptFact]] = defaultdict(list)
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
         async for r in conn.cursor(_CURRENT, user_id, prefetch=1000):
+            if kept is not None and not kept(r["user_id"]):
+                continue
             found.facts_weighed += 1
             if not decay.decays(r["category"], r["attribute"]):
                 continue
@@ -121,6 +125,44 @@ def archivals(request: DecaySwept, rows: Mapping[Key, FactRow], common: dict) ->
     return out
 
 
+async def sweep(settings: Settings, pool, *, at: datetime, user_id: str | None = None,
+                mine: Sequence[int] | None = None, dry_run: bool = False, on_progress=None) -> Plan:
+    """A decay sweep as of ``at``: of ``user_id``, of the users of the events partitions ``mine``
+    (a formation worker's), or of everyone; unless ``dry_run``, its requests appended and the
+    sweep recorded for each partition it swept (``memstream status``)."""
+    from memstream.streams.log.producer import TurnLog
+
+    kept = None
+    if mine is not None:
+        owned, count = set(mine), await _partitions(settings, settings.events_topic)
+        kept = lambda user: expected_partition(user.encode(), count) in owned  # noqa: E731
+    async with pool.acquire() as conn:
+        found = await plan(conn, at=at, threshold=settings.decay_threshold, user_id=user_id, kept=kept)
+    log.info("decay sweep %s: %d facts weighed, %d of %d users below %.2f%s", found.sweep_id, found.facts_weighed,
+             found.archiving, len(found.weak), found.threshold, " (dry run)" if dry_run else "")
+    if dry_run:
+        return found
+    asked = requests(found)
+    async with TurnLog(settings) as turns:
+        for i in range(0, len(asked), 100):
+            await turns.append_many(asked[i:i + 100])
+            if on_progress:
+                on_progress(min(i + 100, len(asked)), len(asked))
+        topic = turns.events_topic
+    partitions = await _partitions(settings, topic)
+    swept = mine if mine is not None else None if user_id is None else [expected_partition(user_id.encode(), partitions)]
+    async with pool.acquire() as conn:
+        await record(conn, topic, found, partitions, only=swept)
+    return found
+
+
+async def _partitions(settings: Settings, topic: str) -> int:
+    from memstream.streams.log.kafka_util import groupless_consumer, partitions_of
+
+    async with groupless_consumer(settings.kafka_bootstrap) as consumer:
+        return len(await partitions_of(consumer, topic))
+
+
 async def record(conn, topic: str, found: Plan, partitions: int, only: Iterable[int] | None = None) -> None:
     """Record ``found`` as the last sweep of each partition of ``topic`` it swept (``only``, or
     every one of the ``partitions``), for ``memstream status``."""
@@ -133,10 +175,3 @@ async def record(conn, topic: str, found: Plan, partitions: int, only: Iterable[
         "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (topic, partition) DO UPDATE SET sweep_id = "
         "EXCLUDED.sweep_id, swept_at = EXCLUDED.swept_at, users = EXCLUDED.users, archived = EXCLUDED.archived",
         [(topic, p, found.sweep_id, found.swept_at, u, a) for p, (u, a) in sorted(counts.items())])
-
-
-def owned(found: Plan, partitions: int, mine: Iterable[int]) -> Plan:
-    """``found`` for the users whose records are on ``mine`` of the ``partitions``."""
-    mine = set(mine)
-    return replace(found, weak={u: f for u, f in found.weak.items()
-                                if expected_partition(u.encode(), partitions) in mine})
