@@ -138,6 +138,17 @@ class FactViewContract:
 
 
     @pytest.mark.parametrize("where", SPLITS)
+    async def test_archived_facts_of_a_slot_are_listed_and_a_restored_one_no_more(self, where):
+        chess, go = added(value="chess"), added(value="go")
+        home = added(attribute="home", value="Porto", category="location")
+        view = await self.after(where, [chess, go, home, items.archived(chess), items.archived(home)],
+                                [items.archived(go), items.restored(chess)])
+        assert ids(await view.archived("ana", "likes")) == [go.fact_id]
+        assert ids(await view.archived("ana", "home")) == [home.fact_id]
+        assert await view.archived("bo", "likes") == []
+        assert go.fact_id not in ids(await view.neighbours("ana", "likes", QUERY))
+
+    @pytest.mark.parametrize("where", SPLITS)
     async def test_a_fork_answers_as_its_view_and_keeps_what_it_is_given_to_itself(self, where):
         old = added(attribute="home", value="Porto", category="location", similarity=0.9)
         view = await self.after(where, [old], [added(value="tea", similarity=0.4)])

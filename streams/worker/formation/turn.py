@@ -190,8 +190,8 @@ class TurnDecider:
         said = cand.value.casefold().strip()
         if not said or not decay.decays(cand.category, cand.attribute) or _repeated(cand, shown) is not None:
             return None
-        row = next((f for f in await overlay.slot(ctx.turn.user_id, [cand.attribute])
-                    if f.status == "archived" and f.value.casefold().strip() == said), None)
+        row = next((f for f in await overlay.archived(ctx.turn.user_id, cand.attribute)
+                    if f.value.casefold().strip() == said), None)
         if row is None:
             return None
         common = dict(decision_id=facts_core.fact_id(ctx.turn.event_id, n), source_event_id=ctx.turn.event_id,

@@ -64,6 +64,9 @@ class FactView(Protocol):
     that slot follow (``slot_edges``). An ended version a decision of this view ended early
     keeps the store's end if it was loaded after that decision.
 
+    ``archived(user_id, attribute)``: ``user_id``'s archived facts filling ``attribute`` (a decay
+    sweep's, after the view's decisions), loaded as ``ensure`` loads: what a mention may restore.
+
     ``fork()``: a view that answers as this one does now, and that ``apply`` and ``ensure`` then
     change without changing this one: formation decides a turn on a fork and keeps it only if
     the whole turn was decided (a retried turn must not see half of itself).
@@ -83,6 +86,9 @@ class FactView(Protocol):
     async def slot(self, user_id: str, attributes: Iterable[str]) -> list[FactRow]:
         """Every version of the user's facts filling one of ``attributes``, as the view holds
         them (for the user's edges to follow: ``slot_edges``)."""
+        ...
+
+    async def archived(self, user_id: str, attribute: str) -> list[FactRow]:
         ...
 
     def fork(self) -> "FactView":
@@ -115,6 +121,14 @@ class PostgresView(FactView):
         await self.ensure(user_id, [r["fact_id"] for r in ids])
         return sorted((r for (u, _), r in self.rows.items() if u == user_id and r.attribute in attributes),
                       key=lambda r: (r.recorded_at, r.fact_id))
+
+    async def archived(self, user_id: str, attribute: str) -> list[FactRow]:
+        # Only the archived rows are read (``slot`` reads every version: a like among hundreds).
+        async with self._pool.acquire() as conn:
+            ids = await conn.fetch("SELECT fact_id FROM memory_facts WHERE user_id = $1 AND attribute = $2 "
+                                   "AND status = 'archived'", user_id, attribute)
+        await self.ensure(user_id, [r["fact_id"] for r in ids])
+        return _archived(((r for (u, _), r in self.rows.items() if u == user_id)), attribute)
 
     def fork(self) -> "PostgresView":
         other = PostgresView(self._pool, self._model)
@@ -165,6 +179,9 @@ class MemoryView(FactView):
         return sorted((r for r in self.rows.of(user_id).values() if r.attribute in attributes),
                       key=lambda r: (r.recorded_at, r.fact_id))
 
+    async def archived(self, user_id: str, attribute: str) -> list[FactRow]:
+        return _archived(self.rows.of(user_id).values(), attribute)
+
     def fork(self) -> "MemoryView":
         other = MemoryView(self._model)
         other.rows = self.rows.fork()
@@ -175,6 +192,11 @@ class MemoryView(FactView):
         scored = sorted((_existing(r, vector) for r in current), key=lambda f: (-f.similarity, f.fact_id))
         near = scored[:NEIGHBOURS]
         return near + [f for f in scored[NEIGHBOURS:] if f.attribute == attribute]
+
+
+def _archived(rows: Iterable[FactRow], attribute: str) -> list[FactRow]:
+    return sorted((r for r in rows if r.attribute == attribute and r.status == "archived"),
+                  key=lambda r: (r.recorded_at, r.fact_id))
 
 
 def _existing(row: FactRow, vector: np.ndarray) -> ExistingFact:
