@@ -48,11 +48,12 @@ ORDER BY version
 _CURRENT = f"SELECT {_COLS} FROM memory_facts WHERE user_id = $1 AND status = 'current' ORDER BY category, attribute, recorded_at"
 
 
-# A page of the user's facts in the order they were recorded, from a (recorded_at, fact_id) key on.
+# A page of the user's facts of one status (or every version: NULL) in the order they were
+# recorded, from a (recorded_at, fact_id) key on.
 _PAGE = f"""
 SELECT {_COLS}, superseded_by, end_reason, reason, observed_by[1] AS decision_id, source_event_id, extractor, resolver
 FROM memory_facts
-WHERE user_id = $1 AND ($2 OR status = 'current') AND (recorded_at, fact_id) > ($3, $4)
+WHERE user_id = $1 AND ($2::text IS NULL OR status = $2) AND (recorded_at, fact_id) > ($3, $4)
 ORDER BY recorded_at, fact_id LIMIT $5
 """
 
@@ -136,16 +137,13 @@ async def current(conn, user_id: str) -> Sequence[asyncpg.Record]:
 async def page(conn, user_id: str, include_history: bool, after: tuple, limit: int) -> Sequence[asyncpg.Record]:
     """Up to ``limit`` of the user's facts recorded after the ``(recorded_at, fact_id)`` key
     ``after``; every version with ``include_history``, else the current ones."""
-    return await conn.fetch(_PAGE, user_id, include_history, *after, limit)
-
-
-_ARCHIVED_PAGE = _PAGE.replace("($2 OR status = 'current')", "status = 'archived' AND $2")
+    return await conn.fetch(_PAGE, user_id, None if include_history else "current", *after, limit)
 
 
 async def archived_page(conn, user_id: str, after: tuple, limit: int) -> Sequence[asyncpg.Record]:
     """Up to ``limit`` of the user's archived facts (a decay sweep took them off the read path)
     recorded after the ``(recorded_at, fact_id)`` key ``after``, oldest first."""
-    return await conn.fetch(_ARCHIVED_PAGE, user_id, True, *after, limit)
+    return await conn.fetch(_PAGE, user_id, "archived", *after, limit)
 
 
 async def refused_page(conn, user_id: str, after: tuple, limit: int) -> Sequence[asyncpg.Record]:
