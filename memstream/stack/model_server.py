@@ -107,11 +107,8 @@ def _installed(dist: str, version: str, path: str) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def serve(model: LocalModel, cache: Path, port: int = CHAT_PORT, *, parallel: int = 4, ctx_per_slot: int = 2048,
