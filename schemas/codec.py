@@ -17,6 +17,10 @@ _DECISIONS = {cls.__struct_config__.tag: cls for cls in DECISION_TYPES}
 _encoder = msgspec.json.Encoder()
 _PATH = re.compile(r"^(?P<reason>.*?)(?: - at `(?P<field>[^`]+)`)?$", re.S)
 _MISSING = re.compile(r"missing required field `(?P<name>[^`]+)`")
+# What msgspec raises on bytes that are not the JSON asked for. RecursionError too: it walks nested
+# values (even those it skips) within Python's recursion limit, and a record nested deeper (no
+# event is) must be refused as any other malformed record is, not stop the step that reads it.
+MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 class _Header(msgspec.Struct):
@@ -40,7 +44,7 @@ def _invalid(exc: Exception) -> InvalidEvent:
 def _decode(data: bytes, registry: dict[str, type[T]]) -> T:
     try:
         header = msgspec.json.decode(data, type=_Header)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except MALFORMED as exc:
         raise _invalid(exc) from exc
     cls = registry.get(header.type)
     if cls is None:
@@ -56,7 +60,7 @@ def _decode(data: bytes, registry: dict[str, type[T]]) -> T:
             return msgspec.json.decode(data, type=cls)
         raw = upcast(msgspec.json.decode(data), current)
         return msgspec.convert(raw, cls)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except MALFORMED as exc:
         raise _invalid(exc) from exc
     except LookupError as exc:
         raise UnknownEventType(str(exc), "$.schema_version") from exc

@@ -22,7 +22,7 @@ import msgspec
 
 from memstream.schemas import SYSTEM_USER, MemoryForgotten, NothingDecided, UserForgotten, encode
 from memstream.schemas.events import ends_user
-from memstream.schemas.codec import decode_decision, decode_event
+from memstream.schemas.codec import MALFORMED, decode_decision, decode_event
 from memstream.schemas.errors import InvalidEvent
 from memstream.keys.data_keys import DataKeys, NotSealed, Shredded, generation_of
 from memstream.streams.log.records import SHREDDED, Record
@@ -48,7 +48,7 @@ def is_sealed(value: bytes | None) -> bool:
     """Whether ``value`` is a sealed record (read as the log reads it, not by looking for a word)."""
     try:
         return _envelope.decode(value or b"").sealed is not None
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except MALFORMED:
         return False
 
 
@@ -112,7 +112,7 @@ class RecordSealer:
         for r in records:
             try:
                 env = _envelope.decode(r.value or b"")
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except MALFORMED:
                 out.append(r)  # not a record at all: its step dead-letters it
                 continue
             if env.sealed is None:

@@ -36,6 +36,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from memstream.config import Settings
 from memstream.projections import db
+from memstream.schemas.codec import MALFORMED
 from memstream.schemas.errors import InvalidArgument, MemstreamError
 from memstream.schemas.events import SYSTEM_USER
 from memstream.streams.log.screening import expected_partition
@@ -88,7 +89,7 @@ class _Typed(msgspec.Struct):
 def _type(value: bytes | None) -> str:
     try:
         return msgspec.json.decode(value or b"", type=_Typed).type
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except MALFORMED:
         return ""
 
 

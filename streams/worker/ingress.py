@@ -25,9 +25,10 @@ import time
 from aiokafka.errors import MessageSizeTooLargeError
 
 from memstream.projections import positions as pos
-from memstream.schemas import InvalidEvent, UserForgotten, decode_event, encode
+from memstream.schemas import InvalidEvent, UserForgotten, encode
 from memstream.schemas.codec import check_size
 from memstream.streams.log.records import Record, next_offsets
+from memstream.streams.log.screening import screen
 from memstream.streams.log.sealing import RecordSealer
 
 log = logging.getLogger("memstream.ingress")
@@ -47,16 +48,11 @@ class IngressSealing:
             if time.monotonic() - self._fenced < 10 or await self._moving():
                 return  # not applied, position not stored: read again once the worker moved over
             self._fenced = 0.0  # the fence was lifted by hand: go on
-        letters, futures, events = [], [], []
-        for r in records:
-            try:
-                event = decode_event(r.value or b"")
-            except InvalidEvent as exc:
-                letters.append((r, self.name, f"undecodable event: {exc}"))
-                continue
-            if r.key != event.user_id.encode():
-                letters.append((r, self.name, "record key does not match user_id: per-user order is not guaranteed"))
-                continue
+        futures, events = [], []
+        # Checked as the events topic's records are (the host's partitioner is not: the sealed
+        # record goes where its key belongs).
+        decoded, letters = screen(records, self.name, None)
+        for r, event in decoded:
             try:
                 check_size(encode(event))  # sealed, it would pass Kafka's record limit, and stop this step
             except InvalidEvent as exc:
