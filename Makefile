@@ -17,7 +17,7 @@ PEERS_STAMP := $(PEERS_VENV)/.installed
 PEERS_PKGS := "mem0ai==2.2.1" "psycopg[binary]>=3.2.8" "psycopg-pool>=3.2.6,<4" "graphiti-core[kuzu]==0.31.2"
 PEERS_ARGS ?=
 
-.PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow test-llm models bench bench-peers clean
+.PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow test-fuzz test-llm models bench bench-peers clean
 
 # apt packages the local stack needs (Kafka 4 runs on JDK 17 or later and is resolved by Maven),
 # the venv module Debian's python3 lacks without python3-venv, and the headless browser the
@@ -75,6 +75,12 @@ test-integration: stack-up
 
 test-slow: stack-up
 	$(PY) -m pytest -m slow
+
+# The fuzzers and the isolation property, larger than make test runs them (docs/reliability.md).
+test-fuzz: stack-up
+	MEMSTREAM_FUZZ_EXAMPLES=500 MEMSTREAM_FUZZ_RECORDS=2000 MEMSTREAM_ISOLATION_EXAMPLES=60 \
+		$(PY) -m pytest -W ignore::hypothesis.errors.HypothesisWarning tests/unit/test_fuzz_screening.py \
+		tests/integration/test_fuzz_log.py tests/integration/test_fuzz_edges.py tests/integration/test_isolation.py
 
 # The 1.5B local model (1.1 GB in 22 pinned packages), for test-llm and eval formation.
 models: install

@@ -61,3 +61,24 @@ async def assert_equal_to_a_replay(settings, conn, dsn, suffix: str) -> None:
             assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
     finally:
         await drop_schema(dsn, target)
+
+
+async def hypothesis_on_loop(strategy, check, examples: int) -> None:
+    """``check(example)`` (a coroutine function) awaited on this event loop for ``examples``
+    examples of ``strategy``, derandomized (the same examples every run, none stored): hypothesis
+    runs in a thread of its own, since its ``given`` is synchronous and the stack's clients live on
+    this loop. A failing example is shrunk and raised here as hypothesis reports it."""
+    import asyncio
+
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hsettings
+
+    loop = asyncio.get_running_loop()
+
+    @hsettings(max_examples=examples, deadline=None, derandomize=True, database=None,
+               suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def run(example):
+        asyncio.run_coroutine_threadsafe(check(example), loop).result(timeout=300)
+
+    await asyncio.to_thread(run)

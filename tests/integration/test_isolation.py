@@ -8,7 +8,6 @@ facts' nearest search) is caught by the same checks.
 Small here (``make test``); ``MEMSTREAM_ISOLATION_EXAMPLES`` runs more."""
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 
@@ -21,6 +20,7 @@ from memstream.streams.log.producer import TurnLog
 from tests.unit.test_one_truth import EMPLOYERS, NAMES, PLACES, SAID
 
 from .conftest import served
+from .helpers import hypothesis_on_loop
 from .test_formation import append_and_wait, turn
 from .test_read_path import make_reader
 
@@ -139,21 +139,10 @@ def _steps():
 
 
 async def _run_property(settings, conn, surfaces, examples: int) -> None:
-    from hypothesis import HealthCheck, given
-    from hypothesis import settings as hsettings
-
     reader, client, keys = surfaces
-    loop = asyncio.get_running_loop()
     counter = iter(range(10_000))
-
-    @hsettings(max_examples=examples, deadline=None, derandomize=True, database=None,
-               suppress_health_check=list(HealthCheck))
-    @given(_steps())
-    def isolated(steps):
-        asyncio.run_coroutine_threadsafe(run_example(next(counter), steps, settings, conn, reader, client, keys),
-                                         loop).result(timeout=300)
-
-    await asyncio.to_thread(isolated)
+    await hypothesis_on_loop(_steps(), lambda steps: run_example(next(counter), steps, settings, conn, reader, client,
+                                                                  keys), examples)
 
 
 async def test_no_call_returns_or_changes_another_users_memory(settings, conn, workers, surfaces):
