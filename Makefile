@@ -78,7 +78,7 @@ test-slow: stack-up
 
 # The fuzzers and the isolation property, larger than make test runs them (docs/reliability.md).
 test-fuzz: stack-up
-	MEMSTREAM_FUZZ_EXAMPLES=500 MEMSTREAM_FUZZ_RECORDS=2000 MEMSTREAM_ISOLATION_EXAMPLES=60 \
+	MEMSTREAM_FUZZ_EXAMPLES=500 MEMSTREAM_FUZZ_RECORDS=1000 MEMSTREAM_ISOLATION_EXAMPLES=60 \
 		$(PY) -m pytest -W ignore::hypothesis.errors.HypothesisWarning tests/unit/test_fuzz_screening.py \
 		tests/integration/test_fuzz_log.py tests/integration/test_fuzz_edges.py tests/integration/test_isolation.py
 
