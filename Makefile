@@ -17,7 +17,7 @@ PEERS_STAMP := $(PEERS_VENV)/.installed
 PEERS_PKGS := "mem0ai==2.2.1" "psycopg[binary]>=3.2.8" "psycopg-pool>=3.2.6,<4" "graphiti-core[kuzu]==0.31.2"
 PEERS_ARGS ?=
 
-.PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow test-fuzz test-llm models bench bench-peers clean
+.PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow test-chaos test-fuzz test-llm models bench bench-peers clean
 
 # apt packages the local stack needs (Kafka 4 runs on JDK 17 or later and is resolved by Maven),
 # the venv module Debian's python3 lacks without python3-venv, and the headless browser the
@@ -74,7 +74,12 @@ test-integration: stack-up
 	$(PY) -m pytest tests/integration -m "not slow and not llm"
 
 test-slow: stack-up
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -m "slow and not chaos"
+
+# 100,000 turns of 1,000 users under kills, a broker restart, Postgres restarts, Redis flushes,
+# poison and forgets, then verified against a replay (docs/reliability.md). The seed is printed.
+test-chaos: stack-up
+	$(PY) -m pytest -m chaos -s tests/chaos/test_chaos.py
 
 # The fuzzers and the isolation property, larger than make test runs them (docs/reliability.md).
 test-fuzz: stack-up
