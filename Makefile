@@ -77,9 +77,11 @@ test-slow: stack-up
 	$(PY) -m pytest -m "slow and not chaos"
 
 # 100,000 turns of 1,000 users under kills, a broker restart, Postgres restarts, Redis flushes,
-# poison and forgets, then verified against a replay (docs/reliability.md). The seed is printed.
+# poison and forgets, then verified against a replay; then the isolation property at 60 examples
+# (docs/reliability.md). The seed is printed.
 test-chaos: stack-up
 	$(PY) -m pytest -m chaos -s tests/chaos/test_chaos.py
+	MEMSTREAM_ISOLATION_EXAMPLES=60 $(PY) -m pytest tests/integration/test_isolation.py
 
 # The fuzzers and the isolation property, larger than make test runs them (docs/reliability.md).
 test-fuzz: stack-up
