@@ -55,7 +55,7 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
         """A tool whose refusals (a bad argument, an id not the user's) reach the agent as their message."""
         from memstream.control import NotFound
         from memstream.schemas.errors import InvalidEvent
-        from memstream.streams.log.errors import BrokerUnavailable
+        from memstream.streams.log.errors import BrokerUnavailable, KeyStoreUnavailable
 
         @functools.wraps(fn)
         async def refusing(*args, **kwargs):
@@ -65,7 +65,7 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
                 raise ToolError(exc.public) from None
             except (InvalidArgument, InvalidEvent) as exc:
                 raise ToolError(str(exc)) from None
-            except BrokerUnavailable:  # its text names the broker: the operator's, not the agent's
+            except (BrokerUnavailable, KeyStoreUnavailable):  # its text names the stores: the operator's, not the agent's
                 raise ToolError("the memory log is unavailable; retry") from None
 
         return mcp.tool()(refusing)

@@ -24,6 +24,10 @@ class BrokerUnavailable(Retryable, ConnectionError):
     """Kafka could not be reached (or did not acknowledge) within the configured timeout."""
 
 
+class KeyStoreUnavailable(Retryable, ConnectionError):
+    """The key store (Postgres) could not be reached to seal or open a user's records."""
+
+
 class Transient(Retryable):
     """Another library's passing error (its original is the ``__cause__``)."""
 

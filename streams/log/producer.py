@@ -12,7 +12,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, MessageSizeTooLarg
 from memstream.config import Settings
 from memstream.schemas import Event, LogPosition
 from memstream.schemas.codec import validated
-from memstream.streams.log.errors import BrokerUnavailable
+from memstream.streams.log.errors import BrokerUnavailable, KeyStoreUnavailable, Transient, as_retryable
 from memstream.streams.log.sealing import RecordSealer
 
 log = logging.getLogger("memstream.streams")
@@ -35,7 +35,8 @@ class TurnLog:
     ``append`` returns once Kafka has acknowledged the record with ``acks=all``: from then on the
     event is durable and will be projected. Invalid events raise ``InvalidEvent`` before anything
     is sent; ``append_many`` validates the whole batch first, so an invalid event sends none of
-    it. An unreachable broker raises ``BrokerUnavailable``; a batch interrupted by the broker may
+    it. An unreachable broker raises ``BrokerUnavailable``, an unreachable key store (the events are
+    sealed before they are sent) ``KeyStoreUnavailable``: both ``Retryable``. A batch interrupted by the broker may
     be partly written — retrying it is safe, since projections key rows by ids derived from
     ``event_id``.
 
@@ -152,6 +153,14 @@ class TurnLog:
     async def append(self, event: Event) -> LogPosition:
         return (await self.append_many([event]))[0]
 
+    async def _sealed(self, event: Event) -> bytes:
+        try:
+            return await self._sealer.seal(event)
+        except Exception as exc:
+            if isinstance(as_retryable(exc), Transient):  # Postgres restarting, a socket gone: not a bug
+                raise KeyStoreUnavailable(f"the key store did not answer: {type(exc).__name__}") from exc
+            raise
+
     async def append_many(self, events: Sequence[Event]) -> list[LogPosition]:
         checked = [validated(e) for e in events]  # raises InvalidEvent before any send
         await self.start()
@@ -159,9 +168,10 @@ class TurnLog:
         while True:
             topic = self._settings.events_topic
             todo = [i for i, p in enumerate(done) if p is None]
+            sealed = [await self._sealed(checked[i]) for i in todo]
             try:
-                futures = [await self._producer.send(topic, await self._sealer.seal(checked[i]),
-                                                     key=checked[i].user_id.encode()) for i in todo]
+                futures = [await self._producer.send(topic, value, key=checked[i].user_id.encode())
+                           for i, value in zip(todo, sealed)]
                 results = await asyncio.gather(*futures, return_exceptions=True)
             except KafkaError as exc:
                 raise BrokerUnavailable(f"Kafka did not acknowledge the append: {exc}") from exc

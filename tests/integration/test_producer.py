@@ -61,3 +61,20 @@ async def test_an_unreachable_broker_raises_broker_unavailable():
         async with TurnLog(settings) as log:
             await log.append(turns(1)[0])
     assert time.monotonic() - t < 30
+
+
+async def test_a_key_store_that_does_not_answer_is_a_retryable_error_and_nothing_is_sent(settings):
+    """The key store is Postgres: while it restarts, sealing cannot reach it. The host is told
+    ``KeyStoreUnavailable`` (``Retryable``), not a driver's error, and nothing is appended."""
+    from memstream.schemas.errors import Retryable
+    from memstream.streams.log.errors import KeyStoreUnavailable
+
+    async with TurnLog(settings) as log:
+        await log.append(turns(1)[0])
+        before = await end_offsets(settings)
+        await log._pool.close()  # as Postgres shutting down leaves it: every connection refused
+        with pytest.raises(KeyStoreUnavailable) as info:
+            await log.append(TurnRecorded.new(user_id="new-user", conversation_id="c", user_message="hi",
+                                              assistant_message=""))
+    assert isinstance(info.value, Retryable)
+    assert await end_offsets(settings) == before
