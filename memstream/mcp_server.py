@@ -65,7 +65,7 @@ def create_server(settings: Settings, *, user: str | None = None, tenant: str | 
                 raise ToolError(exc.public) from None
             except (InvalidArgument, InvalidEvent) as exc:
                 raise ToolError(str(exc)) from None
-            except (BrokerUnavailable, KeyStoreUnavailable):  # its text names the stores: the operator's, not the agent's
+            except (BrokerUnavailable, KeyStoreUnavailable):  # its text names a store: the operator's, not the agent's
                 raise ToolError("the memory log is unavailable; retry") from None
 
         return mcp.tool()(refusing)

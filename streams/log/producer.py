@@ -35,10 +35,10 @@ class TurnLog:
     ``append`` returns once Kafka has acknowledged the record with ``acks=all``: from then on the
     event is durable and will be projected. Invalid events raise ``InvalidEvent`` before anything
     is sent; ``append_many`` validates the whole batch first, so an invalid event sends none of
-    it. An unreachable broker raises ``BrokerUnavailable``, an unreachable key store (the events are
-    sealed before they are sent) ``KeyStoreUnavailable``: both ``Retryable``. A batch interrupted by the broker may
-    be partly written — retrying it is safe, since projections key rows by ids derived from
-    ``event_id``.
+    it. An unreachable broker raises ``BrokerUnavailable``, an unreachable key store (the events
+    are sealed before they are sent) ``KeyStoreUnavailable``: both ``Retryable``. A batch
+    interrupted by the broker may be partly written — retrying it is safe, since projections key
+    rows by ids derived from ``event_id``.
 
     Each event is sealed with its user's data key before it leaves the host (``streams.log.sealing``;
     a ``UserForgotten`` is stamped with the key generation it ends): the log reaches the key
