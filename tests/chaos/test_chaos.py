@@ -38,6 +38,7 @@ from memstream.schemas.errors import Retryable
 from memstream.streams.log.producer import TurnLog
 from memstream.streams.ops.replay import PROJECTIONS, replay
 from tests.integration.conftest import HOME, Worker, wait_until
+from tests.integration.helpers import every_record
 from tests.integration.test_control import _segments_holding, user_tables
 from tests.integration.test_read_path import make_reader
 
@@ -357,7 +358,7 @@ async def test_the_pipeline_loses_duplicates_and_reorders_nothing_under_kills_re
     on_disk = _segments_holding(stack, {u: f"zq{u.replace('-', '')}q".encode() for u in forgotten})
     readable = await _readable_records(settings, dsn, forgotten)
 
-    letters = await _every_letter(settings)
+    letters = await every_record(settings, settings.dead_letter_topic)
     await conn.close()
     # Besides the poison: a correction or forget of a fact that was no longer current when
     # formation came to it (the user moved on meanwhile) is refused, with its reason, as a host's bad request.
@@ -425,9 +426,3 @@ def _type(value: bytes) -> str:
         return json.loads(value).get("type", "?")
     except (ValueError, AttributeError):
         return "not JSON"
-
-
-async def _every_letter(settings) -> list:
-    from tests.integration.test_fuzz_log import _every_record
-
-    return await _every_record(settings, settings.dead_letter_topic)

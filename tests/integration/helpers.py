@@ -9,7 +9,7 @@ from memstream.projections.compare import diff_counts
 from memstream.projections.db import drop_schema
 from memstream.schemas import TurnRecorded
 from memstream.schemas.codec import decode_decision
-from memstream.streams.log.kafka_util import drain, groupless_consumer
+from memstream.streams.log.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.ops.replay import replay
 
 BASE = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
@@ -36,19 +36,26 @@ async def schemas_named(dsn: str, prefix: str) -> set[str]:
         await conn.close()
 
 
-async def produced(settings) -> dict[int, list]:
-    """Every decision on the decisions topic (plain records), per partition in log order."""
-    out: dict[int, list] = {}
+async def every_record(settings, topic: str) -> list:
+    """Every record of ``topic`` up to its end now (``Record``s, each partition's in log order)."""
+    out: list = []
     async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as c:
-        tps = [TopicPartition(settings.decisions_topic, p) for p in range(settings.partitions)]
+        tps = [TopicPartition(topic, p) for p in await partitions_of(c, topic)]
         c.assign(tps)
         await c.seek_to_beginning(*tps)
 
         async def keep(batch):
-            for r in batch:
-                out.setdefault(r.partition, []).append(decode_decision(r.value))
+            out.extend(batch)
 
         await drain(c, tps, await c.end_offsets(tps), keep)
+    return out
+
+
+async def produced(settings) -> dict[int, list]:
+    """Every decision on the decisions topic (plain records), per partition in log order."""
+    out: dict[int, list] = {}
+    for r in await every_record(settings, settings.decisions_topic):
+        out.setdefault(r.partition, []).append(decode_decision(r.value))
     return out
 
 

@@ -16,13 +16,14 @@ import random
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from memstream.schemas import InvalidEvent, TurnRecorded, decode_event, encode
 from memstream.schemas.codec import check_size
 from memstream.schemas.events import EVENT_TYPES
 
 from .conftest import wait_until
+from .helpers import every_record
 
 pytestmark = pytest.mark.asyncio
 RECORDS = int(os.environ.get("MEMSTREAM_FUZZ_RECORDS", "48"))
@@ -139,11 +140,11 @@ async def test_fuzzed_records_on_both_topics_are_dead_lettered_with_a_reason_or_
                              f"{[(e.user_id, e.user_message[:40], len(e.user_message), e.metadata) for e in missing]}"
                              f"\n{w.log()[-4000:]}") from None
     async def every_letter_sent():
-        return len(await _every_record(settings, settings.dead_letter_topic)) >= len(letters)
+        return len(await every_record(settings, settings.dead_letter_topic)) >= len(letters)
 
     with contextlib.suppress(AssertionError):  # compared below, whatever came
         await wait_until(every_letter_sent, timeout=60, interval=0.5, what="the dead letters")
-    got = await _every_record(settings, settings.dead_letter_topic)
+    got = await every_record(settings, settings.dead_letter_topic)
     assert sorted(m.value for m in got) == sorted(letters), (
         f"seed {seed}: {len(got)} records dead-lettered, {len(letters)} should have been")
     for m in got:
@@ -152,28 +153,3 @@ async def test_fuzzed_records_on_both_topics_are_dead_lettered_with_a_reason_or_
     assert w.proc.poll() is None, f"the worker stopped (seed {seed}):\n{w.log()[-3000:]}"
     assert await conn.fetchval("SELECT count(*) FROM episodes") == len(turns)  # none twice
 
-
-async def _every_record(settings, topic: str) -> list:
-    """Every record on ``topic`` up to its end offsets now."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    parts = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(parts)
-        ends = await consumer.end_offsets(parts)
-        got = []
-        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-            for msgs in (await consumer.getmany(timeout_ms=500)).values():
-                got.extend(msgs)
-        return got
-    finally:
-        await consumer.stop()
