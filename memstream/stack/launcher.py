@@ -284,6 +284,10 @@ class Postgres:
         self.pgdata.mkdir(parents=True, exist_ok=True)
         # cleanup_mode=None: the server outlives this process; `down` stops it.
         server = pgserver.get_server(self.pgdata, cleanup_mode=None)
+        # get_server hands back this process's cached handle even when the server it found has
+        # stopped since (a restart in a chaos run, `stack down` from another shell): start it again.
+        with server._lock:
+            server.ensure_postgres_running()
         _wait_for(self._answers, "postgres", 30, self.pgdata / "log")
         want = shared_buffers()
         if server.psql("SHOW shared_buffers;").split()[2] != want:
@@ -292,7 +296,8 @@ class Postgres:
             server.psql(f"ALTER SYSTEM SET shared_buffers = '{want}';")
             log.info("postgres: shared_buffers = %s; restarting once to apply it", want)
             self.down()
-            server.ensure_postgres_running()  # get_server would hand back its cached handle
+            with server._lock:
+                server.ensure_postgres_running()
             _wait_for(self._answers, "postgres", 30, self.pgdata / "log")
         changed = [name for name, value in ERASURE_SETTINGS.items()
                    if server.psql(f"SHOW {name};").split()[2] != value]

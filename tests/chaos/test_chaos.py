@@ -127,7 +127,7 @@ class Chaos:
         os.kill(info.pid, sig)  # SIGINT: fast shutdown; SIGQUIT: immediate (crash recovery on start)
         await wait_until(lambda: _true(not self.stack.postgres._answers()), timeout=60, what="postgres down")
         await asyncio.sleep(2)
-        await asyncio.to_thread(_start_postgres, self.stack.postgres)
+        await asyncio.to_thread(self.stack.postgres.up)
         self.figures[f"Postgres restarts ({name})"] += 1
 
     async def flush_redis(self) -> None:
@@ -160,17 +160,6 @@ class Chaos:
                 await self.flush_redis()
             else:
                 await self.restart_postgres(signal.SIGINT if what.endswith("fast") else signal.SIGQUIT, what)
-
-
-def _start_postgres(postgres) -> None:
-    from memstream.stack.launcher import _pgserver
-
-    # get_server hands back this process's handle of the server it found at start; that starts it again.
-    _pgserver().get_server(postgres.pgdata, cleanup_mode=None).ensure_postgres_running()
-    deadline = time.monotonic() + 120
-    while not postgres._answers():
-        assert time.monotonic() < deadline, "postgres did not come back"
-        time.sleep(0.5)
 
 
 async def _true(value: bool) -> bool:
