@@ -124,6 +124,14 @@ class Settings(BaseModel):
     decay_threshold: float = Field(0.2, ge=0, le=1)
     # Formation workers sweep the users of their partitions this often (0: never; `memstream sweep decay` only).
     decay_sweep_every_s: float = Field(86400.0, ge=0)
+    # Reflections (Tier 3): a reflection sweep clusters each user's facts said within the window
+    # (cosine of their embeddings at least ``reflect_similarity`` to a cluster's centre), and
+    # asks for a reflection on each cluster of facts said ``reflect_min_observations`` times or
+    # more. Formation workers run it this often (0: never; `memstream sweep reflect` only).
+    reflect_similarity: float = Field(0.5, gt=0, le=1)
+    reflect_min_observations: int = Field(3, ge=2)
+    reflect_window_days: float = Field(90.0, gt=0)
+    reflect_sweep_every_s: float = Field(86400.0, ge=0)
     # Prices for the estimated LLM cost in the workers' metrics, USD per million tokens
     # (defaults: Claude 3.5 Haiku on Bedrock, on demand).
     llm_usd_per_mtok_input: float = Field(0.8, ge=0)

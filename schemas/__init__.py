@@ -27,6 +27,9 @@ from memstream.schemas.events import (
     DecaySwept,
     MemoriesUsed,
     SweptFact,
+    ReflectionCluster,
+    ReflectRequested,
+    ReflectionRecorded,
     FactDecision,
     FactDeleted,
     FactReinforced,
@@ -51,6 +54,6 @@ __all__ = [
     "Decision", "EpisodeRecorded", "Passage", "FactAdded", "FactChangeDeferred", "FactRefused", "FactDecision", "FactDeleted",
     "FactReinforced", "FactUpdated", "Event", "InvalidEvent", "LogPosition", "NothingDecided", "TurnRecorded", "EdgeForgotten", "EpisodeForgotten", "FactCorrected",
     "FactForgotten", "MemoryForgotten", "UserForgotten", "FactArchived", "FactRestored", "DecaySwept", "MemoriesUsed",
-    "SweptFact",
+    "SweptFact", "ReflectionCluster", "ReflectRequested", "ReflectionRecorded",
     "UnknownEventType", "decode_decision", "decode_event", "encode", "new_event_id",
 ]

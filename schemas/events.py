@@ -323,6 +323,27 @@ class DecaySwept(_Control, tag="DecaySwept", kw_only=True, frozen=True):
     facts: Annotated[list[SweptFact], msgspec.Meta(min_length=1, max_length=1000)]
 
 
+class ReflectionCluster(msgspec.Struct, kw_only=True, frozen=True):
+    """Facts of one user a reflection sweep found close in meaning (``sources``, by id), and how
+    often the user said them all told (``observations``)."""
+
+    sources: Annotated[list[uuid.UUID], msgspec.Meta(min_length=2, max_length=32)]
+    observations: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class ReflectRequested(_Control, tag="ReflectRequested", kw_only=True, frozen=True):
+    """A reflection sweep (``sweep_id``, under ``policy``) found these clusters among the user's
+    facts as of ``occurred_at``. Formation, in the request's place among the user's turns, asks
+    the reflection model for one sentence per cluster whose sources are still current, and records
+    what it answered (``ReflectionRecorded``) or why it was not kept (``FactRefused``)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    sweep_id: uuid.UUID
+    policy: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    clusters: Annotated[list[ReflectionCluster], msgspec.Meta(min_length=1, max_length=100)]
+
+
 # Why a whole user was forgotten. A user forget stays plain on the log forever (it is read after
 # the key is gone), so it carries one of these, never text a host or tenant wrote.
 ErasureReason = Literal["unspecified", "user_request", "account_closed", "retention", "legal", "other"]
@@ -538,6 +559,19 @@ class FactRestored(FactDecision, tag="FactRestored", kw_only=True, frozen=True):
     target: uuid.UUID
 
 
+class ReflectionRecorded(_FactBody, tag="ReflectionRecorded", kw_only=True, frozen=True):
+    """A reflection (Tier 3): one sentence a model drew from several of the user's facts
+    (``sources``), believed while they are — it ends when one of them does (superseded, or
+    forgotten with it). Category and attribute are ``reflection``; ``extractor`` names the model,
+    ``prompt_version`` the prompt, ``sweep_id`` the sweep that asked."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    sources: Annotated[list[uuid.UUID], msgspec.Meta(min_length=2, max_length=32)]
+    sweep_id: uuid.UUID
+    prompt_version: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+
+
 class GraphDecision(Decision, kw_only=True, frozen=True):
     """Common fields of graph decisions: which extractor decided, and why."""
 
@@ -632,15 +666,17 @@ class NothingDecided(Decision, tag="NothingDecided", kw_only=True, frozen=True):
 
 EVENT_TYPES: tuple[type[Event], ...] = (TurnRecorded, ReminderScheduled, ReminderResolved, PersonIdentitySet,
                                          ExpertIdentityUpserted, ExpertIdentityDeleted, FactCorrected, FactForgotten,
-                                         EpisodeForgotten, EdgeForgotten, UserForgotten, MemoriesUsed, DecaySwept)
+                                         EpisodeForgotten, EdgeForgotten, UserForgotten, MemoriesUsed, DecaySwept,
+                                         ReflectRequested)
 # Commands the commands projection applies straight from the events topic.
 COMMAND_TYPES = (ReminderScheduled, ReminderResolved, PersonIdentitySet, ExpertIdentityUpserted, ExpertIdentityDeleted,
                  UserForgotten, MemoriesUsed)
 # Requests about a user's memory that formation turns into decisions, in order with their turns.
-CONTROL_TYPES = (FactCorrected, FactForgotten, EpisodeForgotten, EdgeForgotten, UserForgotten, DecaySwept)
+CONTROL_TYPES = (FactCorrected, FactForgotten, EpisodeForgotten, EdgeForgotten, UserForgotten, DecaySwept,
+                 ReflectRequested)
 HOST_WIDE_TYPES = (ExpertIdentityUpserted, ExpertIdentityDeleted)
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
                                                FactReinforced, FactChangeDeferred, FactRefused, FactArchived,
-                                               FactRestored, EntityCreated, AliasAdded,
+                                               FactRestored, ReflectionRecorded, EntityCreated, AliasAdded,
                                                EdgeOpened, EdgeClosed, MemoryForgotten, NothingDecided)
 AnyEvent = TurnRecorded

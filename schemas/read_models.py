@@ -125,6 +125,9 @@ class FactVersion(BaseModel, FactContent):
     extractor: str | None = Field(None, description="what extracted it from the turn (an LLM, a rule, a person)")
     resolver: str | None = Field(None, description="what decided it against the facts held before")
     source_turn: Episode | None = Field(None, description="the turn it came from, while remembered (fact history only)")
+    derived_from: list[uuid.UUID] = Field(default_factory=list,
+                                          description="a reflection's source facts (category reflection): it ends "
+                                                      "when one of them does")
 
 
 class MemoryContext(BaseModel):

@@ -25,7 +25,8 @@ class Appended(BaseModel):
 TYPED_ROUTES = {"FactCorrected": "POST /v1/users/{user}/facts/{id}/correct",
                 "FactForgotten": "POST /v1/users/{user}/forget", "EpisodeForgotten": "POST /v1/users/{user}/forget",
                 "EdgeForgotten": "POST /v1/users/{user}/forget", "UserForgotten": "DELETE /v1/users/{user}",
-                "DecaySwept": "an operator's `memstream sweep decay` (a sweep's own record, not a host's)"}
+                "DecaySwept": "an operator's `memstream sweep decay` (a sweep's own record, not a host's)",
+                "ReflectRequested": "an operator's `memstream sweep reflect` (a sweep's own record, not a host's)"}
 
 
 class TurnIn(BaseModel):

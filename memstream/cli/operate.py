@@ -218,43 +218,6 @@ def reform(ctx: click.Context, extractor: str, since, topic: str | None, as_json
     click.echo(json.dumps(report.as_dict()) if as_json else report.render())
 
 
-@main.group("sweep")
-def sweep_group() -> None:
-    """Consolidation sweeps: decisions recorded on the users' logs, replayed, never run again."""
-
-
-@sweep_group.command("decay")
-@click.option("--user", "user_id", help="this user only (default: everyone)")
-@click.option("--dry-run", is_flag=True, help="list what would be archived and why; append nothing")
-@click.option("--as-of", type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]),
-              help="weigh as of this time (UTC if no offset) instead of now: what would go by then")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def sweep_decay(ctx: click.Context, user_id: str | None, dry_run: bool, as_of, as_json: bool) -> None:
-    """Archive faded facts: weigh every current fact now (decay policy, recall counts) and ask,
-    on each user's log, for those below the threshold to leave the read path."""
-    from datetime import timezone
-
-    from memstream.streams.ops.sweep import sweep_decay as run
-
-    s = log_settings(ctx)
-    if as_of is not None and as_of.tzinfo is None:
-        as_of = as_of.replace(tzinfo=timezone.utc)
-    with progress("sweep decay", unit="users") as on_progress:
-        found = asyncio.run(run(s, resolve_dsn(s), user_id=user_id, dry_run=dry_run, at=as_of,
-                                on_progress=on_progress))
-    report = found.as_dict()
-    if as_json:
-        click.echo(json.dumps(report))
-        return
-    verb = "would archive" if dry_run else "archiving"
-    click.echo(f"sweep {report['sweep_id']} at {report['swept_at']} ({report['policy']}, below {found.threshold:g}): "
-               f"{report['facts_weighed']} facts weighed, {verb} {report['archiving']} of {report['users']} users")
-    for f in report["facts"]:
-        click.echo(f"  {f['user_id']}  {f['fact_id']}  strength {f['strength']:.2f}  idle {f['idle_days']:.0f} d  "
-                   f"observed {f['observations']}x  used {f['uses']}x  {f['text']}")
-
-
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--watch", type=click.FloatRange(min=0.5), metavar="SECONDS", help="print again every SECONDS until interrupted")

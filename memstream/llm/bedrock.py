@@ -24,11 +24,14 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
 from pydantic import BaseModel
-from memstream.llm.protocols import (CandidateFact, CountsTokens, ExistingFact, MalformedOutput, ModelRefused,
+from memstream.llm.protocols import (Reflection, CandidateFact, CountsTokens, ExistingFact, MalformedOutput, ModelRefused,
                                      ModelFailed, ModelUnavailable, Resolution, Throttled,
                                      TurnCandidates)
 from memstream.llm.retrying import retrying
-from memstream.llm.structured import (EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_TOOL,
+from memstream.schemas.facts import FactContent
+from memstream.llm.structured import (REFLECT_PROMPT, REFLECT_PROMPT_VERSION, REFLECT_TOOL, ReflectionAnswer,
+                                      reflect_question, reflection_of,
+                                      EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_TOOL,
                                       RESOLVE_ALL_PROMPT, RESOLVE_PROMPT, RESOLVE_TOOL, TURN_PROMPT, TURN_TOOL, FactsAnswer,
                                       RelationsAnswer, ResolutionAnswer, ResolutionsAnswer, TurnAnswer, render_turn,
                                       resolution_of, resolutions_of, resolve_all_question, resolve_question,
@@ -204,3 +207,20 @@ class BedrockTurnExtractor(CountsTokens):
         out = await self._service.call(self.request(turn), TurnAnswer)
         return TurnCandidates([CandidateFact(**f.model_dump()) for f in out.facts],  # type: ignore[attr-defined]
                               [RelationCandidate(**r.model_dump()) for r in out.relations])  # type: ignore[attr-defined]
+
+
+class BedrockReflector(CountsTokens):
+    """``ReflectionClient`` over Bedrock Converse."""
+
+    prompt_version = REFLECT_PROMPT_VERSION
+
+    def __init__(self, client, model_id: str, **kw: Any):
+        self._service = _Converse(client, model_id, **kw)
+        self.model_id = f"bedrock:{model_id}"
+        self._tool = _tool(REFLECT_TOOL, "Record the sentence the facts show together.", ReflectionAnswer)
+
+    def request(self, facts: Sequence[FactContent]) -> dict:
+        return self._service.request(REFLECT_PROMPT, reflect_question(facts), self._tool)
+
+    async def reflect(self, facts: Sequence[FactContent]) -> Reflection:
+        return reflection_of(await self._service.call(self.request(facts), ReflectionAnswer), len(facts))

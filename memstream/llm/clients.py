@@ -52,3 +52,23 @@ def llm_clients(settings) -> LlmClients:
                           OpenAIRelationExtractor(client, model, **kw), OpenAITurnExtractor(client, model, **kw))
     raise ValueError(f"unknown extractor {settings.extractor!r} "
                      "(offline | offline-strict | bedrock | openai | offline+latency)")
+
+
+def reflection_client(settings):
+    """The reflection model (``ReflectionClient``) for ``settings.extractor``: the same service
+    and model as extraction, the offline summariser for the offline rules."""
+    if settings.extractor == "bedrock":
+        from memstream.llm.bedrock import BedrockReflector, bedrock_client, bedrock_executor
+
+        return BedrockReflector(bedrock_client(settings.bedrock_region, max_in_flight=2),
+                                settings.bedrock_extraction_model, executor=bedrock_executor(2))
+    if settings.extractor == "openai":
+        from memstream.llm.openai_compat import OpenAIReflector, openai_client
+
+        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key is not None else None
+        client = openai_client(settings.openai_base_url, key, timeout_s=settings.openai_timeout_s, max_in_flight=2)
+        return OpenAIReflector(client, settings.openai_model, structured=settings.openai_structured,
+                               max_tokens=settings.openai_max_tokens)
+    from memstream.llm.offline_reflection import OfflineReflector
+
+    return OfflineReflector()

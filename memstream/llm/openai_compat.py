@@ -27,10 +27,13 @@ import httpx
 import openai
 from pydantic import BaseModel
 
-from memstream.llm.protocols import (CandidateFact, CountsTokens, ExistingFact, MalformedOutput, ModelRefused,
+from memstream.llm.protocols import (Reflection, CandidateFact, CountsTokens, ExistingFact, MalformedOutput, ModelRefused,
                                      ModelUnavailable, Resolution, Throttled, TurnCandidates)
 from memstream.llm.retrying import retrying
-from memstream.llm.structured import (EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_PROMPT,
+from memstream.schemas.facts import FactContent
+from memstream.llm.structured import (REFLECT_PROMPT, REFLECT_PROMPT_VERSION, REFLECT_TOOL, ReflectionAnswer,
+                                      reflect_question, reflection_of,
+                                      EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_PROMPT,
                                       RESOLVE_ALL_TOOL, RESOLVE_PROMPT, RESOLVE_TOOL, TURN_PROMPT, TURN_TOOL,
                                       FactsAnswer, RelationsAnswer, TurnAnswer, render_turn, resolution_answer,
                                       resolution_of, resolutions_answer, resolutions_of, resolve_all_question,
@@ -206,3 +209,18 @@ class OpenAITurnExtractor(CountsTokens):
                                     TURN_TOOL, TurnAnswer)
         return TurnCandidates([CandidateFact(**f.model_dump()) for f in out.facts],  # type: ignore[attr-defined]
                               [RelationCandidate(**r.model_dump()) for r in out.relations])  # type: ignore[attr-defined]
+
+
+class OpenAIReflector(CountsTokens):
+    """``ReflectionClient`` over an OpenAI-compatible chat API. Facts are shown numbered; the
+    model cites them by number (it never sees ids)."""
+
+    prompt_version = REFLECT_PROMPT_VERSION
+
+    def __init__(self, client: openai.AsyncOpenAI, model: str, **kw: Any):
+        self._service = _Chat(client, model, **kw)
+        self.model_id = f"openai:{model}"
+
+    async def reflect(self, facts: Sequence[FactContent]) -> Reflection:
+        request = self._service.request(REFLECT_PROMPT, reflect_question(facts), REFLECT_TOOL, ReflectionAnswer)
+        return reflection_of(await self._service.call(request, REFLECT_TOOL, ReflectionAnswer), len(facts))

@@ -144,3 +144,24 @@ class CountsTokens:
 
 class TokenCounter(Protocol):
     tokens: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Reflection:
+    """What a reflection model drew from several facts: one sentence about the user (``text``)
+    and the facts it rests on (``cited``: indexes into the facts it was shown)."""
+
+    text: str
+    cited: tuple[int, ...]
+
+
+class ReflectionClient(Protocol):
+    """Tier 3: one sentence drawn from a cluster of the user's facts. Called by formation only,
+    its answer recorded (``ReflectionRecorded``) — never by the read path or a replay.
+    ``prompt_version`` names the prompt, recorded with each reflection."""
+
+    model_id: str
+    prompt_version: str
+
+    async def reflect(self, facts: Sequence[FactContent]) -> Reflection:
+        ...

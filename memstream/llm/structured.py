@@ -248,3 +248,32 @@ def resolutions_of(out: ResolutionsAnswer, asked: Sequence[tuple[CandidateFact, 
         raise MalformedOutput(f"{RESOLVE_ALL_TOOL} must classify candidates 0..{len(asked) - 1} once each, "
                               f"got {sorted(by_index)}")
     return [resolution_of(by_index[c], neighbours) for c, (_, neighbours) in enumerate(asked)]
+
+
+REFLECT_TOOL = "record_reflection"
+REFLECT_PROMPT_VERSION = "reflect-v1"
+REFLECT_PROMPT = (
+    "You read several facts a memory holds about the USER, close in meaning, and write one short sentence that "
+    "says what they show together: a pattern, a habit, a lasting interest (\"Runs most weekends and is training "
+    "for a marathon\"). Use only what the facts say: no new names, places, numbers or reasons. Cite by number "
+    "every fact the sentence rests on (at least two). If the facts show nothing together, write the sentence "
+    f"that lists what they share and cite them all. Always answer by calling {REFLECT_TOOL}."
+)
+
+
+class ReflectionAnswer(BaseModel):
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS, description="one sentence about the user")
+    cited: list[int] = Field(min_length=2, max_length=32, description="the numbers of the facts it rests on")
+
+
+def reflect_question(facts: Sequence) -> str:
+    return "Facts about the user:\n" + "\n".join(f"{i}. {f.text}" for i, f in enumerate(facts))
+
+
+def reflection_of(out: ReflectionAnswer, shown: int):
+    from memstream.llm.protocols import Reflection
+
+    cited = tuple(dict.fromkeys(i for i in out.cited))
+    if any(not 0 <= i < shown for i in cited):
+        raise MalformedOutput(f"{REFLECT_TOOL}: cited a fact that was not shown ({shown} were)")
+    return Reflection(out.text.strip(), cited)

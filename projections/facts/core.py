@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Iterable, Mapping
 
 from memstream.schemas import (Decision, FactAdded, FactArchived, FactChangeDeferred, FactDecision, FactDeleted,
-                               FactReinforced, FactRestored, FactUpdated, MemoryForgotten)
+                               FactReinforced, FactRestored, FactUpdated, MemoryForgotten, ReflectionRecorded)
 from memstream.schemas.errors import Refused
 from memstream.schemas.facts import FactContent
 from memstream.schemas.vocabulary import single_valued
@@ -71,6 +71,7 @@ class FactRow(FactContent):
     embedding_model: str
     notes: tuple[str, ...] = ()  # e.g. that one of its sources was forgotten
     observed_in: tuple[uuid.UUID, ...] = ()  # the turns (event ids) it was read from, first to last
+    derived_from: tuple[uuid.UUID, ...] = ()  # a reflection's source facts: it ends when one of them does
 
     @property
     def current(self) -> bool:
@@ -92,7 +93,7 @@ def targets(decision: Decision) -> list[uuid.UUID]:
     """Fact ids whose rows ``apply`` needs in ``state`` for this decision."""
     if isinstance(decision, FactUpdated):
         return [decision.fact_id, decision.supersedes]
-    if isinstance(decision, FactAdded):
+    if isinstance(decision, (FactAdded, ReflectionRecorded)):
         return [decision.fact_id]
     if isinstance(decision, (FactDeleted, FactReinforced, FactChangeDeferred, FactArchived, FactRestored)):
         return [decision.target]
@@ -134,15 +135,28 @@ def sources(decision: Decision) -> list[tuple[str, uuid.UUID]]:
     return []
 
 
-def _new(d: FactAdded | FactUpdated, lineage_id: uuid.UUID, version: int) -> FactRow:
+REFLECTION = "reflection"  # a reflection's category and attribute
+HELD = ("current", "archived")  # believed: in the read path, or archived out of it
+ENDED = ("superseded", "deleted", "forgotten")
+
+
+def ends_facts(decision: Decision) -> bool:
+    """Whether ``apply`` may end facts: then every reflection of the user drawn from a fact in
+    ``state`` must be there as well (it ends with its source)."""
+    return isinstance(decision, (FactUpdated, FactDeleted, MemoryForgotten))
+
+
+def _new(d: FactAdded | FactUpdated | ReflectionRecorded, lineage_id: uuid.UUID, version: int) -> FactRow:
     return FactRow(
         fact_id=d.fact_id, lineage_id=lineage_id, version=version, user_id=d.user_id, text=d.text, category=d.category,
         attribute=d.attribute, value=d.value, confidence=d.confidence, explicit=d.explicit,
         status="current", valid_from=d.valid_from, valid_to=None, recorded_at=d.recorded_at,
         superseded_at=None, superseded_by=None, end_reason=None, observation_count=1,
-        last_observed_at=d.recorded_at, observed_by=(d.decision_id,), deferred={}, observed_in=(d.source_event_id,),
+        last_observed_at=d.recorded_at, observed_by=(d.decision_id,), deferred={},
+        observed_in=() if isinstance(d, ReflectionRecorded) else (d.source_event_id,),
         source_event_id=d.source_event_id, extractor=d.extractor, resolver=d.resolver,
         reason=d.reason, embedding=d.embedding, embedding_model=d.embedding_model,
+        derived_from=tuple(d.sources) if isinstance(d, ReflectionRecorded) else (),
     )
 
 
@@ -198,12 +212,42 @@ def _forget(state: Mapping[Key, FactRow], d: MemoryForgotten) -> list[FactRow]:
 
 
 def apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
+    changed = _apply(state, d)
+    return changed + _derived_ended(state, changed, d) if changed and ends_facts(d) else changed
+
+
+def _derived_ended(state: Mapping[Key, FactRow], changed: list[FactRow], d: Decision) -> list[FactRow]:
+    """The reflections drawn from a fact ``changed`` ends: forgotten with a forgotten source
+    (what it says rests on what the user asked to be forgotten), superseded by any other end (a
+    changed source: the next reflection sweep may draw a new one)."""
+    ended = {r.fact_id: r for r in changed if r.status in ENDED and (was := state.get(key(r))) and was.status in HELD}
+    if not ended:
+        return []
+    out, done = [], {key(r) for r in changed}
+    for r in state.values():
+        if r.user_id != d.user_id or r.status not in HELD or key(r) in done or not (gone := [ended[s] for s in r.derived_from
+                                                                          if s in ended]):
+            continue
+        if any(g.status == "forgotten" for g in gone):
+            out.append(replace(r, status="forgotten", superseded_at=d.recorded_at,
+                               valid_to=max(d.recorded_at, r.valid_from),
+                               end_reason=f"a source fact ({gone[0].fact_id}) was forgotten"))
+        else:
+            out.append(replace(r, status="superseded", superseded_at=d.recorded_at,
+                               valid_to=max(d.recorded_at, r.valid_from),
+                               end_reason=f"a source fact ({gone[0].fact_id}) was {gone[0].status}"))
+    return out
+
+
+def _apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
     if isinstance(d, MemoryForgotten):
         return _forget(state, d)
     if not isinstance(d, FactDecision):
         return []
-    if isinstance(d, (FactAdded, FactUpdated)) and (d.user_id, d.fact_id) in state:
+    if isinstance(d, (FactAdded, FactUpdated, ReflectionRecorded)) and (d.user_id, d.fact_id) in state:
         return []  # a redelivery changes nothing
+    if isinstance(d, ReflectionRecorded):
+        return [_new(d, d.fact_id, 1)]
     if isinstance(d, FactAdded):
         return [*_overlapped(state, d), _new(d, d.fact_id, 1)]
     if isinstance(d, FactUpdated):

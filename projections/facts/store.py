@@ -12,8 +12,8 @@ from pgvector import Vector
 from memstream.projections import positions as pos
 from memstream.projections.db import fetch_by_keys, text_array
 from memstream.projections.batches import forgets_user, runs
-from memstream.projections.facts.core import (COLUMNS, FactRow, Key, fold, key, lineages, slots, sources, targets,
-                                              turn_decisions)
+from memstream.projections.facts.core import (COLUMNS, FactRow, Key, ends_facts, fold, key, lineages, slots, sources,
+                                              targets, turn_decisions)
 from memstream.projections.profile import store as profile_store
 from memstream.schemas import Decision, FactRefused, MemoryForgotten
 
@@ -24,9 +24,11 @@ _CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "version": "int", "user_id": 
           "superseded_at": "timestamptz", "superseded_by": "uuid", "end_reason": "text",
           "observation_count": "int", "last_observed_at": "timestamptz", "observed_by": "text",
           "deferred": "jsonb", "source_event_id": "uuid", "extractor": "text", "resolver": "text",
-          "reason": "text", "embedding": "vector", "embedding_model": "text", "notes": "text", "observed_in": "text"}
-# unnest() zips the column arrays; observed_by, observed_in and notes travel as text and are cast back to arrays.
-_ARRAYS = {"observed_by": "u.observed_by::uuid[]", "notes": "u.notes::text[]", "observed_in": "u.observed_in::uuid[]"}
+          "reason": "text", "embedding": "vector", "embedding_model": "text", "notes": "text", "observed_in": "text",
+          "derived_from": "text"}
+# unnest() zips the column arrays; observed_by, observed_in, derived_from and notes travel as text and are cast back to arrays.
+_ARRAYS = {"observed_by": "u.observed_by::uuid[]", "notes": "u.notes::text[]", "observed_in": "u.observed_in::uuid[]",
+           "derived_from": "u.derived_from::uuid[]"}
 _UPSERT = (
     f"INSERT INTO memory_facts ({', '.join(COLUMNS)}) "
     f"SELECT {', '.join(_ARRAYS.get(c, 'u.' + c) for c in COLUMNS)} FROM unnest("
@@ -41,6 +43,7 @@ def from_record(r: asyncpg.Record) -> FactRow:
     values["observed_by"] = tuple(values["observed_by"])
     values["notes"] = tuple(values["notes"])
     values["observed_in"] = tuple(values["observed_in"])
+    values["derived_from"] = tuple(values["derived_from"])
     values["deferred"] = json.loads(values["deferred"]) if isinstance(values["deferred"], str) else values["deferred"]
     emb = values["embedding"]
     values["embedding"] = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype="<f4").tobytes()
@@ -50,7 +53,7 @@ def from_record(r: asyncpg.Record) -> FactRow:
 def _column(rows: Sequence[FactRow], c: str) -> list:
     if c == "embedding":
         return [Vector(np.frombuffer(r.embedding, dtype="<f4")) for r in rows]
-    if c in ("observed_by", "observed_in"):
+    if c in ("observed_by", "observed_in", "derived_from"):
         return ["{" + ",".join(str(u) for u in getattr(r, c)) + "}" for r in rows]
     if c == "notes":
         return [text_array(r.notes) for r in rows]
@@ -74,6 +77,17 @@ async def load_slot(conn, user_id: str, attribute: str) -> dict[Key, FactRow]:
     rows = map(from_record, await conn.fetch(f"SELECT {', '.join(COLUMNS)} FROM memory_facts "
                                              "WHERE user_id = $1 AND attribute = $2", user_id, attribute))
     return {key(r): r for r in rows}
+
+
+_DRAWN_FROM = (f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE user_id = $1 AND category = 'reflection' "
+               "AND derived_from && $2::uuid[] AND status IN ('current', 'archived')")
+
+
+async def load_drawn_from(conn, user_id: str, fact_ids: Sequence[uuid.UUID]) -> dict[Key, FactRow]:
+    """The user's reflections, still believed, drawn from any of ``fact_ids`` (``core.ends_facts``)."""
+    if not fact_ids:
+        return {}
+    return {key(r): r for r in map(from_record, await conn.fetch(_DRAWN_FROM, user_id, list(fact_ids)))}
 
 
 async def load(conn, keys: Sequence[Key], by: str = "fact_id") -> dict[Key, FactRow]:
@@ -105,6 +119,9 @@ class FactStore:
                     state.setdefault(k, row)
                 for user, attribute in {s for d in run for s in slots(d)}:
                     for k, row in (await load_slot(conn, user, attribute)).items():
+                        state.setdefault(k, row)
+                for user in sorted({d.user_id for d in run if ends_facts(d)}):
+                    for k, row in (await load_drawn_from(conn, user, [f for u, f in state if u == user])).items():
                         state.setdefault(k, row)
                 changed = fold(state, run)
                 await upsert(conn, list(changed.values()))

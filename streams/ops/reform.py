@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from memstream.config import Settings
-from memstream.llm.clients import llm_clients
+from memstream.llm.clients import llm_clients, reflection_client
 from memstream.schemas.errors import MemstreamError, Refused
 from memstream.embedding import embedder_for
 from memstream.projections import db
@@ -71,7 +71,9 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                  on_progress=None) -> ReformReport:
     """Form the events again into ``topic`` (``on_progress(done, total)``: events formed so far)."""
     on_progress = on_progress or (lambda done, total: None)
-    extraction, resolution, relations, turn = llm_clients(settings.model_copy(update={"extractor": extractor}))
+    chosen = settings.model_copy(update={"extractor": extractor})
+    extraction, resolution, relations, turn = llm_clients(chosen)
+    reflector = reflection_client(chosen)  # the reflection requests on the log are asked of it again
     embedder = await asyncio.to_thread(embedder_for, settings)
     producer = idempotent_producer(settings.kafka_bootstrap)
     await producer.start()
@@ -131,7 +133,8 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
 
             formation = Formation(producer=producer, decisions_topic=topic, embedder=embedder, extractor=extraction,
                                   resolver=resolution, dead_letters=None, pool=None, barrier=None, relations=relations,
-                                  sealer=sealer, turn_extractor=turn, concurrency=settings.formation_concurrency)
+                                  sealer=sealer, turn_extractor=turn, concurrency=settings.formation_concurrency,
+                                  reflector=reflector)
 
             async def form(batch: list[Record]) -> None:
                 batch = await sealer.open(batch)

@@ -3,7 +3,8 @@
 Per step (the projections, formation, the ingress sealing) and partition: the stored position,
 the topic's high-water mark, the lag in records and in seconds (the age of the oldest record
 not yet applied), then the dead letters and the last one's reason, and the workers' consumer
-groups with their members and assignments, and the last decay sweep of each partition.
+groups with their members and assignments, and the last decay and reflection sweeps of each
+partition.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class Status:
     groups: dict[str, list[Member]] = field(default_factory=dict)
     moves: list[dict] = field(default_factory=list)  # the log's moves to more partitions (streams.log.log_topics)
     sweeps: list[dict] = field(default_factory=list)  # the last decay sweep per events partition (streams.ops.sweep)
+    reflections: list[dict] = field(default_factory=list)  # the last reflection sweep per events partition
     unavailable: dict[str, str] = field(default_factory=dict)  # a part of the report that failed, and why
 
     @property
@@ -74,6 +76,8 @@ class Status:
                 f"({m['partitions']}): {m['state']}" for m in self.moves]
         out += [f"decay sweep {w['sweep_id']} on {w['topic']}/{w['partition']} at {w['swept_at']}: "
                 f"{w['archived']} facts of {w['users']} users archived" for w in self.sweeps]
+        out += [f"reflection sweep {w['sweep_id']} on {w['topic']}/{w['partition']} at {w['swept_at']}: "
+                f"{w['clusters']} clusters of {w['users']} users asked about" for w in self.reflections]
         out += [f"{part}: unavailable ({why})" for part, why in self.unavailable.items()]
         return out
 
@@ -90,6 +94,9 @@ async def pipeline_status(settings: Settings, dsn: str) -> Status:
         sweeps = [{**dict(r), "sweep_id": str(r["sweep_id"]), "swept_at": r["swept_at"].isoformat()}
                   for r in await pool.fetch("SELECT topic, partition, sweep_id, swept_at, users, archived "
                                             "FROM decay_sweeps ORDER BY topic, partition")]
+        reflected = [{**dict(r), "sweep_id": str(r["sweep_id"]), "swept_at": r["swept_at"].isoformat()}
+                     for r in await pool.fetch("SELECT topic, partition, sweep_id, swept_at, users, clusters "
+                                               "FROM reflection_sweeps ORDER BY topic, partition")]
     finally:
         await pool.close()
     unavailable: dict[str, str] = {}
@@ -107,7 +114,7 @@ async def pipeline_status(settings: Settings, dsn: str) -> Status:
         positions = await _positions(consumer, rows, step_routes(settings))
         dead, last = await part("dead letters", (0, None), _dead_letters(consumer, settings.dead_letter_topic))
     groups = await part("groups", {}, worker_groups(settings))
-    return Status(positions, dead, last, groups, moved, sweeps, unavailable)
+    return Status(positions, dead, last, groups, moved, sweeps, reflected, unavailable)
 
 
 async def _positions(consumer, rows, routes) -> list[Position]:

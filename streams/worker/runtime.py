@@ -45,6 +45,7 @@ from memstream.streams.worker.position_gate import RESEEK_AFTER_S, PositionGate,
 from memstream.streams.log.producer import idempotent_producer
 from memstream.streams.log.records import from_faust
 from memstream.streams.worker.ingress import IngressSealing
+from memstream.streams.worker.sweep_timers import sweep_on_timer
 from memstream.streams.worker.metrics import ObservedLlm, TimedEmbedder, WorkerMetrics, tracer
 from memstream.streams.log.sealing import RecordSealer
 from memstream.streams.log.topics import step_routes
@@ -76,6 +77,7 @@ class Runtime:
         self._revocations = 0  # so far: a batch begun before the last one is not formation's any more
         self._revoked_generation: int | None = None  # the consumer generation revoked, until assigned again
         self.app: faust.App | None = None
+        self.embedding_model: str | None = None  # formation's embedder, once ready
 
     async def ready(self) -> None:
         async with self._lock:
@@ -103,7 +105,9 @@ class Runtime:
             if self.role == "formation":
                 m = self.metrics
                 embedder = TimedEmbedder(await asyncio.to_thread(embedder_for, s), m)
+                self.embedding_model = embedder.model_id  # what a reflection sweep clusters by
                 extractor, resolver, relations, turn = llm_clients(s)
+                from memstream.llm.clients import reflection_client
                 extractor, resolver, relations, turn = (
                     ObservedLlm(extractor, "extraction", ("extract",), m),
                     ObservedLlm(resolver, "resolution", ("resolve", "resolve_all"), m),
@@ -122,6 +126,7 @@ class Runtime:
                                        concurrency=s.formation_concurrency, in_flight=s.formation_in_flight,
                                        model_attempts=s.formation_model_attempts,
                                        on_fatal=lambda exc: _fatal("formation", exc),
+                                       reflector=ObservedLlm(reflection_client(s), "reflection", ("reflect",), m),
                                        timed=self.metrics.batch.labels("formation").observe))
                 log.info("formation ready: embedder=%s extractor=%s resolver=%s",
                          embedder.model_id, extractor.model_id, resolver.model_id)
@@ -266,17 +271,6 @@ class Runtime:
                 await step.abandon()
         self.forget(tps)
 
-    async def sweep_decay(self) -> None:
-        """The formation role's decay sweep (``streams.worker.sweeping``), as of now, for the users
-        of the events partitions this worker owns; recorded for those partitions."""
-        from datetime import datetime, timezone
-
-        from memstream.streams.worker.sweeping import sweep
-
-        mine = sorted(tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.settings.events_topic)
-        if mine and self.pool is not None:
-            await sweep(self.settings, self.pool, at=datetime.now(timezone.utc), mine=mine)
-
     def assigned(self) -> None:
         # Kafka may assign again under the revoked generation (a member rejoining a stable
         # group): its events are this consumer's. Any it was fed before this are sought back to.
@@ -387,13 +381,9 @@ def create_app(settings: Settings, runtime: Runtime) -> faust.App:
         except Exception:  # a gauge, not the pipeline: try again next time
             log.warning("measuring lag for the metrics failed", exc_info=True)
 
-    if role == "formation" and settings.decay_sweep_every_s > 0:
-        @app.timer(interval=settings.decay_sweep_every_s)
-        async def decay_sweep():
-            try:
-                await runtime.sweep_decay()
-            except Exception:  # consolidation, not the pipeline: the next interval tries again
-                log.warning("the decay sweep failed", exc_info=True)
+    for kind, every in (("decay", settings.decay_sweep_every_s), ("reflection", settings.reflect_sweep_every_s)):
+        if role == "formation" and every > 0:
+            sweep_on_timer(app, runtime, kind, every)
 
     @app.timer(interval=RESEEK_AFTER_S)
     async def reseek_silent_partitions():

@@ -130,33 +130,46 @@ async def sweep(settings: Settings, pool, *, at: datetime, user_id: str | None =
     """A decay sweep as of ``at``: of ``user_id``, of the users of the events partitions ``mine``
     (a formation worker's), or of everyone; unless ``dry_run``, its requests appended and the
     sweep recorded for each partition it swept (``memstream status``)."""
-    from memstream.streams.log.producer import TurnLog
-
-    kept = None
-    if mine is not None:
-        owned, count = set(mine), await _partitions(settings, settings.events_topic)
-        kept = lambda user: expected_partition(user.encode(), count) in owned  # noqa: E731
+    kept = await users_of(settings, mine)
     async with pool.acquire() as conn:
         found = await plan(conn, at=at, threshold=settings.decay_threshold, user_id=user_id, kept=kept)
     log.info("decay sweep %s: %d facts weighed, %d of %d users below %.2f%s", found.sweep_id, found.facts_weighed,
              found.archiving, len(found.weak), found.threshold, " (dry run)" if dry_run else "")
     if dry_run:
         return found
-    asked = requests(found)
-    async with TurnLog(settings) as turns:
-        for i in range(0, len(asked), 100):
-            await turns.append_many(asked[i:i + 100])
-            if on_progress:
-                on_progress(min(i + 100, len(asked)), len(asked))
-        topic = turns.events_topic
-    partitions = await _partitions(settings, topic)
-    swept = mine if mine is not None else None if user_id is None else [expected_partition(user_id.encode(), partitions)]
+    topic, partitions, swept = await send(settings, requests(found), user_id=user_id, mine=mine,
+                                          on_progress=on_progress)
     async with pool.acquire() as conn:
         await record(conn, topic, found, partitions, only=swept)
     return found
 
 
-async def _partitions(settings: Settings, topic: str) -> int:
+async def users_of(settings: Settings, mine: Sequence[int] | None) -> Callable[[str], bool] | None:
+    """Whether a user is one of the events partitions ``mine`` (None: everyone is)."""
+    if mine is None:
+        return None
+    owned, count = set(mine), await partition_count(settings, settings.events_topic)
+    return lambda user: expected_partition(user.encode(), count) in owned
+
+
+async def send(settings: Settings, asked: Sequence, *, user_id: str | None, mine: Sequence[int] | None,
+               on_progress=None) -> tuple[str, int, Sequence[int] | None]:
+    """Append a sweep's requests to the users' logs; the events topic, its partition count and
+    the partitions the sweep covered (``mine``, ``user_id``'s, or None: all)."""
+    from memstream.streams.log.producer import TurnLog
+
+    async with TurnLog(settings) as turns:
+        for i in range(0, len(asked), 100):
+            await turns.append_many(list(asked[i:i + 100]))
+            if on_progress:
+                on_progress(min(i + 100, len(asked)), len(asked))
+        topic = turns.events_topic
+    partitions = await partition_count(settings, topic)
+    swept = mine if mine is not None else None if user_id is None else [expected_partition(user_id.encode(), partitions)]
+    return topic, partitions, swept
+
+
+async def partition_count(settings: Settings, topic: str) -> int:
     from memstream.streams.log.kafka_util import groupless_consumer, partitions_of
 
     async with groupless_consumer(settings.kafka_bootstrap) as consumer:

@@ -211,10 +211,12 @@ async def wait_until(predicate, timeout: float = 60, what: str = "condition", in
 
 @pytest.fixture
 def forbid_llm_and_embedder(monkeypatch):
-    """Call this once the live pipeline is done: from then on any extractor, resolver or
-    embedder call in this process fails the test (replays must only apply recorded decisions)."""
+    """Call this once the live pipeline is done: from then on any extractor, resolver,
+    reflection model or embedder call in this process fails the test, and so does a sweep's plan
+    (what reads the clock): replays must only apply recorded decisions."""
     from memstream.embedding import minilm
-    from memstream.llm import offline, offline_relations
+    from memstream.llm import offline, offline_reflection, offline_relations
+    from memstream.streams.worker import reflecting, sweeping
 
     def arm() -> None:
         def forbidden(*a, **k):
@@ -222,7 +224,9 @@ def forbid_llm_and_embedder(monkeypatch):
 
         for cls, method in ((offline.OfflineExtractor, "extract"), (offline.StrictOfflineExtractor, "extract"),
                             (offline.OfflineResolver, "resolve"),
-                            (offline_relations.OfflineRelationExtractor, "extract"), (minilm.MiniLMOnnx, "embed")):
+                            (offline_relations.OfflineRelationExtractor, "extract"), (minilm.MiniLMOnnx, "embed"),
+                            (offline_reflection.OfflineReflector, "reflect"), (reflecting, "plan"),
+                            (sweeping, "plan")):
             monkeypatch.setattr(cls, method, forbidden)
 
     return arm

@@ -153,8 +153,12 @@ function moreButton(kind, shown, show) {
 async function showFacts(more) {
   const shown = await pageOf("facts", more);
   if (!shown) return;
+  const said = new Map(shown.items.map((f) => [f.fact_id, f.text]));
+  // A reflection names the facts it was drawn from: shown by what they say when on this page.
+  const drawn = (f) => (f.derived_from || []).length ? [el("div", { class: "quiet sources" },
+    `drawn from: ${f.derived_from.map((id) => said.get(id) || id).join("; ")}`)] : [];
   const rows = shown.items.map((f) => el("tr", { "data-fact-id": f.fact_id },
-    el("td", {}, f.text), el("td", {}, `${f.category} · ${f.attribute}`), el("td", {}, day(f.valid_from)),
+    el("td", {}, f.text, ...drawn(f)), el("td", {}, `${f.category} · ${f.attribute}`), el("td", {}, day(f.valid_from)),
     el("td", {}, f.confidence.toFixed(2), f.observation_count > 1 ? ` · seen ${f.observation_count}×` : ""),
     el("td", { class: "actions" },
       el("button", { type: "button", class: "history", onclick: (e) => toggleHistory(e.target, f) }, "History"),

@@ -14,7 +14,8 @@ from typing import Sequence
 
 from memstream.projections.facts import core as facts_core
 from memstream.schemas import (DecaySwept, Decision, EdgeForgotten, EpisodeForgotten, Event, FactCorrected,
-                               FactForgotten, FactUpdated, LogPosition, MemoryForgotten, UserForgotten)
+                               FactForgotten, FactUpdated, LogPosition, MemoryForgotten, ReflectRequested,
+                               UserForgotten)
 from memstream.schemas.errors import Refused
 from memstream.schemas.vocabulary import attributes_of, relation_of
 from memstream.embedding import to_bytes
@@ -24,6 +25,7 @@ from memstream.streams.log.sealing import RecordSealer
 from memstream.streams.worker.formation import slot_edges
 from memstream.streams.worker.formation.graph import GraphView
 from memstream.streams.worker.formation.turn import TurnDecider
+from memstream.streams.worker.formation.reflections import reflections
 from memstream.streams.worker.formation.views import FactView
 from memstream.streams.worker.sweeping import archivals
 
@@ -41,8 +43,10 @@ class RequestRefused(Refused):
 class ControlRequests:
     """What a request makes, decided on the user's views as a turn is."""
 
-    def __init__(self, turns: TurnDecider, sealer: RecordSealer):
-        self._turns, self._sealer = turns, sealer
+    def __init__(self, turns: TurnDecider, sealer: RecordSealer, reflector=None):
+        from memstream.llm.offline_reflection import OfflineReflector
+
+        self._turns, self._sealer, self._reflector = turns, sealer, reflector or OfflineReflector()
 
     async def decide(self, r: Record, e: Event, overlay: FactView, graph: GraphView) -> list[Decision]:
         """The decisions a request about ``e.user_id``'s memory makes."""
@@ -106,7 +110,9 @@ class ControlRequests:
                                        extractor=f"control:{e.actor}", why=f"forgotten{why}",
                                        forgot=(e.actor, e.reason, [f.value for f in rows]))
             if not e.keep_episodes:
-                turns = list(dict.fromkeys(t for f in rows for t in (f.source_event_id, *f.observed_in)))
+                # A reflection was read from no turn: its source event is the sweep's request.
+                turns = list(dict.fromkeys(t for f in rows if f.category != facts_core.REFLECTION
+                                           for t in (f.source_event_id, *f.observed_in)))
                 self._turns.forgot_turns(e.user_id, turns)
                 made += [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten-turn:{n}"),
                                          kind="episode", target=t, keep_derived=True) for n, t in enumerate(turns)]
@@ -168,6 +174,9 @@ class ControlRequests:
         if isinstance(e, DecaySwept):
             await overlay.ensure(e.user_id, [f.fact_id for f in e.facts])
             return archivals(e, overlay.rows, common)
+        if isinstance(e, ReflectRequested):
+            return await reflections(e, overlay, self._reflector, self._turns.ask, self._turns.embed_facts,
+                                     self._turns.embedder.model_id, common)
         if isinstance(e, UserForgotten):
             self._turns.forget_user(e.user_id)
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user",

@@ -15,7 +15,7 @@ from memstream.embedding import from_bytes
 from memstream.llm.protocols import ExistingFact
 from memstream.projections.facts import query as facts_q
 from memstream.projections.facts import store as facts_store
-from memstream.projections.facts.core import FactRow, Key, fold
+from memstream.projections.facts.core import REFLECTION, FactRow, Key, fold
 from memstream.schemas import Decision
 from memstream.streams.worker.formation.by_user import ByUser
 
@@ -109,6 +109,9 @@ class PostgresView(FactView):
         if missing:
             async with self._pool.acquire() as conn:
                 self.rows.update(await facts_store.load(conn, missing))
+                # What a decision on these may end with them (``core.ends_facts``).
+                drawn = await facts_store.load_drawn_from(conn, user_id, [f for _, f in missing])
+                self.rows.update((k, r) for k, r in drawn.items() if k not in self.rows)
 
     def apply(self, decision: Decision) -> None:
         self._touched.update(fold(self.rows, [decision]))
@@ -144,15 +147,20 @@ class PostgresView(FactView):
             same = await facts_q.current_by_attribute(conn, user_id, [attribute], self._model)
         found: dict[uuid.UUID, ExistingFact] = {}
         for rec in near:
+            if rec["category"] == REFLECTION:  # drawn from facts, never one a turn's candidate resolves against
+                continue
             found[rec["fact_id"]] = ExistingFact(rec["fact_id"], rec["text"], rec["category"], rec["attribute"],
                                                  rec["value"], 1.0 - float(rec["distance"]))
         for rec in same:
+            if rec["category"] == REFLECTION:
+                continue
             emb = np.asarray(rec["embedding"].to_numpy(), dtype=np.float32)
             found.setdefault(rec["fact_id"], ExistingFact(rec["fact_id"], rec["text"], rec["category"],
                                                           rec["attribute"], rec["value"], float(emb @ vector)))
         for k in self._touched:
             row = self.rows[k]
-            if row.user_id == user_id and row.current and row.embedding_model == self._model:
+            if (row.user_id == user_id and row.current and row.embedding_model == self._model
+                    and row.category != REFLECTION):
                 found[row.fact_id] = _existing(row, vector)
         stale = {f for f in found if (user_id, f) in self.rows and not self.rows[user_id, f].current}
         ranked = sorted((f for fid, f in found.items() if fid not in stale), key=lambda f: -f.similarity)
@@ -188,7 +196,8 @@ class MemoryView(FactView):
         return other
 
     async def neighbours(self, user_id: str, attribute: str, vector: np.ndarray) -> list[ExistingFact]:
-        current = [r for r in self.rows.of(user_id).values() if r.current and r.embedding_model == self._model]
+        current = [r for r in self.rows.of(user_id).values()
+                   if r.current and r.embedding_model == self._model and r.category != REFLECTION]
         scored = sorted((_existing(r, vector) for r in current), key=lambda f: (-f.similarity, f.fact_id))
         near = scored[:NEIGHBOURS]
         return near + [f for f in scored[NEIGHBOURS:] if f.attribute == attribute]

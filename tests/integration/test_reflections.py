@@ -1,0 +1,88 @@
+"""Reflections (Tier 3) on the real stack: a sweep clusters a user's recent facts and asks on
+their log for a reflection; formation records one sentence naming its sources; the read path
+ranks it with facts; forgetting a source forgets it; a replay (no model, no embedder, no sweep)
+lands on the same rows."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import pytest
+
+from memstream import control
+from memstream.embedding import default_embedder
+from memstream.projections.compare import TABLES, diff_counts
+from memstream.projections.db import drop_schema
+from memstream.stack.worker_process import worker_env
+from memstream.streams.log.producer import TurnLog
+from memstream.streams.ops.replay import replay
+from memstream.streams.ops.sweep import sweep_reflect
+
+from .conftest import wait_until
+from .test_formation import append_and_wait, turn
+from .test_read_path import make_reader
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_source_takes_it(
+        settings, conn, dsn, workers, forbid_llm_and_embedder):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [
+        turn("ivy", "I like hiking.", 0), turn("ivy", "I like camping.", 1), turn("ivy", "I like hiking.", 2),
+        turn("ivy", "I live in Porto.", 3), turn("ivy", "I'm allergic to peanuts.", 4),
+        turn("jon", "I like hiking.", 5), turn("jon", "I like camping.", 6)])  # said twice only: not enough
+
+    # As of now: a fact's time on the log (when it was said) is the turn's log timestamp.
+    cli = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "memstream.cli", "sweep", "reflect",
+                                                   "--dry-run"],
+                                  env=worker_env(settings), capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    said = cli.stdout.splitlines()
+    assert "would ask about 1 clusters of 1 users" in said[0] and len(said) == 2, cli.stdout
+    assert said[1].strip().startswith("ivy  2 facts said 3x: ") and "Likes hiking" in said[1], said[1]
+    assert not await conn.fetchval("SELECT count(*) FROM reflection_sweeps")  # a dry run records nothing
+
+    done = await sweep_reflect(settings, dsn)
+    assert done.asking == 1 and await conn.fetchval("SELECT sum(clusters) FROM reflection_sweeps") == 1
+    reflection = await wait_until(lambda: conn.fetchrow(
+        "SELECT fact_id, text, derived_from, status FROM memory_facts WHERE category = 'reflection'"),
+        what="the reflection recorded")
+    sources = {r["value"]: r["fact_id"] for r in await conn.fetch(
+        "SELECT value, fact_id FROM memory_facts WHERE user_id = 'ivy' AND category <> 'reflection'")}
+    assert set(reflection["derived_from"]) == {sources["hiking"], sources["camping"]}
+    assert reflection["status"] == "current" and "hiking" in reflection["text"] and "camping" in reflection["text"]
+    # Asked again, the sweep finds the cluster reflected on already.
+    assert (await sweep_reflect(settings, dsn, dry_run=True)).asking == 0
+
+    reader = await make_reader(dsn, settings, default_embedder())
+    try:
+        ctx = await reader.read("ivy", "c1", "what do I keep doing outdoors, hiking and camping?")
+        assert any(f.fact_id == reflection["fact_id"] for f in ctx.facts), [f.text for f in ctx.facts]
+        found = await reader.search("ivy", "hiking and camping theme", kinds=["facts"], k=5)
+        assert any(f.fact_id == reflection["fact_id"] for f in found.facts)
+        page = await reader.memories("ivy")
+        assert [f.text for f in page.items if f.category == "reflection"] == [reflection["text"]]
+        # Forget a source: the reflection built on it is forgotten with it; the other source stays.
+        async with TurnLog(settings) as log:
+            await control.forget_fact(log, reader, "ivy", sources["camping"], keep_episodes=True)
+        assert await wait_until(lambda: conn.fetchval(
+            "SELECT end_reason FROM memory_facts WHERE fact_id = $1 AND status = 'forgotten'",
+            reflection["fact_id"]), what="the reflection forgotten with its source")
+        assert await conn.fetchval("SELECT status FROM memory_facts WHERE fact_id = $1", sources["hiking"]) == "current"
+        ctx = await reader.read("ivy", "c1", "what do I keep doing outdoors, hiking and camping?")
+        assert not any(f.fact_id == reflection["fact_id"] for f in ctx.facts)
+    finally:
+        await reader.close()
+    await append_and_wait(settings, conn, [turn("ivy", "bye", 9)])
+    w.stop()
+
+    forbid_llm_and_embedder()  # a replay applies what was decided: no sweep, model or embedder
+    rebuilt = settings.postgres_schema + "_re"
+    try:
+        await replay(settings, dsn, rebuilt, ["episodes", "facts", "graph", "commands"])
+        for table in [t for tables in TABLES.values() for t in tables]:
+            assert await diff_counts(conn, settings.postgres_schema, rebuilt, table) == (0, 0), table
+    finally:
+        await drop_schema(dsn, rebuilt)

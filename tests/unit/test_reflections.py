@@ -1,0 +1,161 @@
+"""Reflections (Tier 3), the pure parts: a reflection ends with its sources (facts core), the
+grounding of a model's sentence, the offline summariser, and the sweep's clustering."""
+import asyncio
+import uuid
+
+import numpy as np
+import pytest
+
+from memstream.llm.offline_reflection import OfflineReflector
+from memstream.llm.structured import ReflectionAnswer, reflection_of
+from memstream.llm.protocols import MalformedOutput
+from memstream.projections.facts.core import fold
+from memstream.schemas import FactDeleted, MemoryForgotten, ReflectionRecorded
+from memstream.streams.worker.formation.reflections import ungrounded
+from memstream.streams.worker.reflecting import cluster
+from tests.unit.test_facts_core import T0, added, common, updated
+
+
+def liked(offset, value):
+    a = added(offset, value)
+    from msgspec.structs import replace
+    return replace(a, attribute="likes", category="preference", text=f"Likes {value}")
+
+
+def forgot(offset, kind, target=None):
+    c = {k: v for k, v in common(offset).items() if k not in ("extractor", "resolver", "reason", "confidence", "explicit")}
+    return MemoryForgotten(**c, kind=kind, target=target, actor="user")
+
+
+def reflection(offset, sources):
+    c = common(offset)
+    return ReflectionRecorded(**c, fact_id=c["decision_id"], text="Keeps coming back to one theme: hiking; camping.",
+                              category="reflection", attribute="reflection", value="hiking; camping",
+                              valid_from=c["recorded_at"], embedding=b"\0" * 1536, embedding_model="m",
+                              sources=list(sources), sweep_id=uuid.uuid4(), prompt_version="p")
+
+
+def test_a_reflection_is_a_fact_row_naming_its_sources_and_ends_when_one_is_superseded():
+    a, b = liked(1, "hiking"), liked(2, "camping")
+    r = reflection(3, [a.fact_id, b.fact_id])
+    state = {}
+    fold(state, [a, b, r])
+    row = state["u", r.fact_id]
+    assert (row.status, row.category, row.derived_from) == ("current", "reflection", (a.fact_id, b.fact_id))
+    u = updated(4, a.fact_id, "Berlin")
+    changed = fold(state, [u])
+    assert state["u", r.fact_id].status == "superseded" and ("u", r.fact_id) in changed
+    assert str(a.fact_id) in state["u", r.fact_id].end_reason
+    assert fold(state, [u]) == {}  # delivered again: nothing more ends
+
+
+def test_a_reflection_is_forgotten_with_a_forgotten_source_and_a_deletion_supersedes_it():
+    a, b, c = liked(1, "hiking"), liked(2, "camping"), liked(3, "kayaking")
+    r1, r2 = reflection(4, [a.fact_id, b.fact_id]), reflection(5, [b.fact_id, c.fact_id])
+    state = {}
+    fold(state, [a, b, c, r1, r2])
+    fold(state, [forgot(6, "fact", a.fact_id)])
+    assert state["u", r1.fact_id].status == "forgotten" and state["u", r2.fact_id].status == "current"
+    fold(state, [FactDeleted(**common(7), target=c.fact_id, valid_to=T0)])
+    assert state["u", r2.fact_id].status == "superseded"
+
+
+def test_a_user_forget_forgets_their_reflections_once_with_the_user():
+    a, b = liked(1, "hiking"), liked(2, "camping")
+    r = reflection(3, [a.fact_id, b.fact_id])
+    state = {}
+    fold(state, [a, b, r])
+    fold(state, [forgot(4, "user")])
+    assert state["u", r.fact_id].status == "forgotten"
+    assert state["u", r.fact_id].end_reason.startswith("forgotten with the user")
+
+
+@pytest.mark.parametrize("text, why", [
+    ("Likes hiking and camping outdoors.", None),
+    ("Keeps coming back to one theme: likes hiking; likes camping.", None),
+    ("Likes hiking with Maria.", "names someone"),
+    ("Hikes 20 km every weekend.", "number"),
+    ("Worries about taxes, deadlines and mortgage payments.", "words are in none"),
+])
+def test_a_sentence_is_grounded_only_in_what_its_sources_say(text, why):
+    said = ungrounded(text, ["Likes hiking", "Likes camping in the outdoors"])
+    assert (said is None) if why is None else (why in said)
+
+
+def test_the_offline_summariser_cites_every_fact_and_is_grounded_in_them():
+    facts = [liked(1, "hiking"), liked(2, "camping"), liked(3, "kayaking")]
+    out = asyncio.run(OfflineReflector().reflect(facts))
+    assert out.cited == (0, 1, 2) and ungrounded(out.text, [f.text for f in facts]) is None
+    assert out == asyncio.run(OfflineReflector().reflect(facts))
+
+
+def test_a_model_citing_a_fact_it_was_not_shown_is_malformed():
+    with pytest.raises(MalformedOutput):
+        reflection_of(ReflectionAnswer(text="Likes both", cited=[0, 5]), 2)
+    assert reflection_of(ReflectionAnswer(text=" Likes both ", cited=[1, 0, 1]), 2).cited == (1, 0)
+
+
+def test_clustering_is_a_function_of_the_vectors_in_their_order():
+    rng = np.random.default_rng(7)
+    centres = [v / np.linalg.norm(v) for v in rng.normal(size=(3, 384))]
+    vectors = []
+    for i in range(12):
+        v = centres[i % 3] + 0.03 * rng.normal(size=384)  # about 0.6 off the centre
+        vectors.append(v / np.linalg.norm(v))
+    groups = cluster(vectors, 0.5)
+    assert sorted(sorted(g) for g in groups) == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
+    assert cluster(vectors, 0.5) == groups
+
+
+class _Inventing:
+    """A model that writes what its facts do not say."""
+
+    model_id, prompt_version = "inventing", "p"
+
+    async def reflect(self, facts):
+        from memstream.llm.protocols import Reflection
+        return Reflection("Is planning a trip to Patagonia with Maria.", (0, 1))
+
+
+def _request(sources):
+    from memstream.schemas import ReflectionCluster, ReflectRequested
+    from memstream.schemas import new_event_id
+    return ReflectRequested(event_id=new_event_id(), user_id="u", occurred_at=T0, actor="operator",
+                            sweep_id=uuid.uuid4(), policy="reflect-v1",
+                            clusters=[ReflectionCluster(sources=list(sources), observations=3)])
+
+
+async def _decided(request, view, reflector):
+    from memstream.streams.worker.formation.reflections import reflections
+
+    async def ask(call, *args):
+        return await call(*args)
+
+    async def embed(texts):
+        return [np.full(384, 1 / np.sqrt(384), dtype=np.float32) for _ in texts]
+
+    from memstream.schemas import LogPosition
+    common = dict(source_event_id=request.event_id, source=LogPosition("e", 0, 9), recorded_at=T0, user_id="u")
+    return await reflections(request, view, reflector, ask, embed, "m", common)
+
+
+async def test_formation_records_a_grounded_reflection_once_and_refuses_an_invented_one():
+    from memstream.schemas import FactRefused
+    from memstream.streams.worker.formation.views import MemoryView
+
+    view = MemoryView("m")
+    a, b = liked(1, "hiking"), liked(2, "camping")
+    for d in (a, b):
+        view.apply(d)
+    [made] = await _decided(_request([a.fact_id, b.fact_id]), view, OfflineReflector())
+    assert isinstance(made, ReflectionRecorded) and made.sources == [a.fact_id, b.fact_id]
+    assert made.extractor == "offline-reflect-v1" and view.rows["u", made.fact_id].current
+    # Asked again about the same facts (a second sweep before the first was read): nothing more.
+    assert await _decided(_request([a.fact_id, b.fact_id]), view, OfflineReflector()) == []
+    c = liked(3, "kayaking")
+    view.apply(c)
+    [refused] = await _decided(_request([b.fact_id, c.fact_id]), view, _Inventing())
+    assert isinstance(refused, FactRefused) and refused.refusal == "ungrounded" and "names" in refused.reason
+    # A source ended since the sweep: too few left to reflect on.
+    view.apply(FactDeleted(**common(4), target=c.fact_id, valid_to=T0))
+    assert await _decided(_request([a.fact_id, c.fact_id]), view, OfflineReflector()) == []
