@@ -4,7 +4,9 @@ Faust acknowledges a ``take_events`` batch in a ``finally`` block, so a cancelle
 batch can be committed to Kafka without having been applied. The gate keeps each partition
 contiguous with what the store says it has applied: a record below the stored position is a
 redelivery and is skipped; a record above it means Kafka skipped ahead, so the gate seeks the
-consumer back to the stored position and drops records until the missing one arrives.
+consumer back to the stored position and drops records until the missing one arrives. It skips
+offsets only when the log no longer holds them (deleted by retention), never because seeks
+failed to bring them.
 """
 from __future__ import annotations
 
@@ -18,16 +20,30 @@ log = logging.getLogger("memstream.streams")
 
 Loader = Callable[[str], Awaitable[dict[int, int]]]  # topic -> {partition: next offset}
 Seeker = Callable[[str, int, int], Awaitable[None]]  # (topic, partition, offset)
+Start = Callable[[str, int], Awaitable[int]]  # (topic, partition) -> the first offset the log still holds
+Holder = Callable[[str, int, int], None]  # (topic, partition, offset): keep the consumer reading from there
 
 RESEEK_AFTER_S = 5.0
 STALLED_AFTER_S = 15.0
 MAX_SEEKS = 3
 
 
+async def _from_zero(topic: str, partition: int) -> int:
+    return 0
+
+
+def _nothing(topic: str, partition: int, offset: int) -> None:
+    pass
+
+
 class PositionGate:
-    def __init__(self, name: str, load: Loader, seek: Seeker):
+    """``start``: where the log of a partition begins now (records before it were deleted by
+    retention); the gate skips only offsets the log no longer holds. ``hold``: put the consumer's
+    read offset back at a sought position (see ``_gap``)."""
+
+    def __init__(self, name: str, load: Loader, seek: Seeker, start: Start = _from_zero, hold: Holder = _nothing):
         self.name = name
-        self._load, self._seek = load, seek
+        self._load, self._seek, self._start, self._hold = load, seek, start, hold
         self._next: dict[tuple[str, int], int] = {}
         self._seeking: dict[tuple[str, int], tuple[int, float]] = {}  # tp -> (seeks, since)
         self._heard: dict[tuple[str, int], float] = {}  # tp being sought -> when a record last came
@@ -129,16 +145,30 @@ class PositionGate:
         """Handle a record past the stored position; True means accept the gap."""
         seeks, since = self._seeking.get(tp, (0, 0.0))
         if seeks and time.monotonic() - since < RESEEK_AFTER_S:
-            return False  # a seek is under way; these are stale buffered records
+            # A stale record, fetched before the seek: Faust moved its read offset to it as it
+            # handed it on, and would drop the re-read records below it. Put it back each time.
+            self._hold(tp[0], tp[1], expected)
+            return False
         if seeks >= MAX_SEEKS:
-            # The log itself has no such offsets (retention, or transaction markers).
-            log.error("%s: %s/%s offsets %s..%s are not in the log; continuing at %s",
-                      self.name, tp[0], tp[1], expected, got - 1, got)
-            return True
+            first = await self._start(*tp)
+            if first > expected:  # deleted by retention: continue where the log begins
+                log.error("%s: %s/%s offsets %s..%s are not in the log any more; continuing at %s",
+                          self.name, tp[0], tp[1], expected, first - 1, first)
+                self._next[tp] = expected = first
+                if got == first:
+                    return True
+                seeks = 0
+            else:
+                # Still in the log: never skipped, however often the seek was lost. A stalled
+                # partition is seen (lag, these warnings) and tried again; skipped records are not.
+                log.warning("%s: %s/%s offsets %s..%s are in the log but %d seeks did not bring them; seeking again",
+                            self.name, tp[0], tp[1], expected, got - 1, seeks)
+                seeks = 0
         log.warning("%s: %s/%s got offset %s but applied only up to %s; seeking back",
                     self.name, tp[0], tp[1], got, expected)
         self._seeking[tp] = (seeks + 1, time.monotonic())
         await self._seek(tp[0], tp[1], expected)
+        self._hold(tp[0], tp[1], expected)
         return False
 
 

@@ -141,7 +141,8 @@ class Runtime:
                 steps.append(IngressSealing(producer=self.producer, settings=s, sealer=self.sealer,
                                             dead_letters=dead, pool=self.pool))
             for step in steps:
-                self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek))
+                self.steps[step.name] = (step, PositionGate(step.name, self._loader(step.name), self._seek,
+                                                            self._log_start, self._hold))
             log.info("%s ready: schema=%s", self.role, s.postgres_schema)
 
     async def _end_offset(self, partition: int) -> int:
@@ -158,6 +159,18 @@ class Runtime:
     async def _seek(self, topic: str, partition: int, offset: int) -> None:
         assert self.app is not None
         await self.app.consumer.seek(TP(topic, partition), offset)
+
+    def _hold(self, topic: str, partition: int, offset: int) -> None:
+        """Set Faust's read offset back as ``Consumer.seek`` does: records fetched before a seek,
+        handed on after it, move it past the re-read ones, which it would drop."""
+        assert self.app is not None
+        self.app.consumer._read_offset[TP(topic, partition)] = offset if offset else None
+
+    async def _log_start(self, topic: str, partition: int) -> int:
+        from aiokafka import TopicPartition
+
+        tp = TopicPartition(topic, partition)
+        return (await self.offsets.beginning_offsets([tp]))[tp]
 
     async def align(self, topics: dict[str, str]) -> None:
         """Once Faust has resumed the consumer at Kafka's committed offsets (it does so *after*
