@@ -570,6 +570,9 @@ class ReflectionRecorded(_FactBody, tag="ReflectionRecorded", kw_only=True, froz
     sources: Annotated[list[uuid.UUID], msgspec.Meta(min_length=2, max_length=32)]
     sweep_id: uuid.UUID
     prompt_version: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    # Reflections still believed drawn from some of the same facts, before more joined them: they
+    # end with this one (superseded by it).
+    replaces: Annotated[list[uuid.UUID], msgspec.Meta(max_length=32)] = []
 
 
 class GraphDecision(Decision, kw_only=True, frozen=True):

@@ -93,7 +93,9 @@ def targets(decision: Decision) -> list[uuid.UUID]:
     """Fact ids whose rows ``apply`` needs in ``state`` for this decision."""
     if isinstance(decision, FactUpdated):
         return [decision.fact_id, decision.supersedes]
-    if isinstance(decision, (FactAdded, ReflectionRecorded)):
+    if isinstance(decision, ReflectionRecorded):
+        return [decision.fact_id, *decision.replaces]
+    if isinstance(decision, FactAdded):
         return [decision.fact_id]
     if isinstance(decision, (FactDeleted, FactReinforced, FactChangeDeferred, FactArchived, FactRestored)):
         return [decision.target]
@@ -217,25 +219,27 @@ def apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
 
 
 def _derived_ended(state: Mapping[Key, FactRow], changed: list[FactRow], d: Decision) -> list[FactRow]:
-    """The reflections drawn from a fact ``changed`` ends: forgotten with a forgotten source
-    (what it says rests on what the user asked to be forgotten), superseded by any other end (a
-    changed source: the next reflection sweep may draw a new one)."""
-    ended = {r.fact_id: r for r in changed if r.status in ENDED and (was := state.get(key(r))) and was.status in HELD}
-    if not ended:
+    """The reflections drawn from a fact ``changed`` ends: forgotten with a forgotten source, even
+    one that had ended before (what it says rests on what the user asked to be forgotten);
+    superseded by any other end of a believed source (a changed source: the next reflection sweep
+    may draw a new one)."""
+    before = {key(r): state[key(r)].status for r in changed if key(r) in state}
+    forgotten = {r.fact_id for r in changed if r.status == "forgotten" and before.get(key(r), "forgotten") != "forgotten"}
+    ended = {r.fact_id: r for r in changed if r.status in ENDED and before.get(key(r)) in HELD}
+    if not ended and not forgotten:
         return []
-    out, done = [], {key(r) for r in changed}
+    out = []
     for r in state.values():
-        if r.user_id != d.user_id or r.status not in HELD or key(r) in done or not (gone := [ended[s] for s in r.derived_from
-                                                                          if s in ended]):
+        if r.user_id != d.user_id or r.category != REFLECTION or r.status == "forgotten" or key(r) in before:
             continue
-        if any(g.status == "forgotten" for g in gone):
+        if gone := [s for s in r.derived_from if s in forgotten]:
             out.append(replace(r, status="forgotten", superseded_at=d.recorded_at,
-                               valid_to=max(d.recorded_at, r.valid_from),
-                               end_reason=f"a source fact ({gone[0].fact_id}) was forgotten"))
-        else:
+                               valid_to=r.valid_to or max(d.recorded_at, r.valid_from),
+                               end_reason=f"a source fact ({gone[0]}) was forgotten"))
+        elif r.status in HELD and (lost := [ended[s] for s in r.derived_from if s in ended]):
             out.append(replace(r, status="superseded", superseded_at=d.recorded_at,
                                valid_to=max(d.recorded_at, r.valid_from),
-                               end_reason=f"a source fact ({gone[0].fact_id}) was {gone[0].status}"))
+                               end_reason=f"a source fact ({lost[0].fact_id}) was {lost[0].status}"))
     return out
 
 
@@ -247,7 +251,12 @@ def _apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
     if isinstance(d, (FactAdded, FactUpdated, ReflectionRecorded)) and (d.user_id, d.fact_id) in state:
         return []  # a redelivery changes nothing
     if isinstance(d, ReflectionRecorded):
-        return [_new(d, d.fact_id, 1)]
+        # The reflections it was drawn in place of (on some of the same facts, before the
+        # cluster grew) end here, as an update ends the version it supersedes.
+        replaced = [replace(old, status="superseded", superseded_at=d.recorded_at, superseded_by=d.fact_id,
+                            valid_to=max(d.recorded_at, old.valid_from), end_reason="drawn again from more facts")
+                    for t in d.replaces if (old := state.get((d.user_id, t))) is not None and old.status in HELD]
+        return [*replaced, _new(d, d.fact_id, 1)]
     if isinstance(d, FactAdded):
         return [*_overlapped(state, d), _new(d, d.fact_id, 1)]
     if isinstance(d, FactUpdated):
@@ -259,7 +268,9 @@ def _apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
         # Lisbon) end where it begins too: the latest word on a time holds, one version at a time.
         ended = replace(old, status="superseded", superseded_at=d.recorded_at, superseded_by=d.fact_id,
                         valid_to=old.valid_to or max(d.valid_from, old.valid_from), end_reason=d.reason)
-        return [*_overlapped(state, d), ended, _new(d, old.lineage_id, old.version + 1)]
+        # A corrected reflection still rests on its sources: it ends with them.
+        return [*_overlapped(state, d), ended,
+                replace(_new(d, old.lineage_id, old.version + 1), derived_from=old.derived_from)]
     if isinstance(d, FactDeleted):
         if _target(state, d.target, d).status == "deleted" or (old := _live(state, d.target, d)) is None:
             return []

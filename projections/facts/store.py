@@ -80,11 +80,11 @@ async def load_slot(conn, user_id: str, attribute: str) -> dict[Key, FactRow]:
 
 
 _DRAWN_FROM = (f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE user_id = $1 AND category = 'reflection' "
-               "AND derived_from && $2::uuid[] AND status IN ('current', 'archived')")
+               "AND derived_from && $2::uuid[] AND status <> 'forgotten'")
 
 
 async def load_drawn_from(conn, user_id: str, fact_ids: Sequence[uuid.UUID]) -> dict[Key, FactRow]:
-    """The user's reflections, still believed, drawn from any of ``fact_ids`` (``core.ends_facts``)."""
+    """The user's reflections not forgotten drawn from any of ``fact_ids`` (``core.ends_facts``)."""
     if not fact_ids:
         return {}
     return {key(r): r for r in map(from_record, await conn.fetch(_DRAWN_FROM, user_id, list(fact_ids)))}

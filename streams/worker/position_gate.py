@@ -61,6 +61,10 @@ class PositionGate:
             self._moved.pop(tp, None)
             self._passing.discard(tp)
 
+    def expecting(self, topic: str, partition: int) -> int | None:
+        """The next offset this gate passes of the partition, if it knows it."""
+        return self._next.get((topic, partition))
+
     def passing(self, topic: str, partition: int) -> bool:
         """Whether a record of the partition was passed since it was assigned (so its position
         here is where the store's was, plus what was passed since)."""
@@ -150,7 +154,11 @@ class PositionGate:
             self._hold(tp[0], tp[1], expected)
             return False
         if seeks >= MAX_SEEKS:
-            first = await self._start(*tp)
+            try:
+                first = await self._start(*tp)
+            except Exception:  # noqa: BLE001 - the broker did not say: taken as still held, sought again
+                log.warning("%s: where %s/%s begins could not be read", self.name, tp[0], tp[1], exc_info=True)
+                first = expected
             if first > expected:  # deleted by retention: continue where the log begins
                 log.error("%s: %s/%s offsets %s..%s are not in the log any more; continuing at %s",
                           self.name, tp[0], tp[1], expected, first - 1, first)

@@ -5,11 +5,12 @@ sweep reflect`` (``streams.ops.sweep``) and the formation workers' timer.
 The clusters are a deterministic function of the facts projection at the sweep's time: the
 user's current facts (not reflections) said within ``reflect_window_days``, taken oldest first,
 each joining the cluster whose centre (the normalised mean of its members' embeddings) it is
-closest to, if at least ``reflect_similarity`` (cosine), else opening one. A cluster of two facts or more,
-said ``reflect_min_observations`` times all told, is asked about — unless a reflection still
-believed was drawn from exactly its facts. One ``ReflectRequested`` per user carries its
-clusters; formation asks the model in the request's place among the user's turns and records the
-answer, so a replay applies the reflections without a sweep, a clock or a model.
+closest to, if at least ``reflect_similarity`` (cosine), else opening one. A cluster of two facts
+or more, said ``reflect_min_observations`` times all told, is asked about — unless a reflection
+still believed was drawn from some of its facts and none joined them since. One
+``ReflectRequested`` per user carries its clusters; formation asks the model in the request's
+place among the user's turns and records the answer, so a replay applies the reflections without
+a sweep, a clock or a model.
 """
 from __future__ import annotations
 
@@ -34,14 +35,14 @@ MAX_SOURCES = 32  # ReflectionCluster.sources: a larger cluster is asked about b
 MAX_CLUSTERS = 100  # ReflectRequested.clusters: a user's largest clusters first
 
 _RECENT = """
-SELECT user_id, fact_id, embedding, observation_count, embedding_model
+SELECT user_id, fact_id, embedding, observation_count, embedding_model, recorded_at
 FROM memory_facts
 WHERE status = 'current' AND category <> 'reflection' AND last_observed_at >= $2 AND last_observed_at <= $3
   AND ($1::text IS NULL OR user_id = $1)
 ORDER BY user_id, recorded_at, fact_id
 """
 _REFLECTED = """
-SELECT user_id, derived_from FROM memory_facts
+SELECT user_id, derived_from, recorded_at FROM memory_facts
 WHERE category = 'reflection' AND status IN ('current', 'archived') AND ($1::text IS NULL OR user_id = $1)
 """
 
@@ -94,7 +95,7 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
     found = Plan(sweep_id=uuid.uuid4(), swept_at=at)
     since = at - timedelta(days=settings.reflect_window_days)
     facts: dict[str, list] = defaultdict(list)
-    reflected: dict[str, set[frozenset]] = defaultdict(set)
+    reflected: dict[str, list[tuple[frozenset, datetime]]] = defaultdict(list)
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
         async for r in conn.cursor(_RECENT, user_id, since, at, prefetch=1000):
             if r["embedding_model"] != model or (kept is not None and not kept(r["user_id"])):
@@ -102,7 +103,7 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
             found.facts_read += 1
             facts[r["user_id"]].append(r)
         for r in await conn.fetch(_REFLECTED, user_id):
-            reflected[r["user_id"]].add(frozenset(r["derived_from"]))
+            reflected[r["user_id"]].append((frozenset(r["derived_from"]), r["recorded_at"]))
     for user, rows in facts.items():
         vectors = [from_bytes(_bytes(r["embedding"])) for r in rows]
         asked = []
@@ -110,7 +111,8 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
             members = [rows[i] for i in group][-MAX_SOURCES:]
             observations = sum(m["observation_count"] for m in members)
             ids = [m["fact_id"] for m in members]
-            if len(ids) < 2 or observations < settings.reflect_min_observations or frozenset(ids) in reflected[user]:
+            if (len(ids) < 2 or observations < settings.reflect_min_observations
+                    or _reflected_on(members, reflected[user])):
                 continue
             asked.append(ReflectionCluster(sources=ids, observations=observations))
         if asked:
@@ -121,6 +123,14 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
                                 "$2::uuid[]) AS w(user_id, fact_id) USING (user_id, fact_id)", *zip(*wanted))
         found.texts = {(r["user_id"], r["fact_id"]): r["text"] for r in rows}
     return found
+
+
+def _reflected_on(members, reflections: list[tuple[frozenset, datetime]]) -> bool:
+    """Whether a reflection still believed was drawn from some of ``members`` only, and none of
+    them was recorded after it (a fact joined since: asked again, the new one replaces it)."""
+    ids = {m["fact_id"] for m in members}
+    drawn = [at for sources, at in reflections if sources <= ids]
+    return bool(drawn) and all(m["recorded_at"] <= max(drawn) for m in members)
 
 
 def _bytes(embedding) -> bytes:

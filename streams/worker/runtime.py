@@ -156,14 +156,22 @@ class Runtime:
             return await pos.load(self.pool, projection, topic)
         return load
 
+    def _lowest(self, topic: str, partition: int, offset: int) -> int:
+        """``offset``, or lower where another step on this consumer (its gate) expects less of
+        the partition: one consumer serves them all, and a seek past one step's position would
+        leave it records short."""
+        behind = [at for _, gate in self.steps.values() if (at := gate.expecting(topic, partition)) is not None]
+        return min([offset, *behind])
+
     async def _seek(self, topic: str, partition: int, offset: int) -> None:
         assert self.app is not None
-        await self.app.consumer.seek(TP(topic, partition), offset)
+        await self.app.consumer.seek(TP(topic, partition), self._lowest(topic, partition, offset))
 
     def _hold(self, topic: str, partition: int, offset: int) -> None:
         """Set Faust's read offset back as ``Consumer.seek`` does: records fetched before a seek,
         handed on after it, move it past the re-read ones, which it would drop."""
         assert self.app is not None
+        offset = self._lowest(topic, partition, offset)
         self.app.consumer._read_offset[TP(topic, partition)] = offset if offset else None
 
     async def _log_start(self, topic: str, partition: int) -> int:

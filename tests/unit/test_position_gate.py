@@ -224,3 +224,16 @@ async def test_an_alignment_that_reads_the_store_across_a_revoke_leaves_the_posi
     await align([g], "t", {0: 9}, f.seek)
     assert f.seeks == []
     assert [r.offset for r in await g.filter([rec(0, o) for o in range(3, 7)])] == [5, 6]  # read afresh
+
+
+async def test_a_broker_that_cannot_say_where_the_log_begins_leaves_the_gap_sought_not_skipped(monkeypatch):
+    monkeypatch.setattr(gate_mod, "RESEEK_AFTER_S", 0.0)
+    f = Fakes({0: 0})
+
+    async def failing(topic, partition):
+        raise ConnectionError("broker down")
+
+    g = PositionGate("x", f.load, f.seek, failing, f.hold)
+    for _ in range(2 * gate_mod.MAX_SEEKS):
+        assert await g.filter([rec(0, 4)]) == []
+    assert len(f.seeks) == 2 * gate_mod.MAX_SEEKS

@@ -2,6 +2,7 @@
 grounding of a model's sentence, the offline summariser, and the sweep's clustering."""
 import asyncio
 import uuid
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -135,7 +136,8 @@ async def _decided(request, view, reflector):
         return [np.full(384, 1 / np.sqrt(384), dtype=np.float32) for _ in texts]
 
     from memstream.schemas import LogPosition
-    common = dict(source_event_id=request.event_id, source=LogPosition("e", 0, 9), recorded_at=T0, user_id="u")
+    common = dict(source_event_id=request.event_id, source=LogPosition("e", 0, 9), recorded_at=T0 + timedelta(days=9),
+                  user_id="u")
     return await reflections(request, view, reflector, ask, embed, "m", common)
 
 
@@ -156,6 +158,49 @@ async def test_formation_records_a_grounded_reflection_once_and_refuses_an_inven
     view.apply(c)
     [refused] = await _decided(_request([b.fact_id, c.fact_id]), view, _Inventing())
     assert isinstance(refused, FactRefused) and refused.refusal == "ungrounded" and "names" in refused.reason
+    assert refused.text == ""  # a refusal keeps no sentence: nothing would forget it with a source
+    # A fact joined the cluster since: drawn again, the new one replaces the first.
+    d = liked(24 * 10, "climbing")  # ten days on, after the first reflection
+    view.apply(d)
+    [again] = await _decided(_request([a.fact_id, b.fact_id, d.fact_id]), view, OfflineReflector())
+    assert again.replaces == [made.fact_id] and view.rows["u", made.fact_id].superseded_by == again.fact_id
     # A source ended since the sweep: too few left to reflect on.
     view.apply(FactDeleted(**common(4), target=c.fact_id, valid_to=T0))
     assert await _decided(_request([a.fact_id, c.fact_id]), view, OfflineReflector()) == []
+
+
+def test_forgetting_a_source_that_ended_before_forgets_the_reflection_it_had_ended():
+    a, b = liked(1, "hiking"), liked(2, "camping")
+    r = reflection(3, [a.fact_id, b.fact_id])
+    state = {}
+    fold(state, [a, b, r, updated(4, a.fact_id, "Berlin")])
+    assert state["u", r.fact_id].status == "superseded"
+    fold(state, [forgot(5, "fact", a.fact_id)])
+    assert state["u", r.fact_id].status == "forgotten" and "forgotten" in state["u", r.fact_id].end_reason
+
+
+def test_a_reflection_drawn_again_from_more_facts_replaces_the_one_before():
+    from msgspec.structs import replace
+    a, b, c = liked(1, "hiking"), liked(2, "camping"), liked(3, "kayaking")
+    r1 = reflection(4, [a.fact_id, b.fact_id])
+    r2 = replace(reflection(5, [a.fact_id, b.fact_id, c.fact_id]), replaces=[r1.fact_id])
+    state = {}
+    fold(state, [a, b, c, r1, r2])
+    old, new = state["u", r1.fact_id], state["u", r2.fact_id]
+    assert (old.status, old.superseded_by, new.status) == ("superseded", r2.fact_id, "current")
+    assert fold(state, [r2]) == {}
+
+
+def test_a_corrected_reflection_still_ends_with_its_sources():
+    from memstream.schemas import FactUpdated
+    a, b = liked(1, "hiking"), liked(2, "camping")
+    r = reflection(3, [a.fact_id, b.fact_id])
+    c = common(4)
+    fixed = FactUpdated(**c, fact_id=c["decision_id"], supersedes=r.fact_id, text="Loves the outdoors",
+                        category="reflection", attribute="reflection", value="outdoors", valid_from=T0,
+                        embedding=b"\0" * 1536, embedding_model="m")
+    state = {}
+    fold(state, [a, b, r, fixed])
+    assert state["u", fixed.fact_id].derived_from == (a.fact_id, b.fact_id)
+    fold(state, [forgot(5, "fact", b.fact_id)])
+    assert state["u", fixed.fact_id].status == "forgotten"

@@ -1,6 +1,7 @@
 """What a reflection request (``ReflectRequested``) makes, in its place among the user's turns:
-for each cluster the sweep found whose sources are still current and not reflected on already,
-one sentence from the reflection model, recorded as ``ReflectionRecorded`` when its sources
+for each cluster the sweep found whose sources are still current and not reflected on already
+(or joined by a fact since: the new reflection replaces the old), one sentence from the
+reflection model, recorded as ``ReflectionRecorded`` when its sources
 support it, else as a ``FactRefused`` (``ungrounded``) saying why.
 
 Grounding a reflection as the junk guard grounds a fact: by reading its sources, never the
@@ -69,8 +70,9 @@ async def reflections(request: ReflectRequested, overlay: FactView, reflector: R
                 and r.current and r.category != REFLECTION]
         if len(live) < 2:
             continue  # its facts ended or changed since the sweep
-        if _reflected(overlay, user, {r.fact_id for r in live}):
-            continue
+        drawn = _drawn(overlay, user, {r.fact_id for r in live})
+        if drawn and all(r.recorded_at <= max(x.recorded_at for x in drawn) for r in live):
+            continue  # reflected on already, and no fact joined the cluster since
         answer = await _asked(ask, reflector, live)
         if answer is None:
             continue
@@ -81,7 +83,9 @@ async def reflections(request: ReflectRequested, overlay: FactView, reflector: R
         why = ("it cites fewer than two of its facts" if len(cited) < 2
                else ungrounded(answer.text, [r.text for r in cited]))
         if why is not None:
-            out.append(FactRefused(**envelope, reason=f"reflection refused: {why}", text=answer.text,
+            # Without its sentence: it may say what a source said, and nothing forgets a refusal
+            # when a source is forgotten.
+            out.append(FactRefused(**envelope, reason=f"reflection refused: {why}", text="",
                                    category=REFLECTION, attribute=REFLECTION, value="", refusal="ungrounded"))
             continue
         [vector] = await embed([answer.text])
@@ -91,17 +95,18 @@ async def reflections(request: ReflectRequested, overlay: FactView, reflector: R
                                f"{observed} times", fact_id=did, text=answer.text, category=REFLECTION,
             attribute=REFLECTION, value=answer.text[:MAX_VALUE_CHARS], valid_from=max(r.valid_from for r in cited),
             embedding=to_bytes(vector), embedding_model=embedding_model, sources=[r.fact_id for r in cited],
-            sweep_id=request.sweep_id, prompt_version=reflector.prompt_version)
+            sweep_id=request.sweep_id, prompt_version=reflector.prompt_version,
+            replaces=sorted(x.fact_id for x in drawn))
         overlay.apply(made)
         out.append(made)
     return out
 
 
-def _reflected(overlay: FactView, user: str, sources: set[uuid.UUID]) -> bool:
-    """Whether a reflection still believed was drawn from exactly these facts (the overlay holds
-    those drawn from any fact it was asked to ensure)."""
-    return any(r.user_id == user and r.category == REFLECTION and r.status in HELD and set(r.derived_from) == sources
-               for r in list(overlay.rows.values()))
+def _drawn(overlay: FactView, user: str, sources: set[uuid.UUID]) -> list[FactRow]:
+    """The user's reflections still believed drawn from some of ``sources`` only (the overlay
+    holds those drawn from any fact it was asked to ensure)."""
+    return [r for r in list(overlay.rows.values()) if r.user_id == user and r.category == REFLECTION
+            and r.status in HELD and set(r.derived_from) <= sources]
 
 
 async def _asked(ask, reflector: ReflectionClient, facts: list[FactRow]) -> Reflection | None:
