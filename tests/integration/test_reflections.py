@@ -86,3 +86,14 @@ async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_s
             assert await diff_counts(conn, settings.postgres_schema, rebuilt, table) == (0, 0), table
     finally:
         await drop_schema(dsn, rebuilt)
+
+
+async def test_a_formation_worker_reflects_on_the_users_of_its_partitions_on_its_timer(settings, conn, workers):
+    timed = settings.model_copy(update={"reflect_sweep_every_s": 2.0, "reflect_min_observations": 2})
+    w = workers(settings=timed)
+    await w.wait_assigned()
+    await append_and_wait(timed, conn, [turn("kai", "I like hiking.", 0), turn("kai", "I like camping.", 1)])
+    assert await wait_until(lambda: conn.fetchval(
+        "SELECT count(*) FROM memory_facts WHERE user_id = 'kai' AND category = 'reflection' AND status = 'current'"),
+        timeout=60, what="the worker's reflection sweep") == 1
+    assert await conn.fetchval("SELECT sum(clusters) FROM reflection_sweeps") >= 1
