@@ -69,3 +69,34 @@ async def test_eval_formation_with_the_local_model_holds_its_measured_level(sett
     assert report["junk_rate"] is not None and report["junk_rate"] <= 0.5, report
     assert report["recall"] >= 0.3, report  # a guard that refuses everything is not a guard
     assert report["llm_calls_per_turn"] <= 1.2, report
+
+
+# Clusters as a reflection sweep finds them: facts of one theme, as an extractor words them.
+CLUSTERS = [
+    ["Goes hiking most weekends", "Likes camping in the mountains", "Hikes in the Pyrenees every summer"],
+    ["Is training for a marathon", "Runs five mornings a week", "Likes running"],
+    ["Likes jazz", "Plays the saxophone", "Likes blues music"],
+    ["Is vegetarian", "Likes Italian food", "Cooks pasta at home"],
+    ["Works as a nurse", "Works night shifts", "Works at the city hospital"],
+    ["Has a dog named Rex", "Walks the dog every evening", "Likes dogs"],
+]
+
+
+async def test_the_local_model_reflects_on_clusters_in_the_schema_and_grounding_decides_each(local_model):
+    """Each cluster's answer fits the reflection schema (citing facts it was shown); the grounding
+    keeps or refuses each with a reason. How many it keeps is written for BENCHMARKS.md; at least
+    one must pass: a grounding that refuses every sentence of a real model is not a grounding."""
+    from memstream.llm.openai_compat import OpenAIReflector, openai_client
+    from memstream.schemas.facts import FactContent
+    from memstream.streams.worker.formation.reflections import ungrounded
+
+    reflector = OpenAIReflector(openai_client(local_model, None, timeout_s=600.0), MODEL, max_tokens=256)
+    out = []
+    for texts in CLUSTERS:
+        facts = [FactContent(t, "preference", "likes", t, 0.9, True) for t in texts]
+        answer = await reflector.reflect(facts)
+        assert len(answer.cited) >= 2 and all(0 <= i < len(facts) for i in answer.cited), answer
+        why = ungrounded(answer.text, [facts[i].text for i in answer.cited])
+        out.append({"facts": texts, "reflection": answer.text, "cited": list(answer.cited), "refused": why})
+    (HOME / "reflections-local-model.json").write_text(json.dumps(out, indent=2))
+    assert any(r["refused"] is None for r in out), out
