@@ -15,6 +15,7 @@ from memstream.projections.compare import TABLES, diff_counts
 from memstream.projections.db import drop_schema
 from memstream.stack.worker_process import worker_env
 from memstream.streams.log.producer import TurnLog
+from memstream.streams.ops.reform import reform
 from memstream.streams.ops.replay import replay
 from memstream.streams.ops.sweep import sweep_reflect
 
@@ -97,3 +98,22 @@ async def test_a_formation_worker_reflects_on_the_users_of_its_partitions_on_its
         "SELECT count(*) FROM memory_facts WHERE user_id = 'kai' AND category = 'reflection' AND status = 'current'"),
         timeout=60, what="the worker's reflection sweep") == 1
     assert await conn.fetchval("SELECT sum(clusters) FROM reflection_sweeps") >= 1
+
+
+async def test_a_reform_asks_the_recorded_reflection_requests_again(settings, conn, dsn, workers):
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("lou", "I like jazz.", 0), turn("lou", "I like blues music.", 1),
+                                           turn("lou", "I like jazz.", 2)])
+    assert (await sweep_reflect(settings, dsn)).asking == 1
+    await wait_until(lambda: conn.fetchval("SELECT count(*) FROM memory_facts WHERE category = 'reflection'"),
+                     what="the reflection recorded")
+    w.stop()
+    reformed = settings.postgres_schema + "_rf"
+    try:
+        await reform(settings, extractor="offline", topic=settings.decisions_topic + ".v2")
+        await replay(settings, dsn, reformed, ["episodes", "facts", "graph"], topic=settings.decisions_topic + ".v2")
+        for table in TABLES["facts"]:
+            assert await diff_counts(conn, settings.postgres_schema, reformed, table) == (0, 0), table
+    finally:
+        await drop_schema(dsn, reformed)
