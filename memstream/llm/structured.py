@@ -251,11 +251,11 @@ def resolutions_of(out: ResolutionsAnswer, asked: Sequence[tuple[CandidateFact, 
 
 
 REFLECT_TOOL = "record_reflection"
-REFLECT_PROMPT_VERSION = "reflect-v1"
+REFLECT_PROMPT_VERSION = "reflect-v2"
 REFLECT_PROMPT = (
-    "You read several facts a memory holds about the USER, close in meaning, and write one short sentence that "
-    "says what they show together: a pattern, a habit, a lasting interest (\"Runs most weekends and is training "
-    "for a marathon\"). Use only what the facts say: no new names, places, numbers or reasons. Cite by number "
+    "You read several facts a memory holds about the USER, close in meaning, and write one short sentence about "
+    "the user that says what they show together: a pattern, a habit, a lasting interest. Use only what these facts "
+    "say, in their words where you can: no new names, places, numbers or reasons. Cite by number "
     "every fact the sentence rests on (at least two). If the facts show nothing together, write the sentence "
     f"that lists what they share and cite them all. Always answer by calling {REFLECT_TOOL}."
 )
