@@ -10,36 +10,45 @@ import click
 from memstream.progress import progress
 from memstream.cli.base import log_settings, main, resolve_dsn
 
+_TIMES = click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"])
+
 
 @main.group("sweep")
 def sweep_group() -> None:
     """Consolidation sweeps: decisions recorded on the users' logs, replayed, never run again."""
 
 
-@sweep_group.command("decay")
-@click.option("--user", "user_id", help="this user only (default: everyone)")
-@click.option("--dry-run", is_flag=True, help="list what would be archived and why; append nothing")
-@click.option("--as-of", type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]),
-              help="weigh as of this time (UTC if no offset) instead of now: what would go by then")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def sweep_decay(ctx: click.Context, user_id: str | None, dry_run: bool, as_of, as_json: bool) -> None:
-    """Archive faded facts: weigh every current fact now (decay policy, recall counts) and ask,
-    on each user's log, for those below the threshold to leave the read path."""
+def _swept(ctx: click.Context, kind: str, run, user_id: str | None, dry_run: bool, as_of, as_json: bool):
+    """Run one sweep with a progress bar; its report, or None once printed as JSON."""
     from datetime import timezone
-
-    from memstream.streams.ops.sweep import sweep_decay as run
 
     s = log_settings(ctx)
     if as_of is not None and as_of.tzinfo is None:
         as_of = as_of.replace(tzinfo=timezone.utc)
-    with progress("sweep decay", unit="users") as on_progress:
+    with progress(f"sweep {kind}", unit="users") as on_progress:
         found = asyncio.run(run(s, resolve_dsn(s), user_id=user_id, dry_run=dry_run, at=as_of,
                                 on_progress=on_progress))
     report = found.as_dict()
     if as_json:
         click.echo(json.dumps(report))
+        return None
+    return found, report
+
+
+@sweep_group.command("decay")
+@click.option("--user", "user_id", help="this user only (default: everyone)")
+@click.option("--dry-run", is_flag=True, help="list what would be archived and why; append nothing")
+@click.option("--as-of", type=_TIMES, help="weigh as of this time (UTC if no offset) instead of now: what would go by then")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def sweep_decay(ctx: click.Context, user_id: str | None, dry_run: bool, as_of, as_json: bool) -> None:
+    """Archive faded facts: weigh every current fact now (decay policy, recall counts) and ask,
+    on each user's log, for those below the threshold to leave the read path."""
+    from memstream.streams.ops.sweep import sweep_decay as run
+
+    if (swept := _swept(ctx, "decay", run, user_id, dry_run, as_of, as_json)) is None:
         return
+    found, report = swept
     verb = "would archive" if dry_run else "archiving"
     click.echo(f"sweep {report['sweep_id']} at {report['swept_at']} ({report['policy']}, below {found.threshold:g}): "
                f"{report['facts_weighed']} facts weighed, {verb} {report['archiving']} of {report['users']} users")
@@ -51,27 +60,18 @@ def sweep_decay(ctx: click.Context, user_id: str | None, dry_run: bool, as_of, a
 @sweep_group.command("reflect")
 @click.option("--user", "user_id", help="this user only (default: everyone)")
 @click.option("--dry-run", is_flag=True, help="list the clusters that would be asked about; append nothing")
-@click.option("--as-of", type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]),
+@click.option("--as-of", type=_TIMES,
               help="cluster the facts said in the window before this time (UTC if no offset) instead of now")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def sweep_reflect(ctx: click.Context, user_id: str | None, dry_run: bool, as_of, as_json: bool) -> None:
     """Reflections (Tier 3): cluster each user's recent facts by meaning and ask, on their log,
     for one sentence on each cluster said often enough; formation asks the model and records it."""
-    from datetime import timezone
-
     from memstream.streams.ops.sweep import sweep_reflect as run
 
-    s = log_settings(ctx)
-    if as_of is not None and as_of.tzinfo is None:
-        as_of = as_of.replace(tzinfo=timezone.utc)
-    with progress("sweep reflect", unit="users") as on_progress:
-        found = asyncio.run(run(s, resolve_dsn(s), user_id=user_id, dry_run=dry_run, at=as_of,
-                                on_progress=on_progress))
-    report = found.as_dict()
-    if as_json:
-        click.echo(json.dumps(report))
+    if (swept := _swept(ctx, "reflect", run, user_id, dry_run, as_of, as_json)) is None:
         return
+    _, report = swept
     verb = "would ask about" if dry_run else "asking about"
     click.echo(f"sweep {report['sweep_id']} at {report['swept_at']} ({report['policy']}): {report['facts_read']} "
                f"facts read, {verb} {report['clusters']} clusters of {report['users']} users")
