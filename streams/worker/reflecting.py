@@ -26,7 +26,6 @@ import numpy as np
 from memstream.config import Settings
 from memstream.embedding import from_bytes
 from memstream.schemas import ReflectionCluster, ReflectRequested, new_event_id
-from memstream.streams.log.screening import expected_partition
 
 log = logging.getLogger("memstream.sweep")
 
@@ -150,7 +149,7 @@ async def sweep(settings: Settings, pool, *, at: datetime, model: str, user_id: 
     """A reflection sweep as of ``at``: of ``user_id``, of the users of the events partitions
     ``mine`` (a formation worker's), or of everyone; unless ``dry_run``, its requests appended and
     the sweep recorded for each partition it swept (``memstream status``)."""
-    from memstream.streams.worker.sweeping import send, users_of
+    from memstream.streams.worker.sweeping import record, send, users_of
 
     kept = await users_of(settings, mine)
     async with pool.acquire() as conn:
@@ -161,15 +160,8 @@ async def sweep(settings: Settings, pool, *, at: datetime, model: str, user_id: 
         return found
     topic, partitions, swept = await send(settings, requests(found), user_id=user_id, mine=mine,
                                           on_progress=on_progress)
-    counts: dict[int, list[int]] = {p: [0, 0] for p in (range(partitions) if swept is None else swept)}
-    for user, clusters in found.clusters.items():
-        c = counts.setdefault(expected_partition(user.encode(), partitions), [0, 0])
-        c[0], c[1] = c[0] + 1, c[1] + len(clusters)
     async with pool.acquire() as conn:
-        await conn.executemany(
-            "INSERT INTO reflection_sweeps (topic, partition, sweep_id, swept_at, users, clusters) "
-            "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (topic, partition) DO UPDATE SET sweep_id = "
-            "EXCLUDED.sweep_id, swept_at = EXCLUDED.swept_at, users = EXCLUDED.users, clusters = EXCLUDED.clusters",
-            [(topic, p, found.sweep_id, found.swept_at, u, n) for p, (u, n) in sorted(counts.items())])
+        await record(conn, "reflection_sweeps", "clusters", topic, found.sweep_id, found.swept_at,
+                     {user: len(clusters) for user, clusters in found.clusters.items()}, partitions, only=swept)
     return found
 

@@ -140,7 +140,8 @@ async def sweep(settings: Settings, pool, *, at: datetime, user_id: str | None =
     topic, partitions, swept = await send(settings, requests(found), user_id=user_id, mine=mine,
                                           on_progress=on_progress)
     async with pool.acquire() as conn:
-        await record(conn, topic, found, partitions, only=swept)
+        await record(conn, "decay_sweeps", "archived", topic, found.sweep_id, found.swept_at,
+                     {user: len(facts) for user, facts in found.weak.items()}, partitions, only=swept)
     return found
 
 
@@ -176,15 +177,18 @@ async def partition_count(settings: Settings, topic: str) -> int:
         return len(await partitions_of(consumer, topic))
 
 
-async def record(conn, topic: str, found: Plan, partitions: int, only: Iterable[int] | None = None) -> None:
-    """Record ``found`` as the last sweep of each partition of ``topic`` it swept (``only``, or
-    every one of the ``partitions``), for ``memstream status``."""
+async def record(conn, table: str, counted: str, topic: str, sweep_id: uuid.UUID, swept_at: datetime,
+                 by_user: Mapping[str, int], partitions: int, only: Iterable[int] | None = None) -> None:
+    """Record a sweep as the last of ``table`` (``decay_sweeps``, ``reflection_sweeps``) for
+    each partition of ``topic`` it swept (``only``, or every one of the ``partitions``): how many
+    users it asked about there and how many of what it ``counted`` (``by_user``), for
+    ``memstream status``."""
     counts: dict[int, list[int]] = {p: [0, 0] for p in (range(partitions) if only is None else only)}
-    for user, facts in found.weak.items():
+    for user, n in by_user.items():
         c = counts.setdefault(expected_partition(user.encode(), partitions), [0, 0])
-        c[0], c[1] = c[0] + 1, c[1] + len(facts)
+        c[0], c[1] = c[0] + 1, c[1] + n
     await conn.executemany(
-        "INSERT INTO decay_sweeps (topic, partition, sweep_id, swept_at, users, archived) "
+        f"INSERT INTO {table} (topic, partition, sweep_id, swept_at, users, {counted}) "
         "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (topic, partition) DO UPDATE SET sweep_id = "
-        "EXCLUDED.sweep_id, swept_at = EXCLUDED.swept_at, users = EXCLUDED.users, archived = EXCLUDED.archived",
-        [(topic, p, found.sweep_id, found.swept_at, u, a) for p, (u, a) in sorted(counts.items())])
+        f"EXCLUDED.sweep_id, swept_at = EXCLUDED.swept_at, users = EXCLUDED.users, {counted} = EXCLUDED.{counted}",
+        [(topic, p, sweep_id, swept_at, u, n) for p, (u, n) in sorted(counts.items())])

@@ -59,12 +59,15 @@ async def produced(settings) -> dict[int, list]:
     return out
 
 
-async def assert_equal_to_a_replay(settings, conn, dsn, suffix: str) -> None:
-    """The live episodes, facts and graph equal, table by table, a replay of the log into a side schema."""
+async def assert_equal_to_a_replay(settings, conn, dsn, suffix: str, projections=("episodes", "facts", "graph"),
+                                   tables=("episodes", "episode_passages", "memory_facts", "entities", "memory_edges"),
+                                   topic: str | None = None) -> None:
+    """The live ``tables`` equal, table by table, a replay of the log (of the decisions
+    ``topic``, default the live one) by ``projections`` into a side schema."""
     target = f"{settings.postgres_schema}_{suffix}"
     try:
-        await replay(settings, dsn, target, ["episodes", "facts", "graph"])
-        for table in ("episodes", "episode_passages", "memory_facts", "entities", "memory_edges"):
+        await replay(settings, dsn, target, list(projections), **({"topic": topic} if topic else {}))
+        for table in tables:
             assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
     finally:
         await drop_schema(dsn, target)

@@ -22,7 +22,7 @@ from memstream.streams.ops.replay import replay
 from memstream.streams.ops.sweep import sweep_decay
 
 from .conftest import wait_until
-from .helpers import BASE
+from .helpers import BASE, assert_equal_to_a_replay
 from .test_formation import append_and_wait, turn
 from .test_read_path import make_reader
 
@@ -104,13 +104,8 @@ async def test_a_sweep_archives_faded_facts_a_mention_restores_them_and_a_replay
     w.stop()
 
     forbid_llm_and_embedder()  # a replay applies what was decided: no sweep, model or embedder
-    rebuilt = settings.postgres_schema + "_re"
-    try:
-        await replay(settings, dsn, rebuilt, ["episodes", "facts", "graph", "commands"])
-        for table in [t for tables in TABLES.values() for t in tables]:
-            assert await diff_counts(conn, settings.postgres_schema, rebuilt, table) == (0, 0), table
-    finally:
-        await drop_schema(dsn, rebuilt)
+    await assert_equal_to_a_replay(settings, conn, dsn, "re", ["episodes", "facts", "graph", "commands"],
+                                   [t for tables in TABLES.values() for t in tables])
 
 
 async def test_a_reform_decides_the_recorded_sweep_again(settings, conn, dsn, workers):

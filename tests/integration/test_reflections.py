@@ -11,15 +11,14 @@ import pytest
 
 from memstream import control
 from memstream.embedding import default_embedder
-from memstream.projections.compare import TABLES, diff_counts
-from memstream.projections.db import drop_schema
+from memstream.projections.compare import TABLES
 from memstream.stack.worker_process import worker_env
 from memstream.streams.log.producer import TurnLog
 from memstream.streams.ops.reform import reform
-from memstream.streams.ops.replay import replay
 from memstream.streams.ops.sweep import sweep_reflect
 
 from .conftest import wait_until
+from .helpers import assert_equal_to_a_replay
 from .test_formation import append_and_wait, turn
 from .test_read_path import make_reader
 
@@ -80,13 +79,8 @@ async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_s
     w.stop()
 
     forbid_llm_and_embedder()  # a replay applies what was decided: no sweep, model or embedder
-    rebuilt = settings.postgres_schema + "_re"
-    try:
-        await replay(settings, dsn, rebuilt, ["episodes", "facts", "graph", "commands"])
-        for table in [t for tables in TABLES.values() for t in tables]:
-            assert await diff_counts(conn, settings.postgres_schema, rebuilt, table) == (0, 0), table
-    finally:
-        await drop_schema(dsn, rebuilt)
+    await assert_equal_to_a_replay(settings, conn, dsn, "re", ["episodes", "facts", "graph", "commands"],
+                                   [t for tables in TABLES.values() for t in tables])
 
 
 async def test_a_formation_worker_reflects_on_the_users_of_its_partitions_on_its_timer(settings, conn, workers):
@@ -109,11 +103,6 @@ async def test_a_reform_asks_the_recorded_reflection_requests_again(settings, co
     await wait_until(lambda: conn.fetchval("SELECT count(*) FROM memory_facts WHERE category = 'reflection'"),
                      what="the reflection recorded")
     w.stop()
-    reformed = settings.postgres_schema + "_rf"
-    try:
-        await reform(settings, extractor="offline", topic=settings.decisions_topic + ".v2")
-        await replay(settings, dsn, reformed, ["episodes", "facts", "graph"], topic=settings.decisions_topic + ".v2")
-        for table in TABLES["facts"]:
-            assert await diff_counts(conn, settings.postgres_schema, reformed, table) == (0, 0), table
-    finally:
-        await drop_schema(dsn, reformed)
+    await reform(settings, extractor="offline", topic=settings.decisions_topic + ".v2")
+    await assert_equal_to_a_replay(settings, conn, dsn, "rf", tables=TABLES["facts"],
+                                   topic=settings.decisions_topic + ".v2")
