@@ -124,6 +124,9 @@ class Settings(BaseModel):
     decay_threshold: float = Field(0.2, ge=0, le=1)
     # Formation workers sweep the users of their partitions this often (0: never; `memstream sweep decay` only).
     decay_sweep_every_s: float = Field(86400.0, ge=0)
+    # A decay sweep moves an episode not said or used in this many days out of the hot vector index
+    # into the cold one (0: never). Which sets chose it, and what it costs them: BENCHMARKS.md.
+    episode_cold_after_days: float = Field(365.0, ge=0)
     # Reflections (Tier 3): a reflection sweep clusters each user's facts said within the window
     # (cosine of their embeddings at least ``reflect_similarity`` to a cluster's centre), and
     # asks for a reflection on each cluster of facts said ``reflect_min_observations`` times or

@@ -112,16 +112,22 @@ class Memory:
             raise InvalidArgument(f"{type(event).__name__}: use correct, forget or forget_user")
         return await self.log.append(event)
 
-    async def used(self, user_id: str, fact_ids: Sequence[uuid.UUID]) -> LogPosition:
-        """Say which of the user's facts (ids as ``read`` returned them) an answer used: recall
-        feedback that a decay sweep weighs (a fact in use is not archived). Appended to the
-        user's log like a turn; the read path itself never writes."""
+    async def used(self, user_id: str, fact_ids: Sequence[uuid.UUID] = (),
+                   episode_ids: Sequence[uuid.UUID] = ()) -> LogPosition:
+        """Say which of the user's facts and episodes (ids as ``read`` returned them) an answer
+        used: recall feedback that a decay sweep weighs (a fact in use is not archived, an episode
+        in use stays in the hot vector index or comes back to it). Appended to the user's log
+        like a turn; the read path itself never writes."""
         from datetime import timezone
 
         from memstream.schemas import MemoriesUsed, new_event_id
+        from memstream.schemas.errors import InvalidArgument
 
+        if not fact_ids and not episode_ids:
+            raise InvalidArgument("used: name at least one fact or episode")
         return await self.log.append(MemoriesUsed(event_id=new_event_id(), user_id=user_id,
-                                                  occurred_at=datetime.now(timezone.utc), fact_ids=list(fact_ids)))
+                                                  occurred_at=datetime.now(timezone.utc), fact_ids=list(fact_ids),
+                                                  episode_ids=list(episode_ids)))
 
     # Reading: no LLM on this path.
 

@@ -8,7 +8,7 @@ from memstream.projections.schema_names import check_schema_name
 # Tables each projection owns, compared on every column (generated ones included).
 TABLES = {"episodes": ["episodes", "episode_passages", "episodes_terms", "forgotten_episodes"], "facts": ["memory_facts", "memory_facts_terms", "fact_refusals"],
           "graph": ["entities", "memory_edges"],
-          "commands": ["reminders", "person_identities", "expert_identities", "fact_uses"], "profile": ["profiles"]}
+          "commands": ["reminders", "person_identities", "expert_identities", "fact_uses", "episode_uses"], "profile": ["profiles"]}
 
 
 async def diff_counts(conn: asyncpg.Connection, a: str, b: str, table: str) -> tuple[int, int]:

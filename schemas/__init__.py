@@ -25,6 +25,7 @@ from memstream.schemas.events import (
     FactArchived,
     FactRestored,
     DecaySwept,
+    EpisodesSwept,
     MemoriesUsed,
     SweptFact,
     ReflectionCluster,
@@ -53,7 +54,7 @@ __all__ = [
     "AliasAdded", "EdgeClosed", "EdgeOpened", "EntityCreated", "GraphDecision",
     "Decision", "EpisodeRecorded", "Passage", "FactAdded", "FactChangeDeferred", "FactRefused", "FactDecision", "FactDeleted",
     "FactReinforced", "FactUpdated", "Event", "InvalidEvent", "LogPosition", "NothingDecided", "TurnRecorded", "EdgeForgotten", "EpisodeForgotten", "FactCorrected",
-    "FactForgotten", "MemoryForgotten", "UserForgotten", "FactArchived", "FactRestored", "DecaySwept", "MemoriesUsed",
+    "FactForgotten", "MemoryForgotten", "UserForgotten", "FactArchived", "FactRestored", "DecaySwept", "EpisodesSwept", "MemoriesUsed",
     "SweptFact", "ReflectionCluster", "ReflectRequested", "ReflectionRecorded",
     "UnknownEventType", "decode_decision", "decode_event", "encode", "new_event_id",
 ]

@@ -289,13 +289,19 @@ class EdgeForgotten(_Control, tag="EdgeForgotten", kw_only=True, frozen=True):
 
 
 class MemoriesUsed(Event, tag="MemoriesUsed", kw_only=True, frozen=True):
-    """The host used these of the user's facts (ids as ``read`` returned them) in an answer:
-    recall feedback, counted by the commands projection, that a decay sweep weighs (a fact in
-    use is not archived). Sent by the host, never by the read path inline."""
+    """The host used these of the user's facts and episodes (ids as ``read`` returned them) in an
+    answer: recall feedback, counted by the commands projection, that a decay sweep weighs (a fact
+    in use is not archived, an episode in use stays in the hot index or comes back to it). Sent by
+    the host, never by the read path inline. Names at least one memory."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    fact_ids: Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)]
+    fact_ids: Annotated[list[uuid.UUID], msgspec.Meta(max_length=100)] = []
+    episode_ids: Annotated[list[uuid.UUID], msgspec.Meta(max_length=100)] = []
+
+    def __post_init__(self) -> None:
+        if not self.fact_ids and not self.episode_ids:
+            raise ValueError("MemoriesUsed names no fact and no episode")
 
 
 class SweptFact(msgspec.Struct, kw_only=True, frozen=True):
@@ -314,13 +320,22 @@ class DecaySwept(_Control, tag="DecaySwept", kw_only=True, frozen=True):
     """A decay sweep (``sweep_id``, under ``policy``) found these of the user's facts weak as of
     ``occurred_at`` (the sweep's own clock, recorded here so no replay reads one). Formation
     archives each that is still the current version the sweep weighed and was not observed
-    again since (``FactArchived``); the others it leaves."""
+    again since (``FactArchived``); the others it leaves. The episodes it names go to the cold
+    vector index or come back from it (``EpisodesSwept``)."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
     sweep_id: uuid.UUID
     policy: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
-    facts: Annotated[list[SweptFact], msgspec.Meta(min_length=1, max_length=1000)]
+    facts: Annotated[list[SweptFact], msgspec.Meta(max_length=1000)] = []
+    # Episodes (by episode id) to move out of the hot vector index (old, never used since) and
+    # back into it (used since they left): ``EpisodesSwept``.
+    cooled: Annotated[list[uuid.UUID], msgspec.Meta(max_length=1000)] = []
+    warmed: Annotated[list[uuid.UUID], msgspec.Meta(max_length=1000)] = []
+
+    def __post_init__(self) -> None:
+        if not (self.facts or self.cooled or self.warmed):
+            raise ValueError("DecaySwept names no fact and no episode")
 
 
 class ReflectionCluster(msgspec.Struct, kw_only=True, frozen=True):
@@ -559,6 +574,20 @@ class FactRestored(FactDecision, tag="FactRestored", kw_only=True, frozen=True):
     target: uuid.UUID
 
 
+class EpisodesSwept(Decision, tag="EpisodesSwept", kw_only=True, frozen=True):
+    """A decay sweep (``sweep_id``, as of ``swept_at``) moved the user's episodes ``cooled`` (old,
+    not used since) out of the hot vector index into the cold one, which a read searches only when
+    the hot one comes back short, and ``warmed`` (used since they cooled) back. Episodes are never
+    archived: they stay whole, in history, in keyword search and in every listing."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    sweep_id: uuid.UUID
+    swept_at: datetime
+    cooled: Annotated[list[uuid.UUID], msgspec.Meta(max_length=1000)] = []
+    warmed: Annotated[list[uuid.UUID], msgspec.Meta(max_length=1000)] = []
+
+
 class ReflectionRecorded(_FactBody, tag="ReflectionRecorded", kw_only=True, frozen=True):
     """A reflection (Tier 3): one sentence a model drew from several of the user's facts
     (``sources``), believed while they are — it ends when one of them does (superseded, or
@@ -680,6 +709,6 @@ CONTROL_TYPES = (FactCorrected, FactForgotten, EpisodeForgotten, EdgeForgotten, 
 HOST_WIDE_TYPES = (ExpertIdentityUpserted, ExpertIdentityDeleted)
 DECISION_TYPES: tuple[type[Decision], ...] = (EpisodeRecorded, FactAdded, FactUpdated, FactDeleted,
                                                FactReinforced, FactChangeDeferred, FactRefused, FactArchived,
-                                               FactRestored, ReflectionRecorded, EntityCreated, AliasAdded,
+                                               FactRestored, ReflectionRecorded, EpisodesSwept, EntityCreated, AliasAdded,
                                                EdgeOpened, EdgeClosed, MemoryForgotten, NothingDecided)
 AnyEvent = TurnRecorded

@@ -42,12 +42,14 @@ METHODS = ("memstream", "bm25", "dense", "dense_passages", "rrf")
 
 async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str | None = None, k: int = 5,
                    limit: int | None = None, catch_up_timeout: float = CATCH_UP_TIMEOUT_S, keep: bool = False,
-                   reuse: str | None = None, on_progress=None) -> dict:
+                   reuse: str | None = None, on_progress=None, sweep: bool = False) -> dict:
     """Ingest ``path`` through a fresh pipeline (own topics, group and schema), ask every question
     of memstream and of the plain retrievers, and score them. ``limit``: the first samples only.
     The schema is dropped, the worker stopped and the topics deleted afterwards, whatever
     happens, unless ``keep`` (the report's ``tag`` then names the run, and ``reuse=tag`` asks
-    its questions again without ingesting: for trying settings)."""
+    its questions again without ingesting: for trying settings). ``sweep``: then run a decay
+    sweep for each user as of their last turn (through the pipeline: archived facts, episodes
+    moved to the cold index) and ask every question again (method ``memstream_swept``)."""
     from memstream.projections.db import migrate
     from memstream.read_client import MemoryReader
     from memstream.stack.launcher import stack_from_settings
@@ -68,10 +70,11 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
     try:
         if reuse is None:
             await ensure_topics(settings)
-            await migrate(dsn, settings.postgres_schema)
+        await migrate(dsn, settings.postgres_schema)  # a kept run's schema, to the code's migrations
         reader = await MemoryReader.connect(settings, dsn)
-        if reuse is None:
+        if reuse is None or sweep:
             worker = WorkerProcess(settings, Path(settings.home) / "logs" / f"locomo-{tag}.log")
+        if reuse is None:
             t0 = time.perf_counter()
             last = await _ingest(settings, samples, tag)
             await _wait_caught_up(reader, last, worker, catch_up_timeout)
@@ -80,6 +83,9 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
                      sum(len(s.utterances) for x in samples for s in x.sessions), ingest_s)
         asked = await _ask(reader, samples, tag, k, on_progress or (lambda done, total: None))
         plain = await _baselines(settings, dsn, samples, tag, k)
+        if sweep:
+            swept = await _swept(settings, dsn, reader, worker, catch_up_timeout)
+            after = await _ask(reader, samples, tag, k, on_progress or (lambda done, total: None))
     finally:
         if reader is not None:
             await reader.close()
@@ -89,11 +95,16 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
             await discarded(settings, dsn)
     results, latencies, degraded = asked
     methods = {"memstream": score(results, k), **{name: score(r, k) for name, r in plain.items()}}
+    if sweep:
+        methods = {"memstream": methods.pop("memstream"), "memstream_swept": score(after[0], k), **methods}
     report = {"file": str(path), "samples": len(samples), "questions": len(results), "k": k,
               "truncated_messages": truncated, **methods["memstream"],
               "recall_ceiling": recall_ceiling([len(set(e)) for _, e, _ in results if e], k),
               "methods": methods, "ingest_seconds": round(ingest_s, 2), **_latency(latencies),
               "degraded_reads": degraded}
+    if sweep:
+        report["sweep"] = {**swept, **{f"swept_{name}": v for name, v in _latency(after[1]).items()},
+                           "swept_degraded_reads": after[2]}
     if keep:
         report["tag"] = tag
     log.info("eval overall: %s", {name: m["overall"] for name, m in methods.items()})
@@ -112,6 +123,31 @@ async def _ingest(settings: Settings, samples: Sequence[Sample], tag: str) -> di
                 positions = await turn_log.append_many(turns[i:i + APPEND_CHUNK])
                 last[user_id_for(tag, sample)] = positions[-1]
     return last
+
+
+async def _swept(settings: Settings, dsn: str, reader, worker, timeout: float) -> dict:
+    """A decay sweep of each user as of their last turn, applied (read-your-writes); how much it
+    archived and moved."""
+    from memstream.projections.db import create_pool
+    from memstream.streams.worker.sweeping import sweep
+
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
+    try:
+        last = await pool.fetch("SELECT user_id, max(occurred_at) AS at FROM episodes GROUP BY user_id ORDER BY 1")
+        appended, archived, cooled = {}, 0, 0
+        for r in last:
+            found = await sweep(settings, pool, at=r["at"], user_id=r["user_id"])
+            appended.update(found.appended)
+            archived, cooled = archived + found.archiving, cooled + found.cooling
+        await _wait_caught_up(reader, appended, worker, timeout)
+        held = await pool.fetchrow("SELECT count(*) FILTER (WHERE cooled_at IS NULL) AS hot, "
+                                   "count(*) FILTER (WHERE cooled_at IS NOT NULL) AS cold FROM episodes")
+    finally:
+        await pool.close()
+    log.info("swept %d users: %d facts archived, %d episodes to the cold index", len(last), archived, cooled)
+    return {"users": len(last), "facts_archived": archived, "episodes_cooled": cooled,
+            "episodes_hot_after": held["hot"], "episodes_cold_after": held["cold"],
+            "cold_after_days": settings.episode_cold_after_days}
 
 
 async def _wait_caught_up(reader, last: dict, worker, timeout: float) -> None:
@@ -231,4 +267,10 @@ def render(report: dict) -> str:
         lines.append(row(f"  {cat} (n={n})", lambda m, c=cat: m["per_category"].get(c)))
     lines.append(f"read p50 {report['read_ms_p50']} ms, p95 {report['read_ms_p95']} ms; "
                  f"ingest {report['ingest_seconds']} s; degraded reads {report['degraded_reads']}")
+    if "sweep" in report:
+        w = report["sweep"]
+        lines.append(f"sweep of {w['users']} users as of their last turns: {w['facts_archived']} facts archived, "
+                     f"{w['episodes_cooled']} episodes to the cold index (not said in {w['cold_after_days']:g} days; "
+                     f"{w['episodes_hot_after']} hot, {w['episodes_cold_after']} cold after); reads after it p50 "
+                     f"{w['swept_read_ms_p50']} ms, p95 {w['swept_read_ms_p95']} ms")
     return "\n".join(lines)

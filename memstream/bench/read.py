@@ -219,7 +219,7 @@ async def _full_k(pool, embedder, users: Sequence[str]) -> dict[str, dict]:
                     if ann and exact:
                         gaps.append(float(np.mean([r["distance"] for r in ann]) - np.mean([r["distance"] for r in exact])))
                     post.append(len(plain))
-            plan = await conn.fetch("EXPLAIN " + episodes_q._NEAREST.replace("$1", f"'{user}'").replace("$3", str(K))
+            plan = await conn.fetch("EXPLAIN " + episodes_q._NEAREST[False, False].replace("$1", f"'{user}'").replace("$3", str(K))
                                     .replace("$4", f"'{embedder.model_id}'").replace("$2", f"'{Vector(qvecs[0]).to_text()}'"))
         stats.update(rows=rows_total, recall_mean=round(float(np.mean(recalls)), 4),
                      distance_gap_mean=round(float(np.mean(gaps)), 4) if gaps else 0.0,
@@ -280,43 +280,64 @@ async def load_corpus(pool, embedder, rows: int) -> dict:
 AGED_DAYS = 3 * 365
 
 
-async def _decayed(pool, reader, conversation: str, reads: int) -> dict:
-    """The heavy user aged: their facts' last observations spread over three years, a decay sweep
-    as of the end (the sweep's plan and requests, their ``FactArchived`` decisions applied by the
-    facts projection, as formation would decide them), and the same reads again (a sweep cannot
-    be undone to alternate: the reads after it are warmed first, as the ones before were)."""
+async def _decayed(pool, reader, conversation: str, reads: int, cold_after_days: float) -> dict:
+    """The heavy user aged: their facts' last observations and their episodes (but the ongoing
+    conversation's) spread over three years, a decay sweep as of the end (the sweep's plan and
+    requests, their ``FactArchived`` and ``EpisodesSwept`` decisions applied by the facts and
+    episodes projections, as formation would decide them), and the same reads again (a sweep
+    cannot be undone to alternate: the reads after it are warmed first, as the ones before were)."""
+    from memstream.projections.episodes.store import swept
     from memstream.projections.facts import store as facts_store
     from memstream.schemas import LogPosition
-    from memstream.streams.worker.sweeping import archivals, plan, requests
+    from memstream.streams.worker.sweeping import archivals, moved, plan, requests
 
     end = T0 + timedelta(days=AGED_DAYS)
+    spread = ("$1::timestamptz + (($2::float8 * row_number) / count) * interval '1 day'")
     async with pool.acquire() as conn:
         await conn.execute(
-            "UPDATE memory_facts SET last_observed_at = $1::timestamptz + (($2::float8 * row_number) / count) * interval '1 day' "
+            f"UPDATE memory_facts SET last_observed_at = {spread} "
             "FROM (SELECT fact_id AS id, row_number() OVER (ORDER BY fact_id) AS row_number, count(*) OVER () AS count "
             "FROM memory_facts WHERE user_id = 'heavy') o WHERE user_id = 'heavy' AND fact_id = o.id", T0, AGED_DAYS)
-        await conn.execute("VACUUM ANALYZE memory_facts")  # as after the sweep: the same table state but its rows
+        await conn.execute(
+            f"UPDATE episodes SET occurred_at = {spread}, recorded_at = {spread} "
+            "FROM (SELECT episode_id AS id, row_number() OVER (ORDER BY occurred_at, episode_id) AS row_number, "
+            "count(*) OVER () AS count FROM episodes WHERE user_id = 'heavy' AND conversation_id <> $3) o "
+            "WHERE user_id = 'heavy' AND episode_id = o.id", T0, AGED_DAYS, conversation)
+        await conn.execute("UPDATE episodes SET occurred_at = occurred_at + $2 * interval '1 day', "
+                           "recorded_at = recorded_at + $2 * interval '1 day' WHERE user_id = 'heavy' AND "
+                           "conversation_id = $1", conversation, AGED_DAYS)
+        await conn.execute(f"VACUUM ANALYZE {', '.join(VECTOR_TABLES)}")  # as after the sweep: the same state but its rows
     await _timed_reads(reader, "heavy", QUESTIONS, 30, conversation)
     # Twice: how much the same reads drift with time alone, against which the change after is read.
     before = [await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation) for _ in range(2)]
     async with pool.acquire() as conn:
-        found = await plan(conn, at=end, threshold=0.2, user_id="heavy")
-        decided = []
+        found = await plan(conn, at=end, threshold=0.2, cold_after_days=cold_after_days, user_id="heavy")
+        decided, cooled = [], 0
         for n, request in enumerate(requests(found)):
             rows = await facts_store.load(conn, [(request.user_id, f.fact_id) for f in request.facts])
-            decided += archivals(request, rows, dict(source_event_id=request.event_id, recorded_at=end,
-                                                     source=LogPosition("bench", 0, n), user_id=request.user_id))
+            common = dict(source_event_id=request.event_id, recorded_at=end, source=LogPosition("bench", 0, n),
+                          user_id=request.user_id)
+            decided += archivals(request, rows, common)
+            for d in moved(request, common):
+                await swept(conn, d)
+                cooled += len(d.cooled)
         await facts_store.FactStore().apply_batch(conn, decided, {})
-        await conn.execute("VACUUM ANALYZE memory_facts")
+        await conn.execute(f"VACUUM ANALYZE {', '.join(VECTOR_TABLES)}")
         held = await conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'heavy' AND status = 'current'")
     after = [await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation)]
     await _timed_reads(reader, "heavy", QUESTIONS, 30, conversation)  # warm again after the vacuum
     after.append(await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation))
+
+    def p50(runs, channel: str) -> float:
+        return round(float(np.median([ch.get(channel, 0) for _, chans in runs for ch in chans])), 2)
+
     return {"facts_weighed": found.facts_weighed, "archived": len(decided), "current_after": held,
+            "episodes_cooled": cooled, "cold_after_days": cold_after_days,
             "before_ms": _pcts(before[0][0]), "before_again_ms": _pcts(before[1][0]),
             "after_ms": _pcts([t for run, _ in after[1:] for t in run]),
-            "after_facts_vector_p50_ms": round(float(np.median([ch.get("facts_vector", 0) for ch in after[1][1]])), 2),
-            "before_facts_vector_p50_ms": round(float(np.median([ch.get("facts_vector", 0) for ch in before[0][1]])), 2)}
+            "channel_p50_ms": {ch: {"before": p50(before, ch), "after": p50(after[1:], ch)}
+                               for ch in ("facts_vector", "episodes_vector", "episodes_keyword", "facts_keyword",
+                                          "edges", "embed")}}
 
 
 async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int = 32, reads: int = 300,
@@ -407,7 +428,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         report["filtered_ann_full_k"] = await _full_k(pool, embedder, ["heavy", *[f"grow-{g // 1000}k" for g in growth],
                                                                        fillers[0]])
         if decay:  # last: it archives part of the corpus
-            report["decay"] = await _decayed(pool, reader, ongoing["heavy"], reads)
+            report["decay"] = await _decayed(pool, reader, ongoing["heavy"], reads, settings.episode_cold_after_days)
         await redis.aclose()
     finally:
         await pool.close()

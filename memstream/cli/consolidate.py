@@ -42,19 +42,25 @@ def _swept(ctx: click.Context, kind: str, run, user_id: str | None, dry_run: boo
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def sweep_decay(ctx: click.Context, user_id: str | None, dry_run: bool, as_of, as_json: bool) -> None:
-    """Archive faded facts: weigh every current fact now (decay policy, recall counts) and ask,
-    on each user's log, for those below the threshold to leave the read path."""
+    """Archive faded facts and cool old episodes: weigh every current fact now (decay policy,
+    recall counts) and ask, on each user's log, for those below the threshold to leave the read
+    path, and for episodes not said or used in a long time to leave the hot vector index."""
     from memstream.streams.ops.sweep import sweep_decay as run
 
     if (swept := _swept(ctx, "decay", run, user_id, dry_run, as_of, as_json)) is None:
         return
     found, report = swept
-    verb = "would archive" if dry_run else "archiving"
+    verb, move = ("would archive", "would move") if dry_run else ("archiving", "moving")
     click.echo(f"sweep {report['sweep_id']} at {report['swept_at']} ({report['policy']}, below {found.threshold:g}): "
-               f"{report['facts_weighed']} facts weighed, {verb} {report['archiving']} of {report['users']} users")
+               f"{report['facts_weighed']} facts weighed, {verb} {report['archiving']}; {move} "
+               f"{report['cooling_episodes']} episodes to the cold index and {report['warming_episodes']} back; "
+               f"{report['users']} users")
     for f in report["facts"]:
         click.echo(f"  {f['user_id']}  {f['fact_id']}  strength {f['strength']:.2f}  idle {f['idle_days']:.0f} d  "
                    f"observed {f['observations']}x  used {f['uses']}x  {f['text']}")
+    for e in report["episodes"]:
+        click.echo(f"  {e['user_id']}  episodes: {e['cooling']} to the cold index (not said or used in "
+                   f"{report['cold_after_days']:g} days), {e['warming']} back (used since)")
 
 
 @sweep_group.command("reflect")

@@ -188,6 +188,9 @@ def eval_group() -> None:
 
 def _eval_options(f):
     f = click.option("--json", "as_json", is_flag=True)(f)
+    f = click.option("--sweep", is_flag=True,
+                     help="then sweep each user as of their last turn (decay: facts archived, old episodes to the "
+                          "cold index) and ask again")(f)
     f = click.option("--reuse", metavar="TAG",
                      help="ask again on a kept run's data, without ingesting (same PATH, --conv and --limit)")(f)
     f = click.option("--keep", is_flag=True, help="keep the run's schema and topics (its tag is printed)")(f)

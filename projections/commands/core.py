@@ -72,16 +72,17 @@ class UserGone:
 
 
 @dataclass(frozen=True)
-class FactsUsed:
-    """One more use of each of ``fact_ids`` (counted once per event: by its offset)."""
+class Used:
+    """One more use of each of ``fact_ids`` and ``episode_ids`` (counted once per event: by its offset)."""
 
     user_id: str
     fact_ids: tuple[uuid.UUID, ...]
+    episode_ids: tuple[uuid.UUID, ...]
     used_at: datetime
     source_offset: int
 
 
-Row = ReminderRow | PersonIdentityRow | ExpertIdentityRow | ExpertIdentityGone | UserGone | FactsUsed
+Row = ReminderRow | PersonIdentityRow | ExpertIdentityRow | ExpertIdentityGone | UserGone | Used
 
 
 ReminderKey = tuple[str, uuid.UUID]
@@ -120,5 +121,5 @@ def apply(reminders: Mapping[ReminderKey, ReminderRow], logged: Logged) -> list[
     if isinstance(e, UserForgotten):
         return [UserGone(e.user_id)]
     if isinstance(e, MemoriesUsed):
-        return [FactsUsed(e.user_id, tuple(dict.fromkeys(e.fact_ids)), e.occurred_at, at)]
+        return [Used(e.user_id, tuple(dict.fromkeys(e.fact_ids)), tuple(dict.fromkeys(e.episode_ids)), e.occurred_at, at)]
     return []

@@ -8,7 +8,7 @@ import asyncpg
 
 from memstream.projections import positions as pos
 from memstream.projections.db import fetch_by_keys
-from memstream.projections.commands.core import (ExpertIdentityGone, ExpertIdentityRow, FactsUsed, Logged,
+from memstream.projections.commands.core import (ExpertIdentityGone, ExpertIdentityRow, Used, Logged,
                                                  PersonIdentityRow,
                                                  ReminderRow, Row, UserGone, apply, reminder_key,
                                                  reminder_targets)
@@ -46,19 +46,23 @@ async def _write(conn, row: Row) -> None:
         await conn.execute("DELETE FROM reminders WHERE user_id = $1", row.user_id)
         await conn.execute("DELETE FROM person_identities WHERE user_id = $1", row.user_id)
         await conn.execute("DELETE FROM fact_uses WHERE user_id = $1", row.user_id)
-    elif isinstance(row, FactsUsed):
-        # Ids the user does not hold are counted too, harmlessly: the sweep reads uses of its facts only.
-        await conn.execute(
-            """INSERT INTO fact_uses AS t (user_id, fact_id, uses, last_used_at, source_offset)
-               SELECT $1, f, 1, $3, $4 FROM unnest($2::uuid[]) f ON CONFLICT (user_id, fact_id) DO UPDATE
-               SET uses = t.uses + 1, last_used_at = greatest(t.last_used_at, EXCLUDED.last_used_at),
-                   source_offset = EXCLUDED.source_offset
-               WHERE EXCLUDED.source_offset > t.source_offset""",
-            row.user_id, list(row.fact_ids), row.used_at, row.source_offset)
+        await conn.execute("DELETE FROM episode_uses WHERE user_id = $1", row.user_id)
+    elif isinstance(row, Used):
+        # Ids the user does not hold are counted too, harmlessly: the sweep reads uses of its own memories only.
+        for table, key, ids in (("fact_uses", "fact_id", row.fact_ids), ("episode_uses", "episode_id", row.episode_ids)):
+            if ids:
+                await conn.execute(_COUNTED.format(table=table, key=key), row.user_id, list(ids), row.used_at,
+                                   row.source_offset)
     elif isinstance(row, ExpertIdentityGone):
         # A tombstone, text blanked: an older upsert applied again must not bring the persona back.
         await _expert(conn, row.identity_id, "", "", None, row.updated_at, row.source_event_id, row.source_offset, True)
 
+
+_COUNTED = """INSERT INTO {table} AS t (user_id, {key}, uses, last_used_at, source_offset)
+SELECT $1, m, 1, $3, $4 FROM unnest($2::uuid[]) m ON CONFLICT (user_id, {key}) DO UPDATE
+SET uses = t.uses + 1, last_used_at = greatest(t.last_used_at, EXCLUDED.last_used_at),
+    source_offset = EXCLUDED.source_offset
+WHERE EXCLUDED.source_offset > t.source_offset"""
 
 # The latest statement on the log wins, in whatever order statements are applied: a redelivered
 # older one changes nothing.

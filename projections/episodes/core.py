@@ -1,11 +1,12 @@
-"""Episodes, the pure core: an ``EpisodeRecorded`` decision becomes one immutable row."""
+"""Episodes, the pure core: an ``EpisodeRecorded`` decision becomes one immutable row, and an
+``EpisodesSwept`` moves rows between the hot and the cold vector index."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
-from memstream.schemas import EpisodeRecorded
+from memstream.schemas import EpisodeRecorded, EpisodesSwept
 
 
 def episode_id(source_event_id: uuid.UUID) -> uuid.UUID:
@@ -28,6 +29,7 @@ class EpisodeRow:
     embedding: bytes
     embedding_model: str
     passages: tuple[tuple[int, int, bytes], ...] = ()  # (start, end, vector) of a long turn's windows
+    cooled_at: datetime | None = None  # out of the hot vector index since (a decay sweep's time)
 
 
 def apply(decision: EpisodeRecorded) -> EpisodeRow:
@@ -47,3 +49,13 @@ def apply(decision: EpisodeRecorded) -> EpisodeRow:
         embedding_model=decision.embedding_model,
         passages=tuple((p.start, p.end, p.embedding) for p in decision.passages),
     )
+
+
+def swept(row: EpisodeRow, d: EpisodesSwept) -> EpisodeRow:
+    """``row`` after ``d``: cooled keeps its first time (a sweep delivered again, or a later one
+    naming it, changes nothing), warmed is hot again. The store does the same in SQL."""
+    if row.cooled_at is None and row.episode_id in d.cooled:
+        row = replace(row, cooled_at=d.swept_at)
+    if row.cooled_at is not None and row.episode_id in d.warmed:
+        row = replace(row, cooled_at=None)
+    return row

@@ -19,18 +19,20 @@ PASSAGE_DISCOUNT = 0.1  # cosine distance added to a passage's past the first wi
 # mostly says what it is about (the discount's measurements: BENCHMARKS.md). A later passage
 # nearer than the opening comes with its characters, for a read that must return an excerpt.
 # relaxed_order iterative scans may return rows slightly out of order: re-sort outside.
-def _nearest_sql(period: bool) -> str:
-    """The nearest-episodes statement; ``period``: only episodes that occurred in [$5, $6)."""
+def _nearest_sql(period: bool, cold: bool) -> str:
+    """The nearest-episodes statement of one vector index (``cold``: the cold one, else the hot;
+    migration 0027); ``period``: only episodes that occurred in [$5, $6)."""
     within = " AND occurred_at >= $5 AND occurred_at < $6" if period else ""
+    tier = " IS NOT NULL" if cold else " IS NULL"
     passages = "episode_passages p JOIN episodes e USING (user_id, episode_id)" if period else "episode_passages p"
     return f"""
 WITH c AS MATERIALIZED (
     SELECT {_COLS}, embedding <=> $2 AS distance FROM episodes
-    WHERE user_id = $1 AND embedding_model = $4{within}
+    WHERE user_id = $1 AND embedding_model = $4 AND cooled_at{tier}{within}
     ORDER BY embedding <=> $2 LIMIT $3),
 p AS MATERIALIZED (
     SELECT p.episode_id, p.start_char, p.end_char, p.embedding <=> $2 AS distance FROM {passages}
-    WHERE p.user_id = $1 AND p.embedding_model = $4{within.replace("occurred_at", "e.occurred_at")}
+    WHERE p.user_id = $1 AND p.embedding_model = $4 AND p.cooled_at{tier}{within.replace("occurred_at", "e.occurred_at")}
     ORDER BY p.embedding <=> $2 LIMIT $3),
 bp AS (SELECT DISTINCT ON (episode_id) * FROM p ORDER BY episode_id, distance, start_char),
 n AS (
@@ -48,7 +50,7 @@ SELECT * FROM n ORDER BY distance, episode_id LIMIT $3
 """
 
 
-_NEAREST, _NEAREST_SPAN = _nearest_sql(False), _nearest_sql(True)
+_NEAREST = {(period, cold): _nearest_sql(period, cold) for period in (False, True) for cold in (False, True)}
 
 # A turn of more distinct words than this is scored by the density of its matches: a long
 # answer or a pasted page holds most words of any question, so without this it outranks the
@@ -92,10 +94,15 @@ CROSS JOIN LATERAL (
 
 async def nearest(conn, user_id: str, embedding: np.ndarray, k: int, model: str, span: tuple | None = None
                   ) -> Sequence[asyncpg.Record]:
-    """The ``k`` episodes nearest ``embedding`` by their best passage; ``span``: (since, until)."""
-    if span is not None:
-        return await conn.fetch(_NEAREST_SPAN, user_id, embedding, k, model, *span)
-    return await conn.fetch(_NEAREST, user_id, embedding, k, model)
+    """The ``k`` episodes nearest ``embedding`` by their best passage; ``span``: (since, until).
+    The hot index first; the cold one (episodes a decay sweep moved there) only when the hot one
+    comes back short of ``k``, the two then merged by distance."""
+    args = (user_id, embedding, k, model, *(span or ()))
+    hot = await conn.fetch(_NEAREST[span is not None, False], *args)
+    if len(hot) >= k:
+        return hot
+    cold = await conn.fetch(_NEAREST[span is not None, True], *args)
+    return sorted([*hot, *cold], key=lambda r: (r["distance"], r["episode_id"]))[:k] if cold else hot
 
 
 async def keyword(conn, user_id: str, text: str, k: int, span: tuple | None = None) -> Sequence[asyncpg.Record]:

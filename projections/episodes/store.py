@@ -12,7 +12,7 @@ from pgvector import Vector
 from memstream.projections import positions as pos
 from memstream.projections.batches import runs
 from memstream.projections.episodes.core import EpisodeRow, episode_id
-from memstream.schemas import MemoryForgotten
+from memstream.schemas import EpisodesSwept, MemoryForgotten
 
 _INSERT = """
 INSERT INTO episodes (episode_id, source_event_id, user_id, conversation_id, occurred_at,
@@ -27,8 +27,10 @@ RETURNING user_id, episode_id
 # An episode's passages go in with it, only with it: a decision for an episode already there (a
 # batch applied again, the same turn formed twice) adds nothing, as a rebuild keeps the first.
 _INSERT_PASSAGES = """
-INSERT INTO episode_passages (user_id, episode_id, passage, start_char, end_char, embedding, embedding_model)
-SELECT * FROM unnest($1::text[], $2::uuid[], $3::int[], $4::int[], $5::int[], $6::vector[], $7::text[])
+INSERT INTO episode_passages (user_id, episode_id, passage, start_char, end_char, embedding, embedding_model,
+    cooled_at)
+SELECT * FROM unnest($1::text[], $2::uuid[], $3::int[], $4::int[], $5::int[], $6::vector[], $7::text[],
+    $8::timestamptz[])
 ON CONFLICT (user_id, episode_id, passage) DO NOTHING
 """
 
@@ -36,14 +38,18 @@ ON CONFLICT (user_id, episode_id, passage) DO NOTHING
 class EpisodeStore:
     name = "episodes"
 
-    async def apply_batch(self, conn: asyncpg.Connection, rows: Sequence[EpisodeRow | MemoryForgotten],
+    async def apply_batch(self, conn: asyncpg.Connection,
+                          rows: Sequence[EpisodeRow | MemoryForgotten | EpisodesSwept],
                           positions: pos.Positions) -> Forgotten:
-        """Episode rows and forgettings, in log order. Returns what was forgotten (for Tier 0)."""
+        """Episode rows, forgettings and sweeps, in log order. Returns what was forgotten (for Tier 0)."""
         forgotten = Forgotten([], [], set())
         async with conn.transaction():
-            for run, forget in runs(rows, lambda item: isinstance(item, MemoryForgotten)):
+            for run, forget in runs(rows, lambda item: isinstance(item, (MemoryForgotten, EpisodesSwept))):
                 forgotten.kept_out |= await _insert(conn, run)
                 if forget is None:
+                    continue
+                if isinstance(forget, EpisodesSwept):
+                    await swept(conn, forget)
                     continue
                 if forget.kind == "user":
                     held = await conn.execute("DELETE FROM episodes WHERE user_id = $1", forget.user_id)
@@ -63,6 +69,21 @@ class EpisodeStore:
                         forgotten.episodes.append(gone)
             await pos.save(conn, self.name, positions)
         return forgotten
+
+
+# Cooling keeps an episode's first time (a sweep delivered again, or a later sweep naming it,
+# changes nothing); warming clears it. Passages follow their episode.
+_COOL = """UPDATE {table} SET cooled_at = $3 WHERE user_id = $1 AND episode_id = ANY($2::uuid[]) AND cooled_at IS NULL"""
+_WARM = """UPDATE {table} SET cooled_at = NULL WHERE user_id = $1 AND episode_id = ANY($2::uuid[]) AND cooled_at IS NOT NULL"""
+
+
+async def swept(conn, d: EpisodesSwept) -> None:
+    """``d``'s episodes out of the hot vector index (``cooled``) and back into it (``warmed``)."""
+    for table in ("episodes", "episode_passages"):
+        if d.cooled:
+            await conn.execute(_COOL.format(table=table), d.user_id, list(d.cooled), d.swept_at)
+        if d.warmed:
+            await conn.execute(_WARM.format(table=table), d.user_id, list(d.warmed))
 
 
 _FORGET = ("DELETE FROM episodes WHERE user_id = $1 AND episode_id = $2 "
@@ -100,8 +121,8 @@ async def _insert(conn, rows: Sequence[EpisodeRow]) -> set:
 
 def passage_records(rows: Sequence[EpisodeRow]) -> list[tuple]:
     """The ``episode_passages`` rows of ``rows``, in its column order."""
-    return [(r.user_id, r.episode_id, n, start, end, Vector(np.frombuffer(vector, dtype="<f4")), r.embedding_model)
-            for r in rows for n, (start, end, vector) in enumerate(r.passages)]
+    return [(r.user_id, r.episode_id, n, start, end, Vector(np.frombuffer(vector, dtype="<f4")), r.embedding_model,
+             r.cooled_at) for r in rows for n, (start, end, vector) in enumerate(r.passages)]
 
 
 _FORGOTTEN = ("SELECT f.user_id, f.episode_id FROM forgotten_episodes f "

@@ -27,7 +27,7 @@ from memstream.projections import db
 from memstream.projections import positions as pos
 from memstream.projections.episodes import core as episodes
 from memstream.projections.episodes.store import passage_records
-from memstream.schemas import EpisodeRecorded, InvalidEvent, MemoryForgotten, decode_decision
+from memstream.schemas import EpisodeRecorded, EpisodesSwept, InvalidEvent, MemoryForgotten, decode_decision
 from memstream.keys import data_keys
 from memstream.streams.log.kafka_util import drain, groupless_consumer
 from memstream.streams.log.records import next_offsets
@@ -39,10 +39,12 @@ log = logging.getLogger("memstream.rebuild")
 
 _COLUMNS = ["episode_id", "source_event_id", "user_id", "conversation_id", "occurred_at", "recorded_at",
             "source_partition", "source_offset", "user_message", "assistant_message", "metadata", "embedding",
-            "embedding_model"]
+            "embedding_model", "cooled_at"]
 # Dropped for the load and built again after it, exactly as the migrations define them.
-_DEFERRED = ("episodes_embedding_hnsw", "episodes_tsv_gin", "episode_passages_embedding_hnsw")
-_PASSAGE_COLUMNS = ["user_id", "episode_id", "passage", "start_char", "end_char", "embedding", "embedding_model"]
+_DEFERRED = ("episodes_embedding_hnsw", "episodes_embedding_cold_hnsw", "episodes_tsv_gin",
+             "episode_passages_embedding_hnsw", "episode_passages_embedding_cold_hnsw")
+_PASSAGE_COLUMNS = ["user_id", "episode_id", "passage", "start_char", "end_char", "embedding", "embedding_model",
+                    "cooled_at"]
 
 
 @dataclass
@@ -112,6 +114,9 @@ class _Fold:
             if key not in self.rows and key[1] not in self.forgotten.get(key[0], ()):  # the first one stays
                 self.rows[key] = row
                 self.by_user.setdefault(row.user_id, set()).add(key)
+        elif isinstance(d, EpisodesSwept):
+            for key in {(d.user_id, e) for e in (*d.cooled, *d.warmed)} & self.by_user.get(d.user_id, set()):
+                self.rows[key] = episodes.swept(self.rows[key], d)
         elif isinstance(d, MemoryForgotten) and d.kind == "episode":
             key = (d.user_id, episodes.episode_id(d.target))
             self.rows.pop(key, None)
@@ -166,7 +171,7 @@ def _record(row: episodes.EpisodeRow) -> tuple:
     return (row.episode_id, row.source_event_id, row.user_id, row.conversation_id, row.occurred_at, row.recorded_at,
             row.source_partition, row.source_offset, row.user_message, row.assistant_message,
             None if row.metadata is None else json.dumps(row.metadata, sort_keys=True),
-            Vector(np.frombuffer(row.embedding, dtype="<f4")), row.embedding_model)
+            Vector(np.frombuffer(row.embedding, dtype="<f4")), row.embedding_model, row.cooled_at)
 
 
 async def rebuild_episodes(settings: Settings, dsn: str, into: str, *, topic: str | None = None,

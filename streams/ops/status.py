@@ -75,7 +75,8 @@ class Status:
         out += [f"log moved from {m['from_events']} ({m['from_partitions']} partitions) to {m['to_events']} "
                 f"({m['partitions']}): {m['state']}" for m in self.moves]
         out += [f"decay sweep {w['sweep_id']} on {w['topic']}/{w['partition']} at {w['swept_at']}: "
-                f"{w['archived']} facts of {w['users']} users archived" for w in self.sweeps]
+                f"{w['archived']} facts archived, {w['cooled']} episodes to the cold index, of {w['users']} users"
+                for w in self.sweeps]
         out += [f"reflection sweep {w['sweep_id']} on {w['topic']}/{w['partition']} at {w['swept_at']}: "
                 f"{w['clusters']} clusters of {w['users']} users asked about" for w in self.reflections]
         out += [f"{part}: unavailable ({why})" for part, why in self.unavailable.items()]
@@ -92,7 +93,7 @@ async def pipeline_status(settings: Settings, dsn: str) -> Status:
         moved = [{k: m[k] for k in ("from_events", "to_events", "from_partitions", "partitions", "state")}
                  for m in await moves(pool, settings)]
         sweeps = [{**dict(r), "sweep_id": str(r["sweep_id"]), "swept_at": r["swept_at"].isoformat()}
-                  for r in await pool.fetch("SELECT topic, partition, sweep_id, swept_at, users, archived "
+                  for r in await pool.fetch("SELECT topic, partition, sweep_id, swept_at, users, archived, cooled "
                                             "FROM decay_sweeps ORDER BY topic, partition")]
         reflected = [{**dict(r), "sweep_id": str(r["sweep_id"]), "swept_at": r["swept_at"].isoformat()}
                      for r in await pool.fetch("SELECT topic, partition, sweep_id, swept_at, users, clusters "

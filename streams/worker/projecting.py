@@ -26,7 +26,7 @@ from memstream.projections.commands.core import Logged
 from memstream.projections.commands.store import CommandStore
 from memstream.projections.profile import store as profile_store
 from memstream.projections.redaction import refusal
-from memstream.schemas import EpisodeRecorded, FactDecision, GraphDecision, InvalidEvent, MemoryForgotten, decode_decision
+from memstream.schemas import EpisodeRecorded, EpisodesSwept, FactDecision, GraphDecision, InvalidEvent, MemoryForgotten, decode_decision
 from memstream.schemas.errors import Refused, Retryable
 from memstream.schemas.events import COMMAND_TYPES
 from memstream.streams.log.screening import screen
@@ -115,7 +115,8 @@ class EpisodesProjection:
             decided.append((r, decision))
             if isinstance(decision, EpisodeRecorded):
                 rows.append((r, episodes.apply(decision)))
-            elif isinstance(decision, MemoryForgotten) and decision.kind in ("episode", "user"):
+            elif (isinstance(decision, MemoryForgotten) and decision.kind in ("episode", "user")) \
+                    or isinstance(decision, EpisodesSwept):
                 rows.append((r, decision))
         # Dead letters first: the position must not pass a record before its letter is durable.
         await self._dead.send(letters)
@@ -160,7 +161,7 @@ class EpisodesProjection:
                 # turns in Tier 0 that Postgres gets when the batch is applied again; one killed
                 # after it would have left them out of Tier 0 for good.
                 partition = {(row.user_id, row.conversation_id): r.partition for r, row in rows
-                             if not isinstance(row, MemoryForgotten)}
+                             if not isinstance(row, (MemoryForgotten, EpisodesSwept))}
                 rebuilt = await self._push(conn, epoch_now, [t for t in _not_forgotten_after(rows)
                                                              if (t.user_id, t.episode_id) not in forgotten.kept_out],
                                            partition, {r.partition for r in records})
@@ -199,6 +200,8 @@ def _not_forgotten_after(rows) -> list:
     users, turns, out = set(), set(), []
     for row in reversed(rows):
         row = row[1]
+        if isinstance(row, EpisodesSwept):
+            continue  # the index a turn is in: Tier 0 holds the turns themselves
         if isinstance(row, MemoryForgotten):
             if row.kind == "user":
                 users.add(row.user_id)

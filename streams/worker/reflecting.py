@@ -161,7 +161,8 @@ async def sweep(settings: Settings, pool, *, at: datetime, model: str, user_id: 
     topic, partitions, swept = await send(settings, requests(found), user_id=user_id, mine=mine,
                                           on_progress=on_progress)
     async with pool.acquire() as conn:
-        await record(conn, "reflection_sweeps", "clusters", topic, found.sweep_id, found.swept_at,
-                     {user: len(clusters) for user, clusters in found.clusters.items()}, partitions, only=swept)
+        await record(conn, "reflection_sweeps", topic, found.sweep_id, found.swept_at,
+                     {"clusters": {user: len(clusters) for user, clusters in found.clusters.items()}}, partitions,
+                     only=swept)
     return found
 

@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Callable, Iterable, Mapping, Sequence
 
 import msgspec
@@ -24,7 +24,7 @@ import msgspec
 from memstream.config import Settings
 from memstream.projections.facts import decay
 from memstream.projections.facts.core import FactRow, Key
-from memstream.schemas import DecaySwept, FactArchived, SweptFact, new_event_id
+from memstream.schemas import DecaySwept, EpisodesSwept, FactArchived, SweptFact, new_event_id
 from memstream.streams.log.screening import expected_partition
 
 log = logging.getLogger("memstream.sweep")
@@ -41,34 +41,71 @@ ORDER BY f.user_id, f.recorded_at, f.fact_id
 """
 
 
+# The episodes to move between the vector indexes: hot ones said (occurred, or recorded if that
+# is earlier: a turn dated in the future is not kept hot by its date) and used before $2, and
+# cold ones used since they cooled.
+_EPISODES = """
+SELECT e.user_id, e.episode_id, e.cooled_at IS NULL AS hot
+FROM episodes e LEFT JOIN episode_uses u ON u.user_id = e.user_id AND u.episode_id = e.episode_id
+WHERE ($1::text IS NULL OR e.user_id = $1)
+  AND CASE WHEN e.cooled_at IS NULL
+           THEN least(e.occurred_at, e.recorded_at) < $2 AND (u.last_used_at IS NULL OR u.last_used_at < $2)
+           ELSE u.last_used_at >= e.cooled_at END
+ORDER BY e.user_id, e.occurred_at, e.episode_id
+"""
+
+
 @dataclass
 class Plan:
-    """What a sweep found, by user: the facts it would archive, weakest first."""
+    """What a sweep found, by user: the facts it would archive, weakest first, and the episodes
+    it would move out of the hot vector index (``cooled``) and back into it (``warmed``)."""
 
     sweep_id: uuid.UUID
     swept_at: datetime
     threshold: float
+    cold_after_days: float = 0.0
     facts_weighed: int = 0
     weak: dict[str, list[SweptFact]] = field(default_factory=dict)
+    cooled: dict[str, list[uuid.UUID]] = field(default_factory=dict)
+    warmed: dict[str, list[uuid.UUID]] = field(default_factory=dict)
     texts: dict[tuple[str, uuid.UUID], str] = field(default_factory=dict)  # for a dry run's listing, never logged
+    appended: dict[str, object] = field(default_factory=dict)  # user -> their last request's LogPosition
 
     @property
     def archiving(self) -> int:
         return sum(len(v) for v in self.weak.values())
 
+    @property
+    def cooling(self) -> int:
+        return sum(len(v) for v in self.cooled.values())
+
+    @property
+    def warming(self) -> int:
+        return sum(len(v) for v in self.warmed.values())
+
+    @property
+    def users(self) -> list[str]:
+        return sorted({*self.weak, *self.cooled, *self.warmed})
+
     def as_dict(self) -> dict:
         return {"sweep_id": str(self.sweep_id), "swept_at": self.swept_at.isoformat(), "threshold": self.threshold,
-                "policy": decay.POLICY, "facts_weighed": self.facts_weighed, "users": len(self.weak),
-                "archiving": self.archiving,
+                "policy": decay.POLICY, "facts_weighed": self.facts_weighed, "users": len(self.users),
+                "archiving": self.archiving, "cold_after_days": self.cold_after_days,
+                "cooling_episodes": self.cooling, "warming_episodes": self.warming,
                 "facts": [{"user_id": user, **msgspec.to_builtins(f),
                            "text": self.texts.get((user, f.fact_id), "")}
-                          for user, facts in sorted(self.weak.items()) for f in facts]}
+                          for user, facts in sorted(self.weak.items()) for f in facts],
+                "episodes": [{"user_id": user, "cooling": len(self.cooled.get(user, ())),
+                              "warming": len(self.warmed.get(user, ()))}
+                             for user in sorted({*self.cooled, *self.warmed})]}
 
 
-async def plan(conn, *, at: datetime, threshold: float, user_id: str | None = None,
+async def plan(conn, *, at: datetime, threshold: float, cold_after_days: float = 0.0, user_id: str | None = None,
                kept: Callable[[str], bool] | None = None) -> Plan:
-    """Weigh every current fact (of ``user_id``, or everyone's; of the users ``kept`` accepts) as of ``at``."""
-    found = Plan(sweep_id=uuid.uuid4(), swept_at=at, threshold=threshold)
+    """Weigh every current fact (of ``user_id``, or everyone's; of the users ``kept`` accepts) as
+    of ``at``, and find the episodes not said or used in ``cold_after_days`` (0: none) and the
+    cold ones used since they cooled."""
+    found = Plan(sweep_id=uuid.uuid4(), swept_at=at, threshold=threshold, cold_after_days=cold_after_days)
     weak: dict[str, list[SweptFact]] = defaultdict(list)
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
         async for r in conn.cursor(_CURRENT, user_id, prefetch=1000):
@@ -92,17 +129,25 @@ async def plan(conn, *, at: datetime, threshold: float, user_id: str | None = No
                                 *zip(*[(u, f.fact_id) for u, facts in weak.items() for f in facts]))
         found.texts = {(r["user_id"], r["fact_id"]): r["text"] for r in rows}
     found.weak = {u: sorted(fs, key=lambda f: (f.strength, str(f.fact_id))) for u, fs in weak.items()}
+    if cold_after_days > 0:
+        async with conn.transaction(readonly=True):
+            async for r in conn.cursor(_EPISODES, user_id, at - timedelta(days=cold_after_days), prefetch=5000):
+                if kept is None or kept(r["user_id"]):
+                    (found.cooled if r["hot"] else found.warmed).setdefault(r["user_id"], []).append(r["episode_id"])
     return found
 
 
 def requests(found: Plan, actor: str = "operator") -> list[DecaySwept]:
-    """The requests that carry ``found`` onto the users' logs, at the sweep's own time."""
+    """The requests that carry ``found`` onto the users' logs, at the sweep's own time: each
+    names at most ``PER_REQUEST`` of each of a user's facts, cooled and warmed episodes."""
     out = []
-    for user, facts in sorted(found.weak.items()):
-        for i in range(0, len(facts), PER_REQUEST):
+    for user in found.users:
+        facts, cooled, warmed = found.weak.get(user, []), found.cooled.get(user, []), found.warmed.get(user, [])
+        for i in range(0, max(len(facts), len(cooled), len(warmed)), PER_REQUEST):
             out.append(DecaySwept(event_id=new_event_id(), user_id=user, occurred_at=found.swept_at, actor=actor,
                                   reason=f"decay sweep below strength {found.threshold:g}",
-                                  sweep_id=found.sweep_id, policy=decay.POLICY, facts=facts[i:i + PER_REQUEST]))
+                                  sweep_id=found.sweep_id, policy=decay.POLICY, facts=facts[i:i + PER_REQUEST],
+                                  cooled=cooled[i:i + PER_REQUEST], warmed=warmed[i:i + PER_REQUEST]))
     return out
 
 
@@ -125,6 +170,16 @@ def archivals(request: DecaySwept, rows: Mapping[Key, FactRow], common: dict) ->
     return out
 
 
+def moved(request: DecaySwept, common: dict) -> list[EpisodesSwept]:
+    """The episodes ``request`` moves between the vector indexes, as one decision: passed on as
+    the sweep found them (the episodes projection moves those still there, in their tier)."""
+    if not (request.cooled or request.warmed):
+        return []
+    return [EpisodesSwept(**common,
+                          decision_id=uuid.uuid5(request.event_id, "episodes"), sweep_id=request.sweep_id,
+                          swept_at=request.occurred_at, cooled=request.cooled, warmed=request.warmed)]
+
+
 async def sweep(settings: Settings, pool, *, at: datetime, user_id: str | None = None,
                 mine: Sequence[int] | None = None, dry_run: bool = False, on_progress=None) -> Plan:
     """A decay sweep as of ``at``: of ``user_id``, of the users of the events partitions ``mine``
@@ -132,16 +187,19 @@ async def sweep(settings: Settings, pool, *, at: datetime, user_id: str | None =
     sweep recorded for each partition it swept (``memstream status``)."""
     kept = await users_of(settings, mine)
     async with pool.acquire() as conn:
-        found = await plan(conn, at=at, threshold=settings.decay_threshold, user_id=user_id, kept=kept)
-    log.info("decay sweep %s: %d facts weighed, %d of %d users below %.2f%s", found.sweep_id, found.facts_weighed,
-             found.archiving, len(found.weak), found.threshold, " (dry run)" if dry_run else "")
+        found = await plan(conn, at=at, threshold=settings.decay_threshold,
+                           cold_after_days=settings.episode_cold_after_days, user_id=user_id, kept=kept)
+    log.info("decay sweep %s: %d facts weighed, %d of %d users below %.2f; episodes %d cooling, %d warming%s",
+             found.sweep_id, found.facts_weighed, found.archiving, len(found.weak), found.threshold, found.cooling,
+             found.warming, " (dry run)" if dry_run else "")
     if dry_run:
         return found
     topic, partitions, swept = await send(settings, requests(found), user_id=user_id, mine=mine,
-                                          on_progress=on_progress)
+                                          on_progress=on_progress, appended=found.appended)
     async with pool.acquire() as conn:
-        await record(conn, "decay_sweeps", "archived", topic, found.sweep_id, found.swept_at,
-                     {user: len(facts) for user, facts in found.weak.items()}, partitions, only=swept)
+        await record(conn, "decay_sweeps", topic, found.sweep_id, found.swept_at,
+                     {"archived": {user: len(facts) for user, facts in found.weak.items()},
+                      "cooled": {user: len(ids) for user, ids in found.cooled.items()}}, partitions, only=swept)
     return found
 
 
@@ -154,14 +212,18 @@ async def users_of(settings: Settings, mine: Sequence[int] | None) -> Callable[[
 
 
 async def send(settings: Settings, asked: Sequence, *, user_id: str | None, mine: Sequence[int] | None,
-               on_progress=None) -> tuple[str, int, Sequence[int] | None]:
+               on_progress=None, appended: dict | None = None) -> tuple[str, int, Sequence[int] | None]:
     """Append a sweep's requests to the users' logs; the events topic, its partition count and
-    the partitions the sweep covered (``mine``, ``user_id``'s, or None: all)."""
+    the partitions the sweep covered (``mine``, ``user_id``'s, or None: all). ``appended``, if
+    given, gets each user's last request's log position (to wait on, read-your-writes)."""
     from memstream.streams.log.producer import TurnLog
 
     async with TurnLog(settings) as turns:
         for i in range(0, len(asked), 100):
-            await turns.append_many(list(asked[i:i + 100]))
+            chunk = list(asked[i:i + 100])
+            for request, position in zip(chunk, await turns.append_many(chunk)):
+                if appended is not None:
+                    appended[request.user_id] = position
             if on_progress:
                 on_progress(min(i + 100, len(asked)), len(asked))
         topic = turns.events_topic
@@ -177,18 +239,24 @@ async def partition_count(settings: Settings, topic: str) -> int:
         return len(await partitions_of(consumer, topic))
 
 
-async def record(conn, table: str, counted: str, topic: str, sweep_id: uuid.UUID, swept_at: datetime,
-                 by_user: Mapping[str, int], partitions: int, only: Iterable[int] | None = None) -> None:
+async def record(conn, table: str, topic: str, sweep_id: uuid.UUID, swept_at: datetime,
+                 counted: Mapping[str, Mapping[str, int]], partitions: int, only: Iterable[int] | None = None) -> None:
     """Record a sweep as the last of ``table`` (``decay_sweeps``, ``reflection_sweeps``) for
     each partition of ``topic`` it swept (``only``, or every one of the ``partitions``): how many
-    users it asked about there and how many of what it ``counted`` (``by_user``), for
+    users it asked about there and how many of each column of ``counted`` (by user), for
     ``memstream status``."""
-    counts: dict[int, list[int]] = {p: [0, 0] for p in (range(partitions) if only is None else only)}
-    for user, n in by_user.items():
-        c = counts.setdefault(expected_partition(user.encode(), partitions), [0, 0])
-        c[0], c[1] = c[0] + 1, c[1] + n
+    columns = sorted(counted)
+    counts: dict[int, list[int]] = {p: [0] * (1 + len(columns)) for p in (range(partitions) if only is None else only)}
+    for user in sorted({u for by_user in counted.values() for u in by_user}):
+        c = counts.setdefault(expected_partition(user.encode(), partitions), [0] * (1 + len(columns)))
+        c[0] += 1
+        for i, column in enumerate(columns, 1):
+            c[i] += counted[column].get(user, 0)
+    names = ", ".join(columns)
+    values = ", ".join(f"${i}" for i in range(6, 6 + len(columns)))
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns)
     await conn.executemany(
-        f"INSERT INTO {table} (topic, partition, sweep_id, swept_at, users, {counted}) "
-        "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (topic, partition) DO UPDATE SET sweep_id = "
-        f"EXCLUDED.sweep_id, swept_at = EXCLUDED.swept_at, users = EXCLUDED.users, {counted} = EXCLUDED.{counted}",
-        [(topic, p, sweep_id, swept_at, u, n) for p, (u, n) in sorted(counts.items())])
+        f"INSERT INTO {table} (topic, partition, sweep_id, swept_at, users, {names}) "
+        f"VALUES ($1, $2, $3, $4, $5, {values}) ON CONFLICT (topic, partition) DO UPDATE SET sweep_id = "
+        f"EXCLUDED.sweep_id, swept_at = EXCLUDED.swept_at, users = EXCLUDED.users, {updates}",
+        [(topic, p, sweep_id, swept_at, *c) for p, c in sorted(counts.items())])

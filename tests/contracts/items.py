@@ -158,5 +158,6 @@ def expert_gone(identity_id: str) -> ExpertIdentityDeleted:
                                  identity_id=identity_id)
 
 
-def used(user: str, *fact_ids: uuid.UUID) -> MemoriesUsed:
-    return MemoriesUsed(event_id=new_event_id(), user_id=user, occurred_at=_at(), fact_ids=list(fact_ids))
+def used(user: str, *fact_ids: uuid.UUID, episodes: list[uuid.UUID] = ()) -> MemoriesUsed:
+    return MemoriesUsed(event_id=new_event_id(), user_id=user, occurred_at=_at(), fact_ids=list(fact_ids),
+                        episode_ids=list(episodes))

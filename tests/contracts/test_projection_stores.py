@@ -25,7 +25,7 @@ from memstream.projections.facts.store import FactStore
 from memstream.projections.graph import core as graph
 from memstream.projections.graph.core import EdgeRow, MissingGraphTarget
 from memstream.projections.graph.store import GraphStore
-from memstream.schemas import EdgeOpened, EntityCreated, FactAdded, FactUpdated, MemoryForgotten, ReminderScheduled
+from memstream.schemas import EdgeOpened, EntityCreated, EpisodesSwept, FactAdded, FactUpdated, MemoryForgotten, ReminderScheduled
 from memstream.schemas.errors import Refused
 from tests.contracts import items
 from tests.contracts.items import EVENTS
@@ -115,8 +115,12 @@ class TestEpisodeStore(ProjectionStoreContract):
         said = [("ana", "I live in Porto."), ("bo", "My cat is called Miso."), ("ana", "I moved to Lisbon.")]
         regret = items.episode("cy", "Forget I said this.")
         long = items.episode("bo", "A long turn about my garden, my roses and my tomatoes.", passages=2)
-        return [*(episodes.apply(items.episode(user, text)) for user, text in said), episodes.apply(long),
-                episodes.apply(regret), _forget(regret, "episode")]
+        rows = [episodes.apply(items.episode(user, text)) for user, text in said]
+        return [*rows, episodes.apply(long), episodes.apply(regret), _forget(regret, "episode"),
+                # Each user's own episodes move (ana's id in bo's sweep is not bo's), and back.
+                _swept("bo", long, cooled=[rows[0].episode_id, episodes.episode_id(long.source_event_id)]),
+                _swept("ana", long, cooled=[rows[0].episode_id, rows[2].episode_id]),
+                _swept("ana", long, warmed=[rows[0].episode_id])]
 
     def poisoned(self, name, batch):
         fresh = episodes.apply(items.episode("ana", "I started a new job."))
@@ -134,6 +138,12 @@ class TestEpisodeStore(ProjectionStoreContract):
         assert await conn.fetchval("SELECT count(*) FROM episodes WHERE user_id = 'ana'") == 0
         await self.store.apply_batch(conn, [_forget(said, "user")], {})
         assert await conn.fetchval("SELECT count(*) FROM forgotten_episodes WHERE user_id = 'ana'") == 0
+
+
+def _swept(user: str, said, cooled=(), warmed=()) -> EpisodesSwept:
+    return EpisodesSwept(decision_id=uuid.uuid4(), source_event_id=uuid.uuid4(), source=said.source,
+                         recorded_at=said.recorded_at, user_id=user, sweep_id=uuid.uuid4(),
+                         swept_at=said.recorded_at, cooled=list(cooled), warmed=list(warmed))
 
 
 def _forget(said, kind: str) -> MemoryForgotten:
@@ -229,7 +239,8 @@ class TestCommandStore(ProjectionStoreContract):
         return logged(0, [call, water, items.resolved(call), items.identity("ana", name="Ana", tone="brief"),
                           items.expert("coach", "Coach"), items.expert("chef", "Chef"), items.expert_gone("chef"),
                           items.identity("ana", name="Ana", tone="warm"), items.used("ana", uuid.UUID(int=1)),
-                          items.used("ana", uuid.UUID(int=1), uuid.UUID(int=2))])
+                          items.used("ana", uuid.UUID(int=1), uuid.UUID(int=2)),
+                          items.used("bo", episodes=[uuid.UUID(int=4)])])
 
     def poisoned(self, name, batch):
         water = [c.event for c in batch if isinstance(c.event, ReminderScheduled)][1]

@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from memstream.embedding import default_embedder
 from memstream.projections.compare import TABLES, diff_counts
 from memstream.projections.db import drop_schema
-from memstream.schemas import MemoriesUsed, new_event_id
+from memstream.schemas import MemoriesUsed, TurnRecorded, new_event_id
 from memstream.stack.worker_process import worker_env
 from memstream.streams.log.producer import TurnLog
 from memstream.streams.ops.reform import reform
@@ -52,8 +52,11 @@ async def test_a_sweep_archives_faded_facts_a_mention_restores_them_and_a_replay
                                   env=worker_env(settings), capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     said = cli.stdout.splitlines()
-    assert "would archive 2 of 1 users" in said[0] and len(said) == 3, cli.stdout
-    assert sorted(line.rsplit("  ", 1)[1] for line in said[1:]) == ["Likes kayaking", "Likes sudoku"]
+    assert "would archive 2; would move 6 episodes to the cold index and 0 back; 1 users" in said[0], cli.stdout
+    assert sorted(line.rsplit("  ", 1)[1] for line in said if "strength" in line) == ["Likes kayaking",
+                                                                                      "Likes sudoku"]
+    assert [line for line in said if "episodes:" in line] == [
+        "  dee  episodes: 6 to the cold index (not said or used in 365 days), 0 back (used since)"]
     dry = await sweep_decay(settings, dsn, user_id="dee", dry_run=True, at=LATER)
     assert sorted(dry.texts["dee", f.fact_id] for f in dry.weak["dee"]) == ["Likes kayaking", "Likes sudoku"]
     assert all(f.strength < 0.2 and f.idle_days > 800 and f.rate > 0 for f in dry.weak["dee"])
@@ -178,3 +181,90 @@ async def test_an_archived_relationship_keeps_its_edge_and_an_archived_fact_can_
 async def _listed(names, n: int):
     got = await names()
     return got if len(got) >= n else None
+
+
+async def test_a_sweep_moves_old_unused_episodes_to_the_cold_index_and_a_use_brings_one_back(
+        settings, conn, dsn, workers, forbid_llm_and_embedder):
+    from memstream.projections.episodes import query as episodes_q
+    from memstream.streams.ops.rebuild import rebuild_episodes
+
+    from .test_long_turns import FILLER, PHRASE
+
+    # Dated by the wall clock: a turn's idle time runs from when it was said or logged, whichever
+    # is earlier (a host cannot keep a turn hot by dating it ahead), so the sweep is as of now.
+    now = datetime.now(timezone.utc)
+
+    def said(user, text, days_ago, conv="c1"):
+        return TurnRecorded.new(user_id=user, conversation_id=conv, user_message=text, assistant_message="I see.",
+                                occurred_at=now - timedelta(days=days_ago))
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [
+        said("ivy", "I adopted a greyhound named Comet.", 800), said("ivy", f"{FILLER} {PHRASE} {FILLER}", 800),
+        said("ivy", "My favourite tea is oolong.", 800),
+        said("ivy", "Just had lunch.", 2, "c2"), said("ivy", "The weather is grey today.", 2, "c2"),
+        said("jon", "I adopted a greyhound named Comet.", 800)])
+    ids = {r["user_message"][:12]: r["episode_id"] for r in await conn.fetch(
+        "SELECT user_message, episode_id FROM episodes WHERE user_id = 'ivy'")}
+    # The host used the tea turn in an answer the day before the sweep: in use, it stays hot.
+    async with TurnLog(settings) as log:
+        await log.append(MemoriesUsed(event_id=new_event_id(), user_id="ivy", occurred_at=now - timedelta(days=1),
+                                      episode_ids=[ids["My favourite"]]))
+    await append_and_wait(settings, conn, [said("ivy", "ok", 1, "c2")])
+    await wait_until(lambda: conn.fetchval("SELECT uses FROM episode_uses WHERE user_id = 'ivy'"), what="the use")
+
+    done = await sweep_decay(settings, dsn, user_id="ivy", at=now + timedelta(hours=1))
+    assert done.cooling == 2 and not done.warming and await conn.fetchval("SELECT sum(cooled) FROM decay_sweeps") == 2
+
+    async def cold():
+        return {r["user_message"][:12] for r in await conn.fetch(
+            "SELECT user_message FROM episodes WHERE user_id = 'ivy' AND cooled_at IS NOT NULL")}
+    assert await wait_until(cold, what="the episodes cooled") == {"I adopted a ", FILLER[:12]}
+    # Passages follow their episode; the other user's turn of the same words is not theirs to move.
+    assert not await conn.fetchval("SELECT count(*) FROM episode_passages WHERE user_id = 'ivy' AND cooled_at IS NULL")
+    assert await conn.fetchval("SELECT cooled_at IS NULL FROM episodes WHERE user_id = 'jon'")
+
+    embedder = default_embedder()
+    [vec] = embedder.embed(["my greyhound Comet"])
+    async with conn.transaction():
+        # Four hot episodes answer a search of two: the cold index is not asked.
+        hot = await episodes_q.nearest(conn, "ivy", vec, 2, embedder.model_id)
+        # A search of ten comes back short of the hot index: the cold one is searched, and its
+        # nearest (the greyhound) ranks first, by distance.
+        every = await episodes_q.nearest(conn, "ivy", vec, 10, embedder.model_id)
+    assert ids["I adopted a "] not in {r["episode_id"] for r in hot}
+    assert every[0]["episode_id"] == ids["I adopted a "] and len(every) == 6
+    reader = await make_reader(dsn, settings, embedder)
+    try:
+        ctx = await reader.read("ivy", "c2", "what is the name of my greyhound?")
+        assert any("greyhound" in e.user_message for e in ctx.episodes)  # keyword search covers cold turns
+    finally:
+        await reader.close()
+
+    # Used after it cooled: the next sweep brings it back to the hot index.
+    async with TurnLog(settings) as log:
+        await log.append(MemoriesUsed(event_id=new_event_id(), user_id="ivy", occurred_at=now + timedelta(hours=2),
+                                      episode_ids=[ids["I adopted a "]]))
+    await append_and_wait(settings, conn, [said("ivy", "ok again", 0, "c2")])
+    await wait_until(lambda: conn.fetchval("SELECT uses FROM episode_uses WHERE episode_id = $1", ids["I adopted a "]),
+                     what="the second use")
+    again = await sweep_decay(settings, dsn, user_id="ivy", at=now + timedelta(hours=3))
+    assert again.warming == 1 and not again.cooling
+
+    async def warmed():
+        return await cold() == {FILLER[:12]}
+    await wait_until(warmed, what="the greyhound back in the hot index")
+    await append_and_wait(settings, conn, [said("ivy", "bye", 0, "c2")])
+    w.stop()
+
+    forbid_llm_and_embedder()  # a replay and a rebuild apply what the sweeps decided: no clock, no sweep
+    await assert_equal_to_a_replay(settings, conn, dsn, "cold", ["episodes", "commands"],
+                                   ["episodes", "episode_passages", "episode_uses"])
+    target = f"{settings.postgres_schema}_coldrb"
+    try:
+        await rebuild_episodes(settings, dsn, target)
+        for table in ("episodes", "episode_passages"):
+            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
+    finally:
+        await drop_schema(dsn, target)

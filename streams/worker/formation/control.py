@@ -27,7 +27,7 @@ from memstream.streams.worker.formation.graph import GraphView
 from memstream.streams.worker.formation.turn import TurnDecider
 from memstream.streams.worker.formation.reflections import reflections
 from memstream.streams.worker.formation.views import FactView
-from memstream.streams.worker.sweeping import archivals
+from memstream.streams.worker.sweeping import archivals, moved
 
 log = logging.getLogger("memstream.formation")
 # What a forget may name: a fact believed now, in the read path or archived out of it.
@@ -173,7 +173,7 @@ class ControlRequests:
                                              why=f"forgotten{why}", forgot=(e.actor, e.reason, [f.value for f in alone]))
         if isinstance(e, DecaySwept):
             await overlay.ensure(e.user_id, [f.fact_id for f in e.facts])
-            return archivals(e, overlay.rows, common)
+            return archivals(e, overlay.rows, common) + moved(e, common)
         if isinstance(e, ReflectRequested):
             return await reflections(e, overlay, self._reflector, self._turns.ask, self._turns.embed_facts,
                                      self._turns.embedder.model_id, common)
