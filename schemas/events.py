@@ -469,6 +469,10 @@ class FactDecision(Decision, kw_only=True, frozen=True):
     reason: str
     confidence: float
     explicit: bool
+    # When the user said what an observation rests on (the turn's own time; a correction's): a
+    # fact's idle time for decay runs from it, or from ``recorded_at`` if that is earlier (a
+    # turn dated ahead keeps nothing fresh) or this is absent (decisions recorded before it).
+    said_at: datetime | None = None
 
 
 class _FactBody(FactDecision, kw_only=True, frozen=True):

@@ -295,7 +295,7 @@ async def _decayed(pool, reader, conversation: str, reads: int, cold_after_days:
     spread = ("$1::timestamptz + (($2::float8 * row_number) / count) * interval '1 day'")
     async with pool.acquire() as conn:
         await conn.execute(
-            f"UPDATE memory_facts SET last_observed_at = {spread} "
+            f"UPDATE memory_facts SET last_observed_at = {spread}, last_said_at = {spread} "
             "FROM (SELECT fact_id AS id, row_number() OVER (ORDER BY fact_id) AS row_number, count(*) OVER () AS count "
             "FROM memory_facts WHERE user_id = 'heavy') o WHERE user_id = 'heavy' AND fact_id = o.id", T0, AGED_DAYS)
         await conn.execute(

@@ -72,6 +72,7 @@ class FactRow(FactContent):
     notes: tuple[str, ...] = ()  # e.g. that one of its sources was forgotten
     observed_in: tuple[uuid.UUID, ...] = ()  # the turns (event ids) it was read from, first to last
     derived_from: tuple[uuid.UUID, ...] = ()  # a reflection's source facts: it ends when one of them does
+    last_said_at: datetime | None = None  # the last observation's said time (``said``): decay's idle time runs from it
 
     @property
     def current(self) -> bool:
@@ -148,6 +149,12 @@ def ends_facts(decision: Decision) -> bool:
     return isinstance(decision, (FactUpdated, FactDeleted, MemoryForgotten))
 
 
+def said(d: FactDecision) -> datetime:
+    """When the user said what ``d`` observes, as decay counts it: the decision's ``said_at``,
+    but never after it reached the log."""
+    return d.recorded_at if d.said_at is None else min(d.said_at, d.recorded_at)
+
+
 def _new(d: FactAdded | FactUpdated | ReflectionRecorded, lineage_id: uuid.UUID, version: int) -> FactRow:
     return FactRow(
         fact_id=d.fact_id, lineage_id=lineage_id, version=version, user_id=d.user_id, text=d.text, category=d.category,
@@ -155,7 +162,7 @@ def _new(d: FactAdded | FactUpdated | ReflectionRecorded, lineage_id: uuid.UUID,
         status="current", valid_from=d.valid_from, valid_to=None, recorded_at=d.recorded_at,
         superseded_at=None, superseded_by=None, end_reason=None, observation_count=1,
         last_observed_at=d.recorded_at, observed_by=(d.decision_id,), deferred={},
-        observed_in=() if isinstance(d, ReflectionRecorded) else (d.source_event_id,),
+        observed_in=() if isinstance(d, ReflectionRecorded) else (d.source_event_id,), last_said_at=said(d),
         source_event_id=d.source_event_id, extractor=d.extractor, resolver=d.resolver,
         reason=d.reason, embedding=d.embedding, embedding_model=d.embedding_model,
         derived_from=tuple(d.sources) if isinstance(d, ReflectionRecorded) else (),
@@ -280,6 +287,7 @@ def _apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
         if d.decision_id in _target(state, d.target, d).observed_by or (old := _live(state, d.target, d)) is None:
             return []
         return [replace(old, observation_count=old.observation_count + 1, last_observed_at=d.recorded_at,
+                        last_said_at=_later(old.last_said_at, said(d)),
                         confidence=max(old.confidence, d.confidence), explicit=old.explicit or d.explicit,
                         observed_by=old.observed_by + (d.decision_id,),
                         observed_in=old.observed_in + ((d.source_event_id,) if d.source_event_id not in old.observed_in
@@ -298,7 +306,8 @@ def _apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
         if old.status != "archived" or d.decision_id in old.observed_by:
             return []  # current again already (a redelivery), or ended or forgotten since
         return [replace(old, status="current", observation_count=old.observation_count + 1,
-                        last_observed_at=d.recorded_at, observed_by=old.observed_by + (d.decision_id,),
+                        last_observed_at=d.recorded_at, last_said_at=_later(old.last_said_at, said(d)),
+                        observed_by=old.observed_by + (d.decision_id,),
                         observed_in=old.observed_in + ((d.source_event_id,) if d.source_event_id not in old.observed_in
                                                        else ()))]
     if isinstance(d, FactChangeDeferred):
@@ -332,3 +341,8 @@ def fold(state: dict[Key, FactRow], decisions: Iterable[Decision]) -> dict[Key, 
         for row in apply(state, d):
             state[key(row)] = changed[key(row)] = row
     return changed
+
+
+def _later(a: datetime | None, b: datetime) -> datetime:
+    """The later of two said times (turns may arrive out of their own order); None: not known."""
+    return b if a is None else max(a, b)

@@ -25,7 +25,7 @@ _CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "version": "int", "user_id": 
           "observation_count": "int", "last_observed_at": "timestamptz", "observed_by": "text",
           "deferred": "jsonb", "source_event_id": "uuid", "extractor": "text", "resolver": "text",
           "reason": "text", "embedding": "vector", "embedding_model": "text", "notes": "text", "observed_in": "text",
-          "derived_from": "text"}
+          "derived_from": "text", "last_said_at": "timestamptz"}
 # unnest() zips the column arrays; observed_by, observed_in, derived_from and notes travel as text and are cast back to arrays.
 _ARRAYS = {"observed_by": "u.observed_by::uuid[]", "notes": "u.notes::text[]", "observed_in": "u.observed_in::uuid[]",
            "derived_from": "u.derived_from::uuid[]"}

@@ -36,7 +36,8 @@ MAX_CLUSTERS = 100  # ReflectRequested.clusters: a user's largest clusters first
 _RECENT = """
 SELECT user_id, fact_id, embedding, observation_count, embedding_model, recorded_at
 FROM memory_facts
-WHERE status = 'current' AND category <> 'reflection' AND last_observed_at >= $2 AND last_observed_at <= $3
+WHERE status = 'current' AND category <> 'reflection'
+  AND coalesce(last_said_at, last_observed_at) BETWEEN $2 AND $3
   AND ($1::text IS NULL OR user_id = $1)
 ORDER BY user_id, recorded_at, fact_id
 """

@@ -33,7 +33,8 @@ log = logging.getLogger("memstream.sweep")
 PER_REQUEST = 1000
 
 _CURRENT = """
-SELECT f.user_id, f.fact_id, f.category, f.attribute, f.confidence, f.observation_count, f.last_observed_at,
+SELECT f.user_id, f.fact_id, f.category, f.attribute, f.confidence, f.observation_count,
+       coalesce(f.last_said_at, f.last_observed_at) AS last_said_at,
        coalesce(u.uses, 0) AS uses, u.last_used_at
 FROM memory_facts f LEFT JOIN fact_uses u ON u.user_id = f.user_id AND u.fact_id = f.fact_id
 WHERE f.status = 'current' AND ($1::text IS NULL OR f.user_id = $1)
@@ -114,7 +115,7 @@ async def plan(conn, *, at: datetime, threshold: float, cold_after_days: float =
             found.facts_weighed += 1
             if not decay.decays(r["category"], r["attribute"]):
                 continue
-            last = max(t for t in (r["last_observed_at"], r["last_used_at"]) if t is not None)
+            last = max(t for t in (r["last_said_at"], r["last_used_at"]) if t is not None)
             w = decay.strength(category=r["category"], attribute=r["attribute"], confidence=r["confidence"],
                                observations=r["observation_count"], uses=r["uses"],
                                idle_days=(at - last).total_seconds() / 86400)

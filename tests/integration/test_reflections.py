@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from datetime import timedelta
+
 import pytest
 
 from memstream import control
 from memstream.embedding import default_embedder
+from memstream.schemas import TurnRecorded
 from memstream.projections.compare import TABLES
 from memstream.stack.worker_process import worker_env
 from memstream.streams.log.producer import TurnLog
@@ -18,11 +21,12 @@ from memstream.streams.ops.reform import reform
 from memstream.streams.ops.sweep import sweep_reflect
 
 from .conftest import wait_until
-from .helpers import assert_equal_to_a_replay
+from .helpers import BASE, assert_equal_to_a_replay
 from .test_formation import append_and_wait, turn
 from .test_read_path import make_reader
 
 pytestmark = pytest.mark.asyncio
+SOON = BASE + timedelta(days=1)  # the sweeps' time: the day after the turns
 
 
 async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_source_takes_it(
@@ -34,9 +38,9 @@ async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_s
         turn("ivy", "I live in Porto.", 3), turn("ivy", "I'm allergic to peanuts.", 4),
         turn("jon", "I like hiking.", 5), turn("jon", "I like camping.", 6)])  # said twice only: not enough
 
-    # As of now: a fact's time on the log (when it was said) is the turn's log timestamp.
+    # As of the day after: a fact's time is when its turn says it was said (the log's, if earlier).
     cli = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "memstream.cli", "sweep", "reflect",
-                                                   "--dry-run"],
+                                                   "--dry-run", "--as-of", SOON.strftime("%Y-%m-%dT%H:%M:%S")],
                                   env=worker_env(settings), capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     said = cli.stdout.splitlines()
@@ -44,7 +48,7 @@ async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_s
     assert said[1].strip().startswith("ivy  2 facts said 3x: ") and "Likes hiking" in said[1], said[1]
     assert not await conn.fetchval("SELECT count(*) FROM reflection_sweeps")  # a dry run records nothing
 
-    done = await sweep_reflect(settings, dsn)
+    done = await sweep_reflect(settings, dsn, at=SOON)
     assert done.asking == 1 and await conn.fetchval("SELECT sum(clusters) FROM reflection_sweeps") == 1
     reflection = await wait_until(lambda: conn.fetchrow(
         "SELECT fact_id, text, derived_from, status FROM memory_facts WHERE category = 'reflection'"),
@@ -54,7 +58,7 @@ async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_s
     assert set(reflection["derived_from"]) == {sources["hiking"], sources["camping"]}
     assert reflection["status"] == "current" and "hiking" in reflection["text"] and "camping" in reflection["text"]
     # Asked again, the sweep finds the cluster reflected on already.
-    assert (await sweep_reflect(settings, dsn, dry_run=True)).asking == 0
+    assert (await sweep_reflect(settings, dsn, dry_run=True, at=SOON)).asking == 0
 
     reader = await make_reader(dsn, settings, default_embedder())
     try:
@@ -87,7 +91,10 @@ async def test_a_formation_worker_reflects_on_the_users_of_its_partitions_on_its
     timed = settings.model_copy(update={"reflect_sweep_every_s": 2.0, "reflect_min_observations": 2})
     w = workers(settings=timed)
     await w.wait_assigned()
-    await append_and_wait(timed, conn, [turn("kai", "I like hiking.", 0), turn("kai", "I like camping.", 1)])
+    # Said now: the worker's sweep runs on its own clock.
+    await append_and_wait(timed, conn, [TurnRecorded.new(user_id="kai", conversation_id="c1", user_message=said,
+                                                         assistant_message="I see.")
+                                        for said in ("I like hiking.", "I like camping.")])
     assert await wait_until(lambda: conn.fetchval(
         "SELECT count(*) FROM memory_facts WHERE user_id = 'kai' AND category = 'reflection' AND status = 'current'"),
         timeout=60, what="the worker's reflection sweep") == 1
@@ -99,7 +106,7 @@ async def test_a_reform_asks_the_recorded_reflection_requests_again(settings, co
     await w.wait_assigned()
     await append_and_wait(settings, conn, [turn("lou", "I like jazz.", 0), turn("lou", "I like blues music.", 1),
                                            turn("lou", "I like jazz.", 2)])
-    assert (await sweep_reflect(settings, dsn)).asking == 1
+    assert (await sweep_reflect(settings, dsn, at=SOON)).asking == 1
     await wait_until(lambda: conn.fetchval("SELECT count(*) FROM memory_facts WHERE category = 'reflection'"),
                      what="the reflection recorded")
     w.stop()

@@ -55,3 +55,22 @@ def test_an_archived_fact_is_believed_still_so_it_is_corrected_or_retracted_as_a
     assert {r.value: r.status for r in corrected.values()} == {"chess": "superseded", "checkers": "current"}
     retracted = core.fold(state, [items.deleted(other)])[("ana", other.fact_id)]
     assert retracted.status == "deleted" and retracted.valid_to is not None
+
+
+def test_a_facts_idle_time_runs_from_when_it_was_said_never_after_it_was_logged():
+    import msgspec
+
+    from datetime import timedelta
+
+    said = items.added("ana", value="chess")
+    backfilled = msgspec.structs.replace(said, said_at=said.recorded_at - timedelta(days=700))
+    row = core.fold({}, [backfilled])[("ana", said.fact_id)]
+    assert row.last_said_at == said.recorded_at - timedelta(days=700)  # a backfill ages by its own dates
+    ahead = msgspec.structs.replace(said, said_at=said.recorded_at + timedelta(days=700))
+    assert core.fold({}, [ahead])[("ana", said.fact_id)].last_said_at == said.recorded_at  # never ahead of the log
+    assert core.fold({}, [said])[("ana", said.fact_id)].last_said_at == said.recorded_at  # recorded before said_at
+    # Observed again in a turn dated earlier than the last one: the later said time stays.
+    state = {}
+    core.fold(state, [backfilled])
+    again = msgspec.structs.replace(items.reinforced(said), said_at=said.recorded_at - timedelta(days=900))
+    assert core.fold(state, [again])[("ana", said.fact_id)].last_said_at == said.recorded_at - timedelta(days=700)

@@ -63,7 +63,7 @@ class ControlRequests:
             # correction says the old value was never true, not that it stopped being true: the
             # new version holds from the old one's start, which ends where it began (system
             # time still shows what was believed until the correction).
-            updated = FactUpdated(**common, decision_id=fid, extractor=f"control:{e.actor}",
+            updated = FactUpdated(**common, decision_id=fid, said_at=e.occurred_at, extractor=f"control:{e.actor}",
                                   resolver=f"control:{e.actor}", confidence=1.0, explicit=True, fact_id=fid, text=text,
                                   category=old.category, attribute=old.attribute, value=e.value,
                                   valid_from=old.valid_from, embedding=to_bytes(vector),

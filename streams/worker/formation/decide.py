@@ -43,7 +43,7 @@ def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolu
     common = dict(
         decision_id=fid, source_event_id=ctx.turn.event_id, source=ctx.source, recorded_at=ctx.recorded_at,
         user_id=ctx.turn.user_id, extractor=ctx.extractor, resolver=ctx.resolver,
-        confidence=float(cand.confidence), explicit=cand.explicit,
+        confidence=float(cand.confidence), explicit=cand.explicit, said_at=ctx.turn.occurred_at,
     )
     body = dict(fact_id=fid, text=cand.text, category=cand.category, attribute=cand.attribute, value=cand.value,
                 valid_from=cand.valid_at or ctx.turn.occurred_at, embedding=to_bytes(vector),

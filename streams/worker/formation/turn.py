@@ -197,7 +197,7 @@ class TurnDecider:
         common = dict(decision_id=facts_core.fact_id(ctx.turn.event_id, n), source_event_id=ctx.turn.event_id,
                       source=ctx.source, recorded_at=ctx.recorded_at, user_id=ctx.turn.user_id, extractor=ctx.extractor,
                       resolver="decay-restore", confidence=float(cand.confidence), explicit=cand.explicit,
-                      target=row.fact_id)
+                      target=row.fact_id, said_at=ctx.turn.occurred_at)
         if cand.negated:
             return FactDeleted(**common, valid_to=max(cand.valid_at or ctx.turn.occurred_at, row.valid_from),
                                reason=f"user retracts archived {row.text!r}")
