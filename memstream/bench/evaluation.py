@@ -47,7 +47,7 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
     of memstream and of the plain retrievers, and score them. ``limit``: the first samples only.
     The schema is dropped, the worker stopped and the topics deleted afterwards, whatever
     happens, unless ``keep`` (the report's ``tag`` then names the run, and ``reuse=tag`` asks
-    its questions again without ingesting: for trying settings). ``sweep``: then run a decay
+    its questions again without ingesting, and keeps it still: for trying settings). ``sweep``: then run a decay
     sweep for each user as of their last turn (through the pipeline: archived facts, episodes
     moved to the cold index) and ask every question again (method ``memstream_swept``)."""
     from memstream.projections.db import migrate
@@ -91,7 +91,7 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
             await reader.close()
         if worker is not None:
             worker.stop()
-        if not keep:
+        if not keep and reuse is None:  # a kept run asked again stays kept
             await discarded(settings, dsn)
     results, latencies, degraded = asked
     methods = {"memstream": score(results, k), **{name: score(r, k) for name, r in plain.items()}}
@@ -105,7 +105,7 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
     if sweep:
         report["sweep"] = {**swept, **{f"swept_{name}": v for name, v in _latency(after[1]).items()},
                            "swept_degraded_reads": after[2]}
-    if keep:
+    if keep or reuse is not None:
         report["tag"] = tag
     log.info("eval overall: %s", {name: m["overall"] for name, m in methods.items()})
     return report

@@ -192,7 +192,7 @@ def _eval_options(f):
                      help="then sweep each user as of their last turn (decay: facts archived, old episodes to the "
                           "cold index) and ask again")(f)
     f = click.option("--reuse", metavar="TAG",
-                     help="ask again on a kept run's data, without ingesting (same PATH, --conv and --limit)")(f)
+                     help="ask again on a kept run's data, without ingesting (same PATH, --conv and --limit); it stays kept")(f)
     f = click.option("--keep", is_flag=True, help="keep the run's schema and topics (its tag is printed)")(f)
     f = click.option("--limit", type=click.IntRange(min=1), help="only the first N samples")(f)
     f = click.option("--k", default=5, show_default=True, type=click.IntRange(min=1),

@@ -39,6 +39,26 @@ async def test_locomo_fixture_is_ingested_asked_and_scored(stack, dsn):
     assert await schemas_named(dsn, "locomo_") == before  # its schema is dropped afterwards
 
 
+async def test_a_kept_run_asked_again_after_a_sweep_stays_kept(stack, dsn):
+    from memstream.bench import discarded, isolated
+
+    before = await schemas_named(dsn, "locomo_")
+    # Turns older than a day before each user's last go to the cold index: most of them.
+    settings = Settings(home=HOME, episode_cold_after_days=1)
+    kept = await run_eval(settings, FIXTURE, fmt="locomo", keep=True)
+    try:
+        again = await run_eval(settings, FIXTURE, fmt="locomo", reuse=kept["tag"], sweep=True)
+        assert again["tag"] == kept["tag"] and await schemas_named(dsn, "locomo_") != before  # still kept
+        swept = again["sweep"]
+        assert swept["users"] == 2 and swept["episodes_cooled"] == swept["episodes_cold_after"] > 0
+        assert again["methods"]["memstream"]["overall"] == kept["overall"]  # asked again, the same answers
+        assert 0 < again["methods"]["memstream_swept"]["overall"]["hit_at_k"] <= 1
+        assert "episodes to the cold index" in render(again)
+    finally:
+        await discarded(isolated(settings, "locomo", kept["tag"])[0], dsn)
+    assert await schemas_named(dsn, "locomo_") == before
+
+
 
 def _beam_chat(root: Path) -> Path:
     """A BEAM-layout chat of our own, one message of which is a 400,000-character paste."""
