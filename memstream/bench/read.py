@@ -280,7 +280,25 @@ async def load_corpus(pool, embedder, rows: int) -> dict:
 AGED_DAYS = 3 * 365
 
 
-async def _decayed(pool, reader, conversation: str, reads: int, cold_after_days: float) -> dict:
+async def _episode_searches(pool, vectors, model: str, n: int, *, cold: bool) -> dict:
+    """The heavy user's nearest-episodes statements timed alone, ``n`` times over ``vectors``:
+    the hot index's, then (``cold``) the cold one's after it."""
+    from memstream.projections.episodes import query as episodes_q
+
+    times = []
+    async with pool.acquire() as conn:
+        for i in range(n + 20):
+            t = time.perf_counter()
+            args = ("heavy", vectors[i % len(vectors)], 40, model)
+            await conn.fetch(episodes_q._NEAREST[False, False], *args)
+            if cold:
+                await conn.fetch(episodes_q._NEAREST[False, True], *args)
+            if i >= 20:  # the first 20 warm the plan and the buffers
+                times.append((time.perf_counter() - t) * 1000)
+    return _pcts(times)
+
+
+async def _decayed(pool, reader, embedder, conversation: str, reads: int, cold_after_days: float) -> dict:
     """The heavy user aged: their facts' last observations and their episodes (but the ongoing
     conversation's) spread over three years, a decay sweep as of the end (the sweep's plan and
     requests, their ``FactArchived`` and ``EpisodesSwept`` decisions applied by the facts and
@@ -310,6 +328,8 @@ async def _decayed(pool, reader, conversation: str, reads: int, cold_after_days:
     await _timed_reads(reader, "heavy", QUESTIONS, 30, conversation)
     # Twice: how much the same reads drift with time alone, against which the change after is read.
     before = [await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation) for _ in range(2)]
+    vectors = embedder.embed(QUESTIONS)
+    one_index = await _episode_searches(pool, vectors, embedder.model_id, reads, cold=False)
     async with pool.acquire() as conn:
         found = await plan(conn, at=end, threshold=0.2, cold_after_days=cold_after_days, user_id="heavy")
         decided, cooled = [], 0
@@ -327,12 +347,18 @@ async def _decayed(pool, reader, conversation: str, reads: int, cold_after_days:
     after = [await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation)]
     await _timed_reads(reader, "heavy", QUESTIONS, 30, conversation)  # warm again after the vacuum
     after.append(await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation))
+    hot_only = await _episode_searches(pool, vectors, embedder.model_id, reads, cold=False)
+    hot_and_cold = await _episode_searches(pool, vectors, embedder.model_id, reads, cold=True)
 
     def p50(runs, channel: str) -> float:
         return round(float(np.median([ch.get(channel, 0) for _, chans in runs for ch in chans])), 2)
 
     return {"facts_weighed": found.facts_weighed, "archived": len(decided), "current_after": held,
             "episodes_cooled": cooled, "cold_after_days": cold_after_days,
+            # The episodes' vector statement alone (40 candidates, as a read asks): before the
+            # sweep (one index), after it the hot index (what a read asks), and both in turn
+            # (what a read would ask if the cold one were searched every time).
+            "episode_search_ms": {"one_index": one_index, "hot": hot_only, "hot_then_cold": hot_and_cold},
             "before_ms": _pcts(before[0][0]), "before_again_ms": _pcts(before[1][0]),
             "after_ms": _pcts([t for run, _ in after[1:] for t in run]),
             "channel_p50_ms": {ch: {"before": p50(before, ch), "after": p50(after[1:], ch)}
@@ -428,7 +454,8 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
         report["filtered_ann_full_k"] = await _full_k(pool, embedder, ["heavy", *[f"grow-{g // 1000}k" for g in growth],
                                                                        fillers[0]])
         if decay:  # last: it archives part of the corpus
-            report["decay"] = await _decayed(pool, reader, ongoing["heavy"], reads, settings.episode_cold_after_days)
+            report["decay"] = await _decayed(pool, reader, embedder, ongoing["heavy"], reads,
+                                             settings.episode_cold_after_days)
         await redis.aclose()
     finally:
         await pool.close()

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.asyncio
 @pytest.mark.slow  # a benchmark's own run: `make test-slow` (or `memstream bench read`)
 async def test_bench_read_reports_every_figure_on_a_small_corpus(stack, dsn):
     before = await schemas_named(dsn, "benchr_")
-    report = await run_read_bench(Settings(home=HOME), rows=30_000, readers=2, reads=12)
+    report = await run_read_bench(Settings(home=HOME), rows=30_000, readers=2, reads=12, decay=True)
 
     timed = ["heavy_user_one_reader_ms", "heavy_user_new_conversation_ms", "heavy_user_one_reader_names_keyword_mode_ms",
              "heavy_user_gated_ms", "concurrent_2_readers_ms", *(f"growth_one_user/{g}" for g in report["growth_one_user"])]
@@ -32,4 +32,8 @@ async def test_bench_read_reports_every_figure_on_a_small_corpus(stack, dsn):
     assert report["rows"] >= 30_000 and report["tables"]["memory_edges"] > 0
     for user, ann in report["filtered_ann_full_k"].items():
         assert ann["returned_min"] == ann["asked"], (user, ann)  # the full k whenever the user has k rows
+    decayed = report["decay"]  # the heavy user aged three years and swept
+    assert decayed["archived"] > 0 and decayed["episodes_cooled"] > 0 and decayed["cold_after_days"] == 365
+    for p in [decayed["before_ms"], decayed["after_ms"], *decayed["episode_search_ms"].values()]:
+        assert 0 < p["p50"] <= p["p95"], decayed
     assert await schemas_named(dsn, "benchr_") == before  # dropped afterwards
