@@ -21,7 +21,7 @@ CREATE INDEX episode_passages_embedding_cold_hnsw ON episode_passages USING hnsw
 
 -- Recall feedback for episodes (``MemoriesUsed.episode_ids``), as ``fact_uses`` is for facts:
 -- read by the decay sweep (an episode in use is not cooled, and a cold one used comes back);
--- deleted with the episode or the user.
+-- deleted with the user (ids and counts only: a forgotten episode's are never read again).
 CREATE TABLE episode_uses (
     user_id       text        NOT NULL,
     episode_id    uuid        NOT NULL,

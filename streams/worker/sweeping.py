@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, Mapping, Sequence
 
 import msgspec
@@ -130,11 +130,12 @@ async def plan(conn, *, at: datetime, threshold: float, cold_after_days: float =
                                 *zip(*[(u, f.fact_id) for u, facts in weak.items() for f in facts]))
         found.texts = {(r["user_id"], r["fact_id"]): r["text"] for r in rows}
     found.weak = {u: sorted(fs, key=lambda f: (f.strength, str(f.fact_id))) for u, fs in weak.items()}
-    if cold_after_days > 0:
-        async with conn.transaction(readonly=True):
-            async for r in conn.cursor(_EPISODES, user_id, at - timedelta(days=cold_after_days), prefetch=5000):
-                if kept is None or kept(r["user_id"]):
-                    (found.cooled if r["hot"] else found.warmed).setdefault(r["user_id"], []).append(r["episode_id"])
+    # Cooling off (0 days): none go cold, and those an earlier sweep cooled still come back when used.
+    before = at - timedelta(days=cold_after_days) if cold_after_days > 0 else datetime.min.replace(tzinfo=timezone.utc)
+    async with conn.transaction(readonly=True):
+        async for r in conn.cursor(_EPISODES, user_id, before, prefetch=5000):
+            if kept is None or kept(r["user_id"]):
+                (found.cooled if r["hot"] else found.warmed).setdefault(r["user_id"], []).append(r["episode_id"])
     return found
 
 

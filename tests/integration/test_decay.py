@@ -249,7 +249,9 @@ async def test_a_sweep_moves_old_unused_episodes_to_the_cold_index_and_a_use_bri
     await append_and_wait(settings, conn, [said("ivy", "ok again", 0, "c2")])
     await wait_until(lambda: conn.fetchval("SELECT uses FROM episode_uses WHERE episode_id = $1", ids["I adopted a "]),
                      what="the second use")
-    again = await sweep_decay(settings, dsn, user_id="ivy", at=now + timedelta(hours=3))
+    # With cooling turned off since (0 days): nothing more goes cold, and what was cold comes back when used.
+    off = settings.model_copy(update={"episode_cold_after_days": 0})
+    again = await sweep_decay(off, dsn, user_id="ivy", at=now + timedelta(hours=3))
     assert again.warming == 1 and not again.cooling
 
     async def warmed():
