@@ -10,6 +10,8 @@ from typing import Sequence
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from memstream.schemas import EpisodesSwept
+
 log = logging.getLogger("memstream.metrics")
 tracer = trace.get_tracer("memstream.worker")  # a span per step batch; a no-op without an SDK
 
@@ -33,6 +35,8 @@ class WorkerMetrics:
         self.lag = Gauge("memstream_lag_records", "Records of a partition a step has not applied yet",
                          ["step", "topic", "partition"], registry=r)
         self.decisions = Counter("memstream_decisions", "Decisions formation produced", ["kind"], registry=r)
+        self.episodes_moved = Counter("memstream_episodes_moved", "Episodes a decay sweep moved to the cold vector "
+                                      "index or back to the hot one", ["to"], registry=r)
         self.embedding = Histogram("memstream_embedding_seconds", "Time to embed one batch of texts",
                                    buckets=_SECONDS, registry=r)
         self.llm_calls = Counter("memstream_llm_calls", "Calls to an extraction, resolution or relation client",
@@ -51,6 +55,9 @@ class WorkerMetrics:
     def decided(self, decisions: Sequence) -> None:
         for d in decisions:
             self.decisions.labels(type(d).__name__).inc()
+            if isinstance(d, EpisodesSwept):
+                self.episodes_moved.labels("cold").inc(len(d.cooled))
+                self.episodes_moved.labels("hot").inc(len(d.warmed))
 
     def called(self, stage: str, model: str, seconds: float, tokens: tuple[int, int]) -> None:
         self.llm_calls.labels(stage, model).inc()

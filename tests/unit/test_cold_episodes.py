@@ -56,3 +56,18 @@ def test_a_request_becomes_one_decision_and_the_core_keeps_the_first_cooling():
     back = msgspec.structs.replace(d, cooled=[], warmed=[row.episode_id])
     assert episodes.swept(cold, back).cooled_at is None
     assert episodes.swept(row, back) == row
+
+
+def test_the_workers_metrics_count_the_episodes_a_sweep_moved_each_way():
+    from memstream.streams.worker.metrics import WorkerMetrics
+
+    said = items.episode("ana", "I adopted a greyhound.")
+    d = EpisodesSwept(decision_id=uuid.uuid4(), source_event_id=uuid.uuid4(), source=said.source, recorded_at=AT,
+                      user_id="ana", sweep_id=uuid.uuid4(), swept_at=AT, cooled=[uuid.uuid4(), uuid.uuid4()],
+                      warmed=[uuid.uuid4()])
+    metrics = WorkerMetrics()
+    metrics.decided([d])
+    value = metrics.registry.get_sample_value
+    assert value("memstream_episodes_moved_total", {"to": "cold"}) == 2
+    assert value("memstream_episodes_moved_total", {"to": "hot"}) == 1
+    assert value("memstream_decisions_total", {"kind": "EpisodesSwept"}) == 1
