@@ -125,8 +125,9 @@ class Settings(BaseModel):
     # Formation workers sweep the users of their partitions this often (0: never; `memstream sweep decay` only).
     decay_sweep_every_s: float = Field(86400.0, ge=0)
     # A decay sweep moves an episode not said or used in this many days out of the hot vector index
-    # into the cold one (0: never). Which sets chose it, and what it costs them: BENCHMARKS.md.
-    episode_cold_after_days: float = Field(365.0, ge=0)
+    # into the cold one (0: never). Off: on both dev sets it cost recall and bought no read time
+    # (BENCHMARKS.md, "Decay"); for a deployment whose hot index no longer fits in memory.
+    episode_cold_after_days: float = Field(0.0, ge=0)
     # Reflections (Tier 3): a reflection sweep clusters each user's facts said within the window
     # (cosine of their embeddings at least ``reflect_similarity`` to a cluster's centre), and
     # asks for a reflection on each cluster of facts said ``reflect_min_observations`` times or

@@ -278,6 +278,8 @@ async def load_corpus(pool, embedder, rows: int) -> dict:
 
 
 AGED_DAYS = 3 * 365
+# The cold index is off by default; the aged corpus measures it at a year unless one is configured.
+BENCH_COLD_AFTER_DAYS = 365.0
 
 
 async def _episode_searches(pool, vectors, model: str, n: int, *, cold: bool) -> dict:
@@ -455,7 +457,7 @@ async def run_read_bench(base: Settings, *, rows: int = 1_000_000, readers: int 
                                                                        fillers[0]])
         if decay:  # last: it archives part of the corpus
             report["decay"] = await _decayed(pool, reader, embedder, ongoing["heavy"], reads,
-                                             settings.episode_cold_after_days)
+                                             settings.episode_cold_after_days or BENCH_COLD_AFTER_DAYS)
         await redis.aclose()
     finally:
         await pool.close()

@@ -47,9 +47,11 @@ async def test_a_sweep_archives_faded_facts_a_mention_restores_them_and_a_replay
     await append_and_wait(settings, conn, [turn("dee", "thanks", 6)])
     await wait_until(lambda: conn.fetchval("SELECT uses FROM fact_uses WHERE user_id = 'dee'"), what="the use counted")
 
+    # The cold index on (it is off by default): the same sweep moves dee's old episodes out of it.
+    cooling = settings.model_copy(update={"episode_cold_after_days": 365})
     cli = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "memstream.cli", "sweep", "decay", "--user",
                                                    "dee", "--dry-run", "--as-of", LATER.strftime("%Y-%m-%dT%H:%M:%S")],
-                                  env=worker_env(settings), capture_output=True, text=True, timeout=120)
+                                  env=worker_env(cooling), capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     said = cli.stdout.splitlines()
     assert "would archive 2; would move 6 episodes to the cold index and 0 back; 1 users" in said[0], cli.stdout
@@ -57,13 +59,14 @@ async def test_a_sweep_archives_faded_facts_a_mention_restores_them_and_a_replay
                                                                                       "Likes sudoku"]
     assert [line for line in said if "episodes:" in line] == [
         "  dee  episodes: 6 to the cold index (not said or used in 365 days), 0 back (used since)"]
-    dry = await sweep_decay(settings, dsn, user_id="dee", dry_run=True, at=LATER)
+    dry = await sweep_decay(cooling, dsn, user_id="dee", dry_run=True, at=LATER)
     assert sorted(dry.texts["dee", f.fact_id] for f in dry.weak["dee"]) == ["Likes kayaking", "Likes sudoku"]
     assert all(f.strength < 0.2 and f.idle_days > 800 and f.rate > 0 for f in dry.weak["dee"])
     assert not await conn.fetchval("SELECT count(*) FROM decay_sweeps")  # a dry run records nothing
 
-    done = await sweep_decay(settings, dsn, user_id="dee", at=LATER)
+    done = await sweep_decay(cooling, dsn, user_id="dee", at=LATER)
     assert done.archiving == 2 and await conn.fetchval("SELECT sum(archived) FROM decay_sweeps") == 2
+    assert done.cooling == 6 and await conn.fetchval("SELECT sum(cooled) FROM decay_sweeps") == 6
 
     async def archived():
         return {r["value"] for r in await conn.fetch(
@@ -214,7 +217,10 @@ async def test_a_sweep_moves_old_unused_episodes_to_the_cold_index_and_a_use_bri
     await append_and_wait(settings, conn, [said("ivy", "ok", 1, "c2")])
     await wait_until(lambda: conn.fetchval("SELECT uses FROM episode_uses WHERE user_id = 'ivy'"), what="the use")
 
-    done = await sweep_decay(settings, dsn, user_id="ivy", at=now + timedelta(hours=1))
+    off = await sweep_decay(settings, dsn, user_id="ivy", at=now + timedelta(hours=1), dry_run=True)
+    assert not off.cooling  # off by default
+    cooling = settings.model_copy(update={"episode_cold_after_days": 365})
+    done = await sweep_decay(cooling, dsn, user_id="ivy", at=now + timedelta(hours=1))
     assert done.cooling == 2 and not done.warming and await conn.fetchval("SELECT sum(cooled) FROM decay_sweeps") == 2
 
     async def cold():
