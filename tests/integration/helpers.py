@@ -73,6 +73,20 @@ async def assert_equal_to_a_replay(settings, conn, dsn, suffix: str, projections
         await drop_schema(dsn, target)
 
 
+async def assert_equal_to_a_rebuild(settings, conn, dsn, suffix: str) -> None:
+    """The live episodes and passages equal, row for row, a fast rebuild of the log into a side
+    schema (``streams.ops.rebuild``)."""
+    from memstream.streams.ops.rebuild import rebuild_episodes
+
+    target = f"{settings.postgres_schema}_{suffix}"
+    try:
+        await rebuild_episodes(settings, dsn, target)
+        for table in ("episodes", "episode_passages"):
+            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
+    finally:
+        await drop_schema(dsn, target)
+
+
 async def hypothesis_on_loop(strategy, check, examples: int) -> None:
     """``check(example)`` (a coroutine function) awaited on this event loop for ``examples``
     examples of ``strategy``, derandomized (the same examples every run, none stored): hypothesis

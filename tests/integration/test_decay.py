@@ -22,7 +22,7 @@ from memstream.streams.ops.replay import replay
 from memstream.streams.ops.sweep import sweep_decay
 
 from .conftest import wait_until
-from .helpers import BASE, assert_equal_to_a_replay
+from .helpers import BASE, assert_equal_to_a_rebuild, assert_equal_to_a_replay
 from .test_formation import append_and_wait, turn
 from .test_read_path import make_reader
 
@@ -189,8 +189,6 @@ async def _listed(names, n: int):
 async def test_a_sweep_moves_old_unused_episodes_to_the_cold_index_and_a_use_brings_one_back(
         settings, conn, dsn, workers, forbid_llm_and_embedder):
     from memstream.projections.episodes import query as episodes_q
-    from memstream.streams.ops.rebuild import rebuild_episodes
-
     from .test_long_turns import FILLER, PHRASE
 
     # Dated by the wall clock: a turn's idle time runs from when it was said or logged, whichever
@@ -269,10 +267,4 @@ async def test_a_sweep_moves_old_unused_episodes_to_the_cold_index_and_a_use_bri
     forbid_llm_and_embedder()  # a replay and a rebuild apply what the sweeps decided: no clock, no sweep
     await assert_equal_to_a_replay(settings, conn, dsn, "cold", ["episodes", "commands"],
                                    ["episodes", "episode_passages", "episode_uses"])
-    target = f"{settings.postgres_schema}_coldrb"
-    try:
-        await rebuild_episodes(settings, dsn, target)
-        for table in ("episodes", "episode_passages"):
-            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
-    finally:
-        await drop_schema(dsn, target)
+    await assert_equal_to_a_rebuild(settings, conn, dsn, "coldrb")

@@ -20,44 +20,37 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "locomo" / "small.j
 HIT_AT_5_FLOOR = 0.7
 
 
-async def test_locomo_fixture_is_ingested_asked_and_scored(stack, dsn):
-    before = await schemas_named(dsn, "locomo_")
-    report = await run_eval(Settings(home=HOME), FIXTURE, fmt="locomo", conv=None, k=5)
-
-    assert set(report) >= {"file", "samples", "questions", "k", "overall", "per_category", "skipped_no_evidence",
-                           "ingest_seconds", "read_ms_p50", "read_ms_p95"}
-    assert (report["samples"], report["questions"], report["k"]) == (2, 20, 5)
-    assert report["skipped_no_evidence"] == 2  # the two adversarial items
-    assert report["overall"]["questions"] == 18
-    assert {c: v["questions"] for c, v in report["per_category"].items()} == {"1": 4, "2": 4, "3": 2, "4": 8}
-    for metrics in [report["overall"], *report["per_category"].values()]:
-        assert 0.0 <= metrics["mrr"] <= metrics["hit_at_k"] <= 1.0
-        assert 0.0 <= metrics["recall_at_k"] <= metrics["hit_at_k"]
-    assert report["overall"]["hit_at_k"] >= HIT_AT_5_FLOOR, report
-    assert report["degraded_reads"] == 0
-    assert report["ingest_seconds"] > 0 and 0 < report["read_ms_p50"] <= report["read_ms_p95"]
-    assert await schemas_named(dsn, "locomo_") == before  # its schema is dropped afterwards
-
-
-async def test_a_kept_run_asked_again_after_a_sweep_stays_kept(stack, dsn):
+async def test_locomo_fixture_is_ingested_asked_and_scored_and_a_kept_run_asked_again_after_a_sweep(stack, dsn):
     from memstream.bench import discarded, isolated
 
     before = await schemas_named(dsn, "locomo_")
-    # Turns older than a day before each user's last go to the cold index: most of them.
+    # The cold index on, at a day before each user's last turn: most turns go cold in the sweep.
     settings = Settings(home=HOME, episode_cold_after_days=1)
-    kept = await run_eval(settings, FIXTURE, fmt="locomo", keep=True)
+    report = await run_eval(settings, FIXTURE, fmt="locomo", conv=None, k=5, keep=True)
     try:
-        again = await run_eval(settings, FIXTURE, fmt="locomo", reuse=kept["tag"], sweep=True)
-        assert again["tag"] == kept["tag"] and await schemas_named(dsn, "locomo_") != before  # still kept
+        assert set(report) >= {"file", "samples", "questions", "k", "overall", "per_category", "skipped_no_evidence",
+                               "ingest_seconds", "read_ms_p50", "read_ms_p95"}
+        assert (report["samples"], report["questions"], report["k"]) == (2, 20, 5)
+        assert report["skipped_no_evidence"] == 2  # the two adversarial items
+        assert report["overall"]["questions"] == 18
+        assert {c: v["questions"] for c, v in report["per_category"].items()} == {"1": 4, "2": 4, "3": 2, "4": 8}
+        for metrics in [report["overall"], *report["per_category"].values()]:
+            assert 0.0 <= metrics["mrr"] <= metrics["hit_at_k"] <= 1.0
+            assert 0.0 <= metrics["recall_at_k"] <= metrics["hit_at_k"]
+        assert report["overall"]["hit_at_k"] >= HIT_AT_5_FLOOR, report
+        assert report["degraded_reads"] == 0
+        assert report["ingest_seconds"] > 0 and 0 < report["read_ms_p50"] <= report["read_ms_p95"]
+
+        again = await run_eval(settings, FIXTURE, fmt="locomo", reuse=report["tag"], sweep=True)
+        assert again["tag"] == report["tag"] and await schemas_named(dsn, "locomo_") != before  # still kept
         swept = again["sweep"]
         assert swept["users"] == 2 and swept["episodes_cooled"] == swept["episodes_cold_after"] > 0
-        assert again["methods"]["memstream"]["overall"] == kept["overall"]  # asked again, the same answers
+        assert again["methods"]["memstream"]["overall"] == report["overall"]  # asked again, the same answers
         assert 0 < again["methods"]["memstream_swept"]["overall"]["hit_at_k"] <= 1
         assert "episodes to the cold index" in render(again)
     finally:
-        await discarded(isolated(settings, "locomo", kept["tag"])[0], dsn)
+        await discarded(isolated(settings, "locomo", report["tag"])[0], dsn)
     assert await schemas_named(dsn, "locomo_") == before
-
 
 
 def _beam_chat(root: Path) -> Path:
@@ -81,7 +74,9 @@ def _beam_chat(root: Path) -> Path:
 
 
 async def test_a_beam_chat_with_a_400k_character_message_is_scored_beside_the_baselines(stack, dsn, tmp_path):
+    before = await schemas_named(dsn, "locomo_")
     report = await run_eval(Settings(home=HOME), _beam_chat(tmp_path), k=5)
+    assert await schemas_named(dsn, "locomo_") == before  # not kept: its schema is dropped afterwards
 
     assert report["truncated_messages"] == 1 and report["samples"] == 1
     assert report["questions"] == 3 and report["skipped_no_evidence"] == 1

@@ -5,15 +5,12 @@ from __future__ import annotations
 import pytest
 
 from memstream.embedding import default_embedder
-from memstream.projections.compare import diff_counts
-from memstream.projections.db import drop_schema
 from memstream.projections.episodes import query as episodes_q
 from memstream.read_client import Budgets
 from memstream.read_client.budget import TokenCounter
 from memstream.read_client.render import episode_line
-from memstream.streams.ops.rebuild import rebuild_episodes
 
-from .helpers import assert_equal_to_a_replay
+from .helpers import assert_equal_to_a_rebuild, assert_equal_to_a_replay
 from .test_formation import append_and_wait, turn
 from .test_read_path import make_reader
 
@@ -96,10 +93,4 @@ async def test_a_replay_and_a_rebuild_land_on_the_same_passages(settings, conn, 
                                            turn("nox", "Short and sweet.", 1)])
     assert await conn.fetchval("SELECT count(*) FROM episode_passages WHERE user_id = 'nox'") >= 2
     await assert_equal_to_a_replay(settings, conn, dsn, "long")
-    target = f"{settings.postgres_schema}_longrb"
-    try:
-        await rebuild_episodes(settings, dsn, target)
-        for table in ("episodes", "episode_passages"):
-            assert await diff_counts(conn, settings.postgres_schema, target, table) == (0, 0), table
-    finally:
-        await drop_schema(dsn, target)
+    await assert_equal_to_a_rebuild(settings, conn, dsn, "longrb")
