@@ -61,6 +61,7 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
     samples = select_samples(load_set(path, fmt), conv)[:limit]
     # "speaker: text" is what an episode holds (``sample_turns``).
     samples, truncated = fit_messages(samples, MAX_MESSAGE_CHARS)
+    on_progress = on_progress or (lambda done, total: None)
     settings, tag = isolated(base, "locomo", reuse)
     stack_from_settings(settings).up()
     dsn = settings.dsn()
@@ -81,11 +82,11 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
             ingest_s = time.perf_counter() - t0
             log.info("ingested %d turns in %.1f s (including worker start-up)",
                      sum(len(s.utterances) for x in samples for s in x.sessions), ingest_s)
-        asked = await _ask(reader, samples, tag, k, on_progress or (lambda done, total: None))
+        asked = await _ask(reader, samples, tag, k, on_progress)
         plain = await _baselines(settings, dsn, samples, tag, k)
         if sweep:
             swept = await _swept(settings, dsn, reader, worker, catch_up_timeout)
-            after = await _ask(reader, samples, tag, k, on_progress or (lambda done, total: None))
+            after = await _ask(reader, samples, tag, k, on_progress)
     finally:
         if reader is not None:
             await reader.close()

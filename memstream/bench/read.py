@@ -284,14 +284,15 @@ BENCH_COLD_AFTER_DAYS = 365.0
 
 async def _episode_searches(pool, vectors, model: str, n: int, *, cold: bool) -> dict:
     """The heavy user's nearest-episodes statements timed alone, ``n`` times over ``vectors``:
-    the hot index's, then (``cold``) the cold one's after it."""
+    the hot index's, then (``cold``) the cold one's after it; as many candidates as a read asks."""
     from memstream.projections.episodes import query as episodes_q
+    from memstream.read_settings import EPISODE_WEIGHTS
 
     times = []
     async with pool.acquire() as conn:
         for i in range(n + 20):
             t = time.perf_counter()
-            args = ("heavy", vectors[i % len(vectors)], 40, model)
+            args = ("heavy", vectors[i % len(vectors)], EPISODE_WEIGHTS.candidates, model)
             await conn.fetch(episodes_q._NEAREST[False, False], *args)
             if cold:
                 await conn.fetch(episodes_q._NEAREST[False, True], *args)
@@ -306,7 +307,7 @@ async def _decayed(pool, reader, embedder, conversation: str, reads: int, cold_a
     requests, their ``FactArchived`` and ``EpisodesSwept`` decisions applied by the facts and
     episodes projections, as formation would decide them), and the same reads again (a sweep
     cannot be undone to alternate: the reads after it are warmed first, as the ones before were)."""
-    from memstream.projections.episodes.store import swept
+    from memstream.projections.episodes.store import EpisodeStore
     from memstream.projections.facts import store as facts_store
     from memstream.schemas import LogPosition
     from memstream.streams.worker.sweeping import archivals, moved, plan, requests
@@ -334,16 +335,15 @@ async def _decayed(pool, reader, embedder, conversation: str, reads: int, cold_a
     one_index = await _episode_searches(pool, vectors, embedder.model_id, reads, cold=False)
     async with pool.acquire() as conn:
         found = await plan(conn, at=end, threshold=0.2, cold_after_days=cold_after_days, user_id="heavy")
-        decided, cooled = [], 0
+        decided, moves = [], []
         for n, request in enumerate(requests(found)):
             rows = await facts_store.load(conn, [(request.user_id, f.fact_id) for f in request.facts])
             common = dict(source_event_id=request.event_id, recorded_at=end, source=LogPosition("bench", 0, n),
                           user_id=request.user_id)
             decided += archivals(request, rows, common)
-            for d in moved(request, common):
-                await swept(conn, d)
-                cooled += len(d.cooled)
+            moves += moved(request, common)
         await facts_store.FactStore().apply_batch(conn, decided, {})
+        await EpisodeStore().apply_batch(conn, moves, {})
         await conn.execute(f"VACUUM ANALYZE {', '.join(VECTOR_TABLES)}")
         held = await conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'heavy' AND status = 'current'")
     after = [await _timed_reads(reader, "heavy", QUESTIONS, reads // 2, conversation)]
@@ -356,7 +356,7 @@ async def _decayed(pool, reader, embedder, conversation: str, reads: int, cold_a
         return round(float(np.median([ch.get(channel, 0) for _, chans in runs for ch in chans])), 2)
 
     return {"facts_weighed": found.facts_weighed, "archived": len(decided), "current_after": held,
-            "episodes_cooled": cooled, "cold_after_days": cold_after_days,
+            "episodes_cooled": sum(len(d.cooled) for d in moves), "cold_after_days": cold_after_days,
             # The episodes' vector statement alone (40 candidates, as a read asks): before the
             # sweep (one index), after it the hot index (what a read asks), and both in turn
             # (what a read would ask if the cold one were searched every time).
