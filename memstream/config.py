@@ -128,10 +128,10 @@ class Settings(BaseModel):
     # into the cold one (0: never). Off: on both dev sets it cost recall and bought no read time
     # (BENCHMARKS.md, "Decay"); for a deployment whose hot index no longer fits in memory.
     episode_cold_after_days: float = Field(0.0, ge=0)
-    # Reflections (Tier 3): a reflection sweep clusters each user's facts said within the window
-    # (cosine of their embeddings at least ``reflect_similarity`` to a cluster's centre), and
-    # asks for a reflection on each cluster of facts said ``reflect_min_observations`` times or
-    # more. Formation workers run it this often (0: never; `memstream sweep reflect` only).
+    # Reflections (Tier 3): a reflection sweep clusters each user's facts and turns said within
+    # the window (cosine of their embeddings at least ``reflect_similarity`` to a cluster's
+    # centre), and asks for a reflection on each cluster said ``reflect_min_observations`` times
+    # or more. Formation workers run it this often (0: never; `memstream sweep reflect` only).
     reflect_similarity: float = Field(0.5, gt=0, le=1)
     reflect_min_observations: int = Field(3, ge=2)
     reflect_window_days: float = Field(90.0, gt=0)

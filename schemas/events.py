@@ -339,17 +339,29 @@ class DecaySwept(_Control, tag="DecaySwept", kw_only=True, frozen=True):
 
 
 class ReflectionCluster(msgspec.Struct, kw_only=True, frozen=True):
-    """Facts of one user a reflection sweep found close in meaning (``sources``, by id), and how
-    often the user said them all told (``observations``)."""
+    """Memories of one user a reflection sweep found close in meaning — facts (``sources``, by
+    id) and turns no fact was read from (``turns``, by event id: the user's own words) — at
+    least two all told, and how often the user said them (``observations``: a fact's
+    observations, one per turn)."""
 
-    sources: Annotated[list[uuid.UUID], msgspec.Meta(min_length=2, max_length=32)]
+    sources: Annotated[list[uuid.UUID], msgspec.Meta(max_length=32)]
     observations: Annotated[int, msgspec.Meta(ge=0)]
+    turns: Annotated[list[uuid.UUID], msgspec.Meta(max_length=32)] = []
+
+    def __post_init__(self) -> None:
+        _two_sources(self)
+
+
+def _two_sources(s) -> None:
+    if len(s.sources) + len(s.turns) < 2:
+        raise ValueError(f"{type(s).__name__} names fewer than two facts and turns")
 
 
 class ReflectRequested(_Control, tag="ReflectRequested", kw_only=True, frozen=True):
     """A reflection sweep (``sweep_id``, under ``policy``) found these clusters among the user's
-    facts as of ``occurred_at``. Formation, in the request's place among the user's turns, asks
-    the reflection model for one sentence per cluster whose sources are still current, and records
+    facts and turns as of ``occurred_at``. Formation, in the request's place among the user's
+    turns, asks the reflection model for one sentence per cluster whose facts are still current
+    and whose turns are still remembered, and records
     what it answered (``ReflectionRecorded``) or why it was not kept (``FactRefused``)."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
@@ -593,19 +605,26 @@ class EpisodesSwept(Decision, tag="EpisodesSwept", kw_only=True, frozen=True):
 
 
 class ReflectionRecorded(_FactBody, tag="ReflectionRecorded", kw_only=True, frozen=True):
-    """A reflection (Tier 3): one sentence a model drew from several of the user's facts
-    (``sources``), believed while they are — it ends when one of them does (superseded, or
-    forgotten with it). Category and attribute are ``reflection``; ``extractor`` names the model,
+    """A reflection (Tier 3): one sentence a model drew from several of the user's memories —
+    facts (``sources``) and turns (``turns``), two or more all told — believed while they are: it
+    ends when a source fact does (superseded, or forgotten with it) and is forgotten with a
+    source turn. Category and attribute are ``reflection``; ``extractor`` names the model,
     ``prompt_version`` the prompt, ``sweep_id`` the sweep that asked."""
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    sources: Annotated[list[uuid.UUID], msgspec.Meta(min_length=2, max_length=32)]
+    sources: Annotated[list[uuid.UUID], msgspec.Meta(max_length=32)]
     sweep_id: uuid.UUID
     prompt_version: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
-    # Reflections still believed drawn from some of the same facts, before more joined them: they
-    # end with this one (superseded by it).
+    # Reflections still believed drawn from some of the same memories, before more joined them:
+    # they end with this one (superseded by it).
     replaces: Annotated[list[uuid.UUID], msgspec.Meta(max_length=32)] = []
+    # The user's turns (event ids) it was drawn from besides its facts: forgotten with any of them.
+    turns: Annotated[list[uuid.UUID], msgspec.Meta(max_length=32)] = []
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _two_sources(self)
 
 
 class GraphDecision(Decision, kw_only=True, frozen=True):

@@ -128,6 +128,9 @@ class FactVersion(BaseModel, FactContent):
     derived_from: list[uuid.UUID] = Field(default_factory=list,
                                           description="a reflection's source facts (category reflection): it ends "
                                                       "when one of them does")
+    derived_from_turns: list[uuid.UUID] = Field(default_factory=list,
+                                                description="a reflection's source turns (event ids: the user's "
+                                                            "own words): it is forgotten with any of them")
 
 
 class MemoryContext(BaseModel):

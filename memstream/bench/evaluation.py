@@ -17,6 +17,7 @@ warned about, never a failed run.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -42,14 +43,17 @@ METHODS = ("memstream", "bm25", "dense", "dense_passages", "rrf")
 
 async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str | None = None, k: int = 5,
                    limit: int | None = None, catch_up_timeout: float = CATCH_UP_TIMEOUT_S, keep: bool = False,
-                   reuse: str | None = None, on_progress=None, sweep: bool = False) -> dict:
+                   reuse: str | None = None, on_progress=None, sweep: bool = False, reflect: bool = False) -> dict:
     """Ingest ``path`` through a fresh pipeline (own topics, group and schema), ask every question
     of memstream and of the plain retrievers, and score them. ``limit``: the first samples only.
     The schema is dropped, the worker stopped and the topics deleted afterwards, whatever
     happens, unless ``keep`` (the report's ``tag`` then names the run, and ``reuse=tag`` asks
     its questions again without ingesting, and keeps it still: for trying settings). ``sweep``: then run a decay
     sweep for each user as of their last turn (through the pipeline: archived facts, episodes
-    moved to the cold index) and ask every question again (method ``memstream_swept``)."""
+    moved to the cold index) and ask every question again (method ``memstream_swept``).
+    ``reflect``: then (after the sweep, if any) a reflection sweep of each user as of their last
+    turn, and every question asked again (``memstream_reflected``); the report's ``context``
+    scores the evidence found anywhere in what a read returned, before and after it."""
     from memstream.projections.db import migrate
     from memstream.read_client import MemoryReader
     from memstream.stack.launcher import stack_from_settings
@@ -73,7 +77,7 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
             await ensure_topics(settings)
         await migrate(dsn, settings.postgres_schema)  # a kept run's schema, to the code's migrations
         reader = await MemoryReader.connect(settings, dsn)
-        if reuse is None or sweep:
+        if reuse is None or sweep or reflect:
             worker = WorkerProcess(settings, Path(settings.home) / "logs" / f"locomo-{tag}.log")
         if reuse is None:
             t0 = time.perf_counter()
@@ -87,6 +91,10 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
         if sweep:
             swept = await _swept(settings, dsn, reader, worker, catch_up_timeout)
             after = await _ask(reader, samples, tag, k, on_progress)
+        if reflect:
+            reflected = await _reflected(settings, dsn, reader, worker, catch_up_timeout)
+            since = await _ask(reader, samples, tag, k, on_progress)
+            rests_on = await _rests_on(settings, dsn)
     finally:
         if reader is not None:
             await reader.close()
@@ -94,10 +102,12 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
             worker.stop()
         if not keep and reuse is None:  # a kept run asked again stays kept
             await discarded(settings, dsn)
-    results, latencies, degraded = asked
+    results, latencies, degraded, _ = asked
     methods = {"memstream": score(results, k), **{name: score(r, k) for name, r in plain.items()}}
     if sweep:
         methods = {"memstream": methods.pop("memstream"), "memstream_swept": score(after[0], k), **methods}
+    if reflect:
+        methods = {"memstream": methods.pop("memstream"), "memstream_reflected": score(since[0], k), **methods}
     report = {"file": str(path), "samples": len(samples), "questions": len(results), "k": k,
               "truncated_messages": truncated, **methods["memstream"],
               "recall_ceiling": recall_ceiling([len(set(e)) for _, e, _ in results if e], k),
@@ -106,6 +116,12 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
     if sweep:
         report["sweep"] = {**swept, **{f"swept_{name}": v for name, v in _latency(after[1]).items()},
                            "swept_degraded_reads": after[2]}
+    if reflect:
+        last = after if sweep else asked
+        report["reflect"] = {**reflected, **{f"reflected_{name}": v for name, v in _latency(since[1]).items()},
+                             "reflected_degraded_reads": since[2]}
+        report["context"] = {"before": score(_in_context(last, rests_on), None),
+                             "after": score(_in_context(since, rests_on), None)}
     if keep or reuse is not None:
         report["tag"] = tag
     log.info("eval overall: %s", {name: m["overall"] for name, m in methods.items()})
@@ -151,6 +167,79 @@ async def _swept(settings: Settings, dsn: str, reader, worker, timeout: float) -
             "cold_after_days": settings.episode_cold_after_days}
 
 
+async def _reflected(settings: Settings, dsn: str, reader, worker, timeout: float) -> dict:
+    """A reflection sweep of each user as of their last turn, applied (read-your-writes); what it
+    asked about and what formation kept."""
+    from memstream.embedding import embedder_for
+    from memstream.projections.db import create_pool
+    from memstream.streams.worker.reflecting import sweep
+
+    model = embedder_for(settings).model_id
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
+    try:
+        last = await pool.fetch("SELECT user_id, max(occurred_at) AS at FROM episodes GROUP BY user_id ORDER BY 1")
+        clusters, facts, turns = 0, 0, 0
+        for r in last:
+            found = await sweep(settings, pool, at=r["at"], model=model, user_id=r["user_id"])
+            clusters, facts, turns = clusters + found.asking, facts + found.facts_read, turns + found.turns_read
+        await _wait_reflected(pool, clusters, worker, timeout)
+        held = await pool.fetchrow(
+            "SELECT count(*) AS n, coalesce(sum(cardinality(derived_from)), 0) AS facts, "
+            "coalesce(sum(cardinality(derived_from_turns)), 0) AS turns FROM memory_facts "
+            "WHERE category = 'reflection' AND status = 'current'")
+        refused = await pool.fetchval("SELECT count(*) FROM fact_refusals WHERE category = 'reflection'")
+    finally:
+        await pool.close()
+    log.info("reflected on %d users: %d clusters asked, %d reflections kept", len(last), clusters, held["n"])
+    return {"users": len(last), "facts_read": facts, "turns_read": turns, "clusters": clusters,
+            "reflections": held["n"], "refused": refused, "sources_facts": held["facts"],
+            "sources_turns": held["turns"]}
+
+
+async def _wait_reflected(pool, clusters: int, worker, timeout: float) -> None:
+    """Block until formation answered every cluster asked about (kept or refused)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = await pool.fetchval("SELECT (SELECT count(*) FROM memory_facts WHERE category = 'reflection') + "
+                                   "(SELECT count(*) FROM fact_refusals WHERE category = 'reflection')")
+        if done >= clusters:
+            return
+        if worker.proc.poll() is not None:
+            raise RuntimeError(f"the worker exited with code {worker.proc.returncode}; see {worker.log_path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{done} of {clusters} reflections answered within {timeout:.0f}s")
+        await asyncio.sleep(1.0)
+
+
+async def _rests_on(settings: Settings, dsn: str) -> dict:
+    """The turns (dia_ids) each fact and reflection rests on: those it was read from, a
+    reflection's turns and its source facts' turns."""
+    from memstream.projections.db import create_pool
+
+    pool = await create_pool(dsn, settings.postgres_schema, max_size=1)
+    try:
+        dia = {(r["user_id"], r["source_event_id"]): r["dia"] for r in await pool.fetch(
+            "SELECT user_id, source_event_id, metadata->>'dia_id' AS dia FROM episodes")}
+        facts = await pool.fetch("SELECT user_id, fact_id, source_event_id, observed_in, derived_from, "
+                                 "derived_from_turns FROM memory_facts")
+    finally:
+        await pool.close()
+    own = {f["fact_id"]: [f["source_event_id"], *f["observed_in"], *f["derived_from_turns"]] for f in facts}
+    out = {}
+    for f in facts:
+        turns = own[f["fact_id"]] + [t for s in f["derived_from"] for t in own.get(s, [])]
+        out[f["fact_id"]] = list(dict.fromkeys(d for t in turns if (d := dia.get((f["user_id"], t)))))
+    return out
+
+
+def _in_context(asked, rests_on: dict) -> list:
+    """Each question's context: the returned episodes in rank order, then the turns the returned
+    facts and reflections rest on."""
+    results, _, _, facts = asked
+    return [(category, evidence, list(dict.fromkeys([*ranked, *(d for f in returned for d in rests_on.get(f, []))])))
+            for (category, evidence, ranked), returned in zip(results, facts)]
+
+
 async def _wait_caught_up(reader, last: dict, worker, timeout: float) -> None:
     """Block until the episodes projection covers every user's last turn. Waits in bounded
     read-your-writes steps so a worker that died is reported at once, not after the timeout."""
@@ -167,8 +256,10 @@ async def _wait_caught_up(reader, last: dict, worker, timeout: float) -> None:
 
 
 async def _ask(reader, samples: Sequence[Sample], tag: str, k: int, on_progress):
-    """Ask every question one at a time (so latencies are not queueing behind each other)."""
+    """Ask every question one at a time (so latencies are not queueing behind each other): the
+    results to score, latencies, degraded reads, and the facts each read returned."""
     results: list[tuple[object, list[str], list[str]]] = []
+    facts: list[list] = []
     latencies: list[float] = []
     degraded = 0
     total = sum(len(sample.questions) for sample in samples)
@@ -186,7 +277,8 @@ async def _ask(reader, samples: Sequence[Sample], tag: str, k: int, on_progress)
                       if e.metadata and "dia_id" in e.metadata]
             log.debug("%s | %r evidence=%s got=%s", sample.sample_id, q.question, q.evidence, ranked)
             results.append((q.category, q.evidence, ranked))
-    return results, latencies, degraded
+            facts.append([f.fact_id for f in ctx.facts])
+    return results, latencies, degraded, facts
 
 
 async def _baselines(settings: Settings, dsn: str, samples: Sequence[Sample], tag: str, k: int) -> dict[str, list]:
@@ -274,4 +366,15 @@ def render(report: dict) -> str:
                      f"{w['episodes_cooled']} episodes to the cold index (not said in {w['cold_after_days']:g} days; "
                      f"{w['episodes_hot_after']} hot, {w['episodes_cold_after']} cold after); reads after it p50 "
                      f"{w['swept_read_ms_p50']} ms, p95 {w['swept_read_ms_p95']} ms")
+    if "reflect" in report:
+        w, c = report["reflect"], report["context"]
+        lines.append(f"reflection sweep of {w['users']} users as of their last turns: {w['facts_read']} facts and "
+                     f"{w['turns_read']} turns read, {w['clusters']} clusters asked, {w['reflections']} reflections "
+                     f"kept ({w['sources_facts']} source facts, {w['sources_turns']} source turns), {w['refused']} "
+                     f"refused; reads after it p50 {w['reflected_read_ms_p50']} ms, p95 {w['reflected_read_ms_p95']} ms")
+        lines.append("evidence anywhere in the read's context (its episodes, and the turns its facts and "
+                     "reflections rest on), Hit / Recall:")
+        for name in ("before", "after"):
+            o = c[name]["overall"]
+            lines.append(f"  {name} the reflection sweep: {o['hit_at_k']:.3f} / {o['recall_at_k']:.3f}")
     return "\n".join(lines)

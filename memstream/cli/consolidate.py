@@ -80,7 +80,15 @@ def sweep_reflect(ctx: click.Context, user_id: str | None, dry_run: bool, as_of,
     _, report = swept
     verb = "would ask about" if dry_run else "asking about"
     click.echo(f"sweep {report['sweep_id']} at {report['swept_at']} ({report['policy']}): {report['facts_read']} "
-               f"facts read, {verb} {report['clusters']} clusters of {report['users']} users")
+               f"facts and {report['turns_read']} turns read, {verb} {report['clusters']} clusters of "
+               f"{report['users']} users")
     for c in report["asked"]:
-        click.echo(f"  {c['user_id']}  {len(c['sources'])} facts said {c['observations']}x: "
-                   + "; ".join(f["text"] for f in c["sources"]))
+        # A turn's words are listed by their start: a long message would hide the cluster.
+        said = [f["text"] for f in c["sources"]] + [f'"{_start(t["text"])}"' for t in c["turns"]]
+        click.echo(f"  {c['user_id']}  {len(c['sources'])} facts and {len(c['turns'])} turns said "
+                   f"{c['observations']}x: " + "; ".join(said))
+
+
+def _start(text: str, chars: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= chars else text[:chars - 3] + "..."

@@ -191,6 +191,9 @@ def _eval_options(f):
     f = click.option("--sweep", is_flag=True,
                      help="then sweep each user as of their last turn (decay: facts archived, old episodes to the "
                           "cold index) and ask again")(f)
+    f = click.option("--reflect", is_flag=True,
+                     help="then (after --sweep) a reflection sweep of each user as of their last turn, and ask "
+                          "again; also scores the evidence anywhere in what a read returned, before and after")(f)
     f = click.option("--reuse", metavar="TAG",
                      help="ask again on a kept run's data, without ingesting (same PATH, --conv and --limit); it stays kept")(f)
     f = click.option("--keep", is_flag=True, help="keep the run's schema and topics (its tag is printed)")(f)

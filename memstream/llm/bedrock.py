@@ -28,7 +28,6 @@ from memstream.llm.protocols import (Reflection, CandidateFact, CountsTokens, Ex
                                      ModelFailed, ModelUnavailable, Resolution, Throttled,
                                      TurnCandidates)
 from memstream.llm.retrying import retrying
-from memstream.schemas.facts import FactContent
 from memstream.llm.structured import (REFLECT_PROMPT, REFLECT_PROMPT_VERSION, REFLECT_TOOL, ReflectionAnswer,
                                       reflect_question, reflection_of,
                                       EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_TOOL,
@@ -217,10 +216,10 @@ class BedrockReflector(CountsTokens):
     def __init__(self, client, model_id: str, **kw: Any):
         self._service = _Converse(client, model_id, **kw)
         self.model_id = f"bedrock:{model_id}"
-        self._tool = _tool(REFLECT_TOOL, "Record the sentence the facts show together.", ReflectionAnswer)
+        self._tool = _tool(REFLECT_TOOL, "Record the sentence the memories show together.", ReflectionAnswer)
 
-    def request(self, facts: Sequence[FactContent]) -> dict:
-        return self._service.request(REFLECT_PROMPT, reflect_question(facts), self._tool)
+    def request(self, memories: Sequence[str]) -> dict:
+        return self._service.request(REFLECT_PROMPT, reflect_question(memories), self._tool)
 
-    async def reflect(self, facts: Sequence[FactContent]) -> Reflection:
-        return reflection_of(await self._service.call(self.request(facts), ReflectionAnswer), len(facts))
+    async def reflect(self, memories: Sequence[str]) -> Reflection:
+        return reflection_of(await self._service.call(self.request(memories), ReflectionAnswer), len(memories))

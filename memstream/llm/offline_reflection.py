@@ -1,28 +1,34 @@
 """The offline reflection model: deterministic, no network — for the demo, the tests and
-deployments without a model. It says what a cluster of facts shares by listing them: no
+deployments without a model. It says what a cluster of memories shares by listing them: no
 inference, so nothing it writes goes beyond its sources (a model's sentence is checked for that
 by formation, ``streams.worker.formation.reflections``)."""
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from memstream.llm.protocols import Reflection
-from memstream.schemas.facts import FactContent
 
 MAX_LISTED = 6  # a longer cluster is cited whole but summed up by its first few
+MAX_WORDS = 12  # a turn's words are listed by their first sentence, cut to this many words
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 
 
 class OfflineReflector:
     model_id = "offline-reflect-v1"
-    prompt_version = "offline-reflect-v1"
+    prompt_version = "offline-reflect-v2"
 
-    async def reflect(self, facts: Sequence[FactContent]) -> Reflection:
-        said = list(dict.fromkeys(_clause(f.text) for f in facts))
+    async def reflect(self, memories: Sequence[str]) -> Reflection:
+        said = list(dict.fromkeys(_clause(m) for m in memories))
         listed = said[:MAX_LISTED] + ([f"{len(said) - MAX_LISTED} more"] if len(said) > MAX_LISTED else [])
         text = "Keeps coming back to one theme: " + "; ".join(listed) + "."
-        return Reflection(text, tuple(range(len(facts))))
+        return Reflection(text, tuple(range(len(memories))))
 
 
 def _clause(text: str) -> str:
-    text = text.strip().rstrip(".!")
+    text = _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
+    words = text.split()
+    text = " ".join(words[:MAX_WORDS]) + (" ..." if len(words) > MAX_WORDS else "")
+    text = text.strip().rstrip(".!?")
     return text[:1].lower() + text[1:] if text[:2] != text[:2].upper() else text  # "Likes x" -> "likes x"; "I" stays

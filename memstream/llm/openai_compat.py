@@ -30,7 +30,6 @@ from pydantic import BaseModel
 from memstream.llm.protocols import (Reflection, CandidateFact, CountsTokens, ExistingFact, MalformedOutput, ModelRefused,
                                      ModelUnavailable, Resolution, Throttled, TurnCandidates)
 from memstream.llm.retrying import retrying
-from memstream.schemas.facts import FactContent
 from memstream.llm.structured import (REFLECT_PROMPT, REFLECT_PROMPT_VERSION, REFLECT_TOOL, ReflectionAnswer,
                                       reflect_question, reflection_of,
                                       EXTRACT_PROMPT, EXTRACT_TOOL, RELATE_PROMPT, RELATE_TOOL, RESOLVE_ALL_PROMPT,
@@ -212,7 +211,7 @@ class OpenAITurnExtractor(CountsTokens):
 
 
 class OpenAIReflector(CountsTokens):
-    """``ReflectionClient`` over an OpenAI-compatible chat API. Facts are shown numbered; the
+    """``ReflectionClient`` over an OpenAI-compatible chat API. Memories are shown numbered; the
     model cites them by number (it never sees ids)."""
 
     prompt_version = REFLECT_PROMPT_VERSION
@@ -221,6 +220,6 @@ class OpenAIReflector(CountsTokens):
         self._service = _Chat(client, model, **kw)
         self.model_id = f"openai:{model}"
 
-    async def reflect(self, facts: Sequence[FactContent]) -> Reflection:
-        request = self._service.request(REFLECT_PROMPT, reflect_question(facts), REFLECT_TOOL, ReflectionAnswer)
-        return reflection_of(await self._service.call(request, REFLECT_TOOL, ReflectionAnswer), len(facts))
+    async def reflect(self, memories: Sequence[str]) -> Reflection:
+        request = self._service.request(REFLECT_PROMPT, reflect_question(memories), REFLECT_TOOL, ReflectionAnswer)
+        return reflection_of(await self._service.call(request, REFLECT_TOOL, ReflectionAnswer), len(memories))

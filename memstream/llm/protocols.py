@@ -148,20 +148,21 @@ class TokenCounter(Protocol):
 
 @dataclass(frozen=True)
 class Reflection:
-    """What a reflection model drew from several facts: one sentence about the user (``text``)
-    and the facts it rests on (``cited``: indexes into the facts it was shown)."""
+    """What a reflection model drew from several memories: one sentence about the user
+    (``text``) and the memories it rests on (``cited``: indexes into the texts it was shown)."""
 
     text: str
     cited: tuple[int, ...]
 
 
 class ReflectionClient(Protocol):
-    """Tier 3: one sentence drawn from a cluster of the user's facts. Called by formation only,
-    its answer recorded (``ReflectionRecorded``) — never by the read path or a replay.
-    ``prompt_version`` names the prompt, recorded with each reflection."""
+    """Tier 3: one sentence drawn from a cluster of the user's memories, shown as texts: facts
+    ("Likes hiking") and the user's own words from turns no fact was read from. Called by
+    formation only, its answer recorded (``ReflectionRecorded``) — never by the read path or a
+    replay. ``prompt_version`` names the prompt, recorded with each reflection."""
 
     model_id: str
     prompt_version: str
 
-    async def reflect(self, facts: Sequence[FactContent]) -> Reflection:
+    async def reflect(self, memories: Sequence[str]) -> Reflection:
         ...

@@ -251,23 +251,24 @@ def resolutions_of(out: ResolutionsAnswer, asked: Sequence[tuple[CandidateFact, 
 
 
 REFLECT_TOOL = "record_reflection"
-REFLECT_PROMPT_VERSION = "reflect-v2"
+REFLECT_PROMPT_VERSION = "reflect-v3"
 REFLECT_PROMPT = (
-    "You read several facts a memory holds about the USER, close in meaning, and write one short sentence about "
-    "the user that says what they show together: a pattern, a habit, a lasting interest. Use only what these facts "
-    "say, in their words where you can: no new names, places, numbers or reasons. Cite by number "
-    "every fact the sentence rests on (at least two). If the facts show nothing together, write the sentence "
-    f"that lists what they share and cite them all. Always answer by calling {REFLECT_TOOL}."
+    "You read several memories of the USER, close in meaning: facts a memory holds about them and things they "
+    "said. Write one short sentence about the user that says what the memories show together: a pattern, a habit, "
+    "a lasting interest. Use only what these memories say, in their words where you can: no new names, places, "
+    "numbers or reasons. Cite by number every memory the sentence rests on (at least two). If they show nothing "
+    f"together, write the sentence that lists what they share and cite them all. Always answer by calling "
+    f"{REFLECT_TOOL}."
 )
 
 
 class ReflectionAnswer(BaseModel):
     text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS, description="one sentence about the user")
-    cited: list[int] = Field(min_length=2, max_length=32, description="the numbers of the facts it rests on")
+    cited: list[int] = Field(min_length=2, max_length=32, description="the numbers of the memories it rests on")
 
 
-def reflect_question(facts: Sequence) -> str:
-    return "Facts about the user:\n" + "\n".join(f"{i}. {f.text}" for i, f in enumerate(facts))
+def reflect_question(memories: Sequence[str]) -> str:
+    return "Memories of the user:\n" + "\n".join(f"{i}. {m}" for i, m in enumerate(memories))
 
 
 def reflection_of(out: ReflectionAnswer, shown: int):
@@ -275,5 +276,5 @@ def reflection_of(out: ReflectionAnswer, shown: int):
 
     cited = tuple(dict.fromkeys(i for i in out.cited))
     if any(not 0 <= i < shown for i in cited):
-        raise MalformedOutput(f"{REFLECT_TOOL}: cited a fact that was not shown ({shown} were)")
+        raise MalformedOutput(f"{REFLECT_TOOL}: cited a memory that was not shown ({shown} were)")
     return Reflection(out.text.strip(), cited)

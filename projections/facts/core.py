@@ -73,6 +73,7 @@ class FactRow(FactContent):
     observed_in: tuple[uuid.UUID, ...] = ()  # the turns (event ids) it was read from, first to last
     derived_from: tuple[uuid.UUID, ...] = ()  # a reflection's source facts: it ends when one of them does
     last_said_at: datetime | None = None  # the last observation's said time (``said``): decay's idle time runs from it
+    derived_from_turns: tuple[uuid.UUID, ...] = ()  # a reflection's source turns: forgotten with any of them
 
     @property
     def current(self) -> bool:
@@ -132,7 +133,7 @@ def slots(decision: Decision) -> list[tuple[str, str]]:
 
 def sources(decision: Decision) -> list[tuple[str, uuid.UUID]]:
     """``(user_id, turn event id)`` whose facts ``apply`` needs in ``state`` as well (a forgotten
-    turn: the facts it created or observed)."""
+    turn: the facts it created or observed, and the reflections drawn from it)."""
     if isinstance(decision, MemoryForgotten) and decision.kind == "episode":
         return [(decision.user_id, decision.target)]
     return []
@@ -166,6 +167,7 @@ def _new(d: FactAdded | FactUpdated | ReflectionRecorded, lineage_id: uuid.UUID,
         source_event_id=d.source_event_id, extractor=d.extractor, resolver=d.resolver,
         reason=d.reason, embedding=d.embedding, embedding_model=d.embedding_model,
         derived_from=tuple(d.sources) if isinstance(d, ReflectionRecorded) else (),
+        derived_from_turns=tuple(d.turns) if isinstance(d, ReflectionRecorded) else (),
     )
 
 
@@ -208,6 +210,11 @@ def _forget(state: Mapping[Key, FactRow], d: MemoryForgotten) -> list[FactRow]:
     observed, note = set(turn_decisions(d.target)), f"a source turn ({d.target}) was forgotten by {d.actor}"
     out = []
     for r in state.values():
+        if r.user_id == d.user_id and d.target in r.derived_from_turns and r.status != "forgotten":
+            # A reflection drawn from the turn's words: it says what the user asked to be
+            # forgotten, whatever else it rests on (``keep_derived`` too).
+            out.append(_forgotten(r, d, f"a source turn ({d.target}) was forgotten"))
+            continue
         if r.user_id != d.user_id or not (r.source_event_id == d.target or observed & set(r.observed_by)):
             continue
         if r.status == "forgotten" and d.keep_derived:
@@ -277,7 +284,8 @@ def _apply(state: Mapping[Key, FactRow], d: Decision) -> list[FactRow]:
                         valid_to=old.valid_to or max(d.valid_from, old.valid_from), end_reason=d.reason)
         # A corrected reflection still rests on its sources: it ends with them.
         return [*_overlapped(state, d), ended,
-                replace(_new(d, old.lineage_id, old.version + 1), derived_from=old.derived_from)]
+                replace(_new(d, old.lineage_id, old.version + 1), derived_from=old.derived_from,
+                        derived_from_turns=old.derived_from_turns)]
     if isinstance(d, FactDeleted):
         if _target(state, d.target, d).status == "deleted" or (old := _live(state, d.target, d)) is None:
             return []

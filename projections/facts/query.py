@@ -40,7 +40,7 @@ ORDER BY recorded_at, fact_id
 
 _HISTORY = f"""
 SELECT {_COLS}, superseded_by, end_reason, reason, observed_by[1] AS decision_id, source_event_id, extractor, resolver,
-       derived_from
+       derived_from, derived_from_turns
 FROM memory_facts
 WHERE user_id = $1 AND lineage_id = (SELECT lineage_id FROM memory_facts WHERE fact_id = $2 AND user_id = $1)
 ORDER BY version
@@ -53,7 +53,7 @@ _CURRENT = f"SELECT {_COLS} FROM memory_facts WHERE user_id = $1 AND status = 'c
 # recorded, from a (recorded_at, fact_id) key on.
 _PAGE = f"""
 SELECT {_COLS}, superseded_by, end_reason, reason, observed_by[1] AS decision_id, source_event_id, extractor, resolver,
-       derived_from
+       derived_from, derived_from_turns
 FROM memory_facts
 WHERE user_id = $1 AND ($2::text IS NULL OR status = $2) AND (recorded_at, fact_id) > ($3, $4)
 ORDER BY recorded_at, fact_id LIMIT $5

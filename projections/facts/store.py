@@ -25,10 +25,10 @@ _CASTS = {"fact_id": "uuid", "lineage_id": "uuid", "version": "int", "user_id": 
           "observation_count": "int", "last_observed_at": "timestamptz", "observed_by": "text",
           "deferred": "jsonb", "source_event_id": "uuid", "extractor": "text", "resolver": "text",
           "reason": "text", "embedding": "vector", "embedding_model": "text", "notes": "text", "observed_in": "text",
-          "derived_from": "text", "last_said_at": "timestamptz"}
-# unnest() zips the column arrays; observed_by, observed_in, derived_from and notes travel as text and are cast back to arrays.
-_ARRAYS = {"observed_by": "u.observed_by::uuid[]", "notes": "u.notes::text[]", "observed_in": "u.observed_in::uuid[]",
-           "derived_from": "u.derived_from::uuid[]"}
+          "derived_from": "text", "last_said_at": "timestamptz", "derived_from_turns": "text"}
+# unnest() zips the column arrays; the uuid arrays and notes travel as text and are cast back to arrays.
+_UUIDS = ("observed_by", "observed_in", "derived_from", "derived_from_turns")
+_ARRAYS = {"notes": "u.notes::text[]", **{c: f"u.{c}::uuid[]" for c in _UUIDS}}
 _UPSERT = (
     f"INSERT INTO memory_facts ({', '.join(COLUMNS)}) "
     f"SELECT {', '.join(_ARRAYS.get(c, 'u.' + c) for c in COLUMNS)} FROM unnest("
@@ -40,10 +40,8 @@ _UPSERT = (
 
 def from_record(r: asyncpg.Record) -> FactRow:
     values = dict(r)
-    values["observed_by"] = tuple(values["observed_by"])
-    values["notes"] = tuple(values["notes"])
-    values["observed_in"] = tuple(values["observed_in"])
-    values["derived_from"] = tuple(values["derived_from"])
+    for c in (*_UUIDS, "notes"):
+        values[c] = tuple(values[c])
     values["deferred"] = json.loads(values["deferred"]) if isinstance(values["deferred"], str) else values["deferred"]
     emb = values["embedding"]
     values["embedding"] = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype="<f4").tobytes()
@@ -53,7 +51,7 @@ def from_record(r: asyncpg.Record) -> FactRow:
 def _column(rows: Sequence[FactRow], c: str) -> list:
     if c == "embedding":
         return [Vector(np.frombuffer(r.embedding, dtype="<f4")) for r in rows]
-    if c in ("observed_by", "observed_in", "derived_from"):
+    if c in _UUIDS:
         return ["{" + ",".join(str(u) for u in getattr(r, c)) + "}" for r in rows]
     if c == "notes":
         return [text_array(r.notes) for r in rows]
@@ -63,11 +61,12 @@ def _column(rows: Sequence[FactRow], c: str) -> list:
 
 
 _BY_SOURCE = (f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE user_id = $1 "
-              "AND (source_event_id = $2 OR observed_by && $3::uuid[])")
+              "AND (source_event_id = $2 OR observed_by && $3::uuid[] "
+              "OR (category = 'reflection' AND derived_from_turns @> ARRAY[$2]::uuid[]))")
 
 
 async def load_by_source(conn, user_id: str, event_id: uuid.UUID) -> dict[Key, FactRow]:
-    """The user's facts that turn ``event_id`` created or observed."""
+    """The user's facts that turn ``event_id`` created or observed, and reflections drawn from it."""
     rows = map(from_record, await conn.fetch(_BY_SOURCE, user_id, event_id, turn_decisions(event_id)))
     return {key(r): r for r in rows}
 
@@ -80,14 +79,17 @@ async def load_slot(conn, user_id: str, attribute: str) -> dict[Key, FactRow]:
 
 
 _DRAWN_FROM = (f"SELECT {', '.join(COLUMNS)} FROM memory_facts WHERE user_id = $1 AND category = 'reflection' "
-               "AND derived_from && $2::uuid[] AND status <> 'forgotten'")
+               "AND (derived_from && $2::uuid[] OR derived_from_turns && $3::uuid[]) AND status <> 'forgotten'")
 
 
-async def load_drawn_from(conn, user_id: str, fact_ids: Sequence[uuid.UUID]) -> dict[Key, FactRow]:
-    """The user's reflections not forgotten drawn from any of ``fact_ids`` (``core.ends_facts``)."""
-    if not fact_ids:
+async def load_drawn_from(conn, user_id: str, fact_ids: Sequence[uuid.UUID],
+                          turns: Sequence[uuid.UUID] = ()) -> dict[Key, FactRow]:
+    """The user's reflections not forgotten drawn from any of ``fact_ids`` (``core.ends_facts``)
+    or of ``turns`` (event ids)."""
+    if not fact_ids and not turns:
         return {}
-    return {key(r): r for r in map(from_record, await conn.fetch(_DRAWN_FROM, user_id, list(fact_ids)))}
+    rows = await conn.fetch(_DRAWN_FROM, user_id, list(fact_ids), list(turns))
+    return {key(r): r for r in map(from_record, rows)}
 
 
 async def load(conn, keys: Sequence[Key], by: str = "fact_id") -> dict[Key, FactRow]:

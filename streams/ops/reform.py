@@ -134,7 +134,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
             formation = Formation(producer=producer, decisions_topic=topic, embedder=embedder, extractor=extraction,
                                   resolver=resolution, dead_letters=None, pool=None, barrier=None, relations=relations,
                                   sealer=sealer, turn_extractor=turn, concurrency=settings.formation_concurrency,
-                                  reflector=reflector)
+                                  reflector=reflector, episodes=pool)
 
             async def form(batch: list[Record]) -> None:
                 batch = await sealer.open(batch)

@@ -1,16 +1,18 @@
-"""A reflection sweep's plan: cluster each user's recent facts by their recorded embeddings and
-ask, on the user's log, for a reflection on each cluster said often enough — for ``memstream
+"""A reflection sweep's plan: cluster each user's recent memories by their recorded embeddings
+and ask, on the user's log, for a reflection on each cluster said often enough — for ``memstream
 sweep reflect`` (``streams.ops.sweep``) and the formation workers' timer.
 
-The clusters are a deterministic function of the facts projection at the sweep's time: the
-user's current facts (not reflections) said within ``reflect_window_days``, taken oldest first,
-each joining the cluster whose centre (the normalised mean of its members' embeddings) it is
-closest to, if at least ``reflect_similarity`` (cosine), else opening one. A cluster of two facts
-or more, said ``reflect_min_observations`` times all told, is asked about — unless a reflection
-still believed was drawn from some of its facts and none joined them since. One
-``ReflectRequested`` per user carries its clusters; formation asks the model in the request's
-place among the user's turns and records the answer, so a replay applies the reflections without
-a sweep, a clock or a model.
+The memories are the user's current facts (not reflections) said within ``reflect_window_days``
+and their turns of that time no such fact was read from (the user's own words: what no
+extractor made a fact of may still show a pattern — "ran 10k today", "legs sore after the long
+run"). The clusters are a deterministic function of the projections at the sweep's time: the
+memories taken oldest first, each joining the cluster whose centre (the normalised mean of its
+members' embeddings) it is closest to, if at least ``reflect_similarity`` (cosine), else opening
+one. A cluster of two memories or more, said ``reflect_min_observations`` times all told (a
+fact's observations, one per turn), is asked about — unless a reflection still believed was
+drawn from some of its memories and none joined them since. One ``ReflectRequested`` per user
+carries its clusters; formation asks the model in the request's place among the user's turns and
+records the answer, so a replay applies the reflections without a sweep, a clock or a model.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -29,22 +31,42 @@ from memstream.schemas import ReflectionCluster, ReflectRequested, new_event_id
 
 log = logging.getLogger("memstream.sweep")
 
-POLICY = "reflect-v1"
-MAX_SOURCES = 32  # ReflectionCluster.sources: a larger cluster is asked about by its latest facts
+POLICY = "reflect-v2"
+MAX_SOURCES = 32  # ReflectionCluster.sources and .turns: a larger cluster is asked about by its latest memories
 MAX_CLUSTERS = 100  # ReflectRequested.clusters: a user's largest clusters first
+# A turn of fewer words ("ok", "thanks!", "see you") says nothing a reflection could rest on, and
+# such turns are close to each other in meaning: they would cluster into a reflection on nothing.
+MIN_TURN_WORDS = 4
 
 _RECENT = """
-SELECT user_id, fact_id, embedding, observation_count, embedding_model, recorded_at
+SELECT user_id, fact_id, embedding, observation_count, embedding_model, recorded_at, source_event_id, observed_in
 FROM memory_facts
 WHERE status = 'current' AND category <> 'reflection'
   AND coalesce(last_said_at, last_observed_at) BETWEEN $2 AND $3
   AND ($1::text IS NULL OR user_id = $1)
 ORDER BY user_id, recorded_at, fact_id
 """
+_RECENT_TURNS = f"""
+SELECT user_id, source_event_id, embedding, embedding_model, recorded_at
+FROM episodes
+WHERE occurred_at BETWEEN $2 AND $3 AND ($1::text IS NULL OR user_id = $1)
+  AND cardinality(regexp_split_to_array(btrim(user_message), '\\s+')) >= {MIN_TURN_WORDS}
+ORDER BY user_id, recorded_at, source_event_id
+"""
 _REFLECTED = """
-SELECT user_id, derived_from, recorded_at FROM memory_facts
+SELECT user_id, derived_from, derived_from_turns, recorded_at FROM memory_facts
 WHERE category = 'reflection' AND status IN ('current', 'archived') AND ($1::text IS NULL OR user_id = $1)
 """
+
+
+class _Memory(NamedTuple):
+    """A fact or a turn a sweep may cluster."""
+
+    id: uuid.UUID  # a fact id, or a turn's event id
+    is_turn: bool
+    embedding: bytes
+    observations: int
+    recorded_at: datetime
 
 
 @dataclass
@@ -54,6 +76,7 @@ class Plan:
     sweep_id: uuid.UUID
     swept_at: datetime
     facts_read: int = 0
+    turns_read: int = 0
     clusters: dict[str, list[ReflectionCluster]] = field(default_factory=dict)
     texts: dict[tuple[str, uuid.UUID], str] = field(default_factory=dict)  # a dry run's listing, never logged
 
@@ -62,75 +85,111 @@ class Plan:
         return sum(len(v) for v in self.clusters.values())
 
     def as_dict(self) -> dict:
+        def listed(user: str, ids: list[uuid.UUID], key: str) -> list[dict]:
+            return [{key: str(i), "text": self.texts.get((user, i), "")} for i in ids]
+
         return {"sweep_id": str(self.sweep_id), "swept_at": self.swept_at.isoformat(), "policy": POLICY,
-                "facts_read": self.facts_read, "users": len(self.clusters), "clusters": self.asking,
+                "facts_read": self.facts_read, "turns_read": self.turns_read, "users": len(self.clusters),
+                "clusters": self.asking,
                 "asked": [{"user_id": user, "observations": c.observations,
-                           "sources": [{"fact_id": str(f), "text": self.texts.get((user, f), "")} for f in c.sources]}
+                           "sources": listed(user, c.sources, "fact_id"), "turns": listed(user, c.turns, "turn_id")}
                           for user, cs in sorted(self.clusters.items()) for c in cs]}
 
 
 def cluster(vectors: Sequence[np.ndarray], similarity: float) -> list[list[int]]:
     """Indexes of ``vectors`` (unit vectors, in the order given) grouped as the module says."""
     groups: list[list[int]] = []
-    sums: list[np.ndarray] = []
+    sums = np.zeros((16, len(vectors[0]) if len(vectors) else 0), dtype=np.float64)  # grows by doubling
     for i, v in enumerate(vectors):
-        best, closest = None, similarity
-        for g, total in enumerate(sums):
-            closeness = float(total @ v) / (float(np.linalg.norm(total)) or 1.0)
-            if closeness >= closest:  # ties: the first cluster opened
-                best, closest = g, closeness + 1e-12
-        if best is None:
-            groups.append([i])
-            sums.append(np.array(v, dtype=np.float64))
-        else:
-            groups[best].append(i)
-            sums[best] = sums[best] + v
+        v = np.asarray(v, dtype=np.float64)
+        if groups:
+            opened = sums[:len(groups)]
+            closeness = (opened @ v) / np.maximum(np.linalg.norm(opened, axis=1), 1e-12)
+            best = int(np.argmax(closeness))  # ties: the first cluster opened
+            if closeness[best] >= similarity:
+                groups[best].append(i)
+                sums[best] += v
+                continue
+        if len(groups) == len(sums):
+            sums = np.vstack([sums, np.zeros_like(sums)])
+        sums[len(groups)] = v
+        groups.append([i])
     return groups
 
 
 async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: str | None = None,
                kept: Callable[[str], bool] | None = None) -> Plan:
-    """The clusters of every user's recent facts embedded by ``model`` (of ``user_id``, or of the
-    users ``kept`` accepts) as of ``at``."""
+    """The clusters of every user's recent memories embedded by ``model`` (of ``user_id``, or of
+    the users ``kept`` accepts) as of ``at``."""
     found = Plan(sweep_id=uuid.uuid4(), swept_at=at)
     since = at - timedelta(days=settings.reflect_window_days)
-    facts: dict[str, list] = defaultdict(list)
+    memories: dict[str, list[_Memory]] = defaultdict(list)
+    read_from: dict[str, set[uuid.UUID]] = defaultdict(set)  # the turns the facts were read from
     reflected: dict[str, list[tuple[frozenset, datetime]]] = defaultdict(list)
+
+    def wanted(r) -> bool:
+        return r["embedding_model"] == model and (kept is None or kept(r["user_id"]))
+
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
         async for r in conn.cursor(_RECENT, user_id, since, at, prefetch=1000):
-            if r["embedding_model"] != model or (kept is not None and not kept(r["user_id"])):
-                continue
-            found.facts_read += 1
-            facts[r["user_id"]].append(r)
+            if wanted(r):
+                found.facts_read += 1
+                memories[r["user_id"]].append(_Memory(r["fact_id"], False, _bytes(r["embedding"]),
+                                                      r["observation_count"], r["recorded_at"]))
+                read_from[r["user_id"]].update((r["source_event_id"], *r["observed_in"]))
+        async for r in conn.cursor(_RECENT_TURNS, user_id, since, at, prefetch=1000):
+            if wanted(r) and r["source_event_id"] not in read_from[r["user_id"]]:
+                found.turns_read += 1
+                memories[r["user_id"]].append(_Memory(r["source_event_id"], True, _bytes(r["embedding"]), 1,
+                                                      r["recorded_at"]))
         for r in await conn.fetch(_REFLECTED, user_id):
-            reflected[r["user_id"]].append((frozenset(r["derived_from"]), r["recorded_at"]))
-    for user, rows in facts.items():
-        vectors = [from_bytes(_bytes(r["embedding"])) for r in rows]
+            reflected[r["user_id"]].append((frozenset((*r["derived_from"], *r["derived_from_turns"])),
+                                            r["recorded_at"]))
+    for user, rows in memories.items():
+        rows.sort(key=lambda m: (m.recorded_at, m.is_turn, m.id))
         asked = []
-        for group in cluster(vectors, settings.reflect_similarity):
-            members = [rows[i] for i in group][-MAX_SOURCES:]
-            observations = sum(m["observation_count"] for m in members)
-            ids = [m["fact_id"] for m in members]
-            if (len(ids) < 2 or observations < settings.reflect_min_observations
+        for group in cluster([from_bytes(m.embedding) for m in rows], settings.reflect_similarity):
+            members = [rows[i] for i in group]
+            facts = [m for m in members if not m.is_turn][-MAX_SOURCES:]
+            turns = [m for m in members if m.is_turn][-MAX_SOURCES:]
+            members = facts + turns
+            observations = sum(m.observations for m in members)
+            if (len(members) < 2 or observations < settings.reflect_min_observations
                     or _reflected_on(members, reflected[user])):
                 continue
-            asked.append(ReflectionCluster(sources=ids, observations=observations))
+            asked.append(ReflectionCluster(sources=[m.id for m in facts], turns=[m.id for m in turns],
+                                           observations=observations))
         if asked:
-            found.clusters[user] = sorted(asked, key=lambda c: (-c.observations, str(c.sources[0])))[:MAX_CLUSTERS]
+            found.clusters[user] = sorted(asked, key=lambda c: (-c.observations, str([*c.sources, *c.turns][0])))[
+                :MAX_CLUSTERS]
     if found.clusters:
-        wanted = [(u, f) for u, cs in found.clusters.items() for c in cs for f in c.sources]
-        rows = await conn.fetch("SELECT f.user_id, f.fact_id, f.text FROM memory_facts f JOIN unnest($1::text[], "
-                                "$2::uuid[]) AS w(user_id, fact_id) USING (user_id, fact_id)", *zip(*wanted))
-        found.texts = {(r["user_id"], r["fact_id"]): r["text"] for r in rows}
+        found.texts = await _texts(conn, found.clusters)
     return found
 
 
-def _reflected_on(members, reflections: list[tuple[frozenset, datetime]]) -> bool:
+async def _texts(conn, clusters: dict[str, list[ReflectionCluster]]) -> dict[tuple[str, uuid.UUID], str]:
+    """What each clustered fact says and each clustered turn's user said (a dry run's listing)."""
+    facts = [(u, f) for u, cs in clusters.items() for c in cs for f in c.sources]
+    turns = [(u, t) for u, cs in clusters.items() for c in cs for t in c.turns]
+    texts = {}
+    if facts:
+        rows = await conn.fetch("SELECT f.user_id, f.fact_id, f.text FROM memory_facts f JOIN unnest($1::text[], "
+                                "$2::uuid[]) AS w(user_id, fact_id) USING (user_id, fact_id)", *zip(*facts))
+        texts.update(((r["user_id"], r["fact_id"]), r["text"]) for r in rows)
+    if turns:
+        rows = await conn.fetch("SELECT e.user_id, e.source_event_id, e.user_message FROM episodes e JOIN "
+                                "unnest($1::text[], $2::uuid[]) AS w(user_id, source_event_id) "
+                                "USING (user_id, source_event_id)", *zip(*turns))
+        texts.update(((r["user_id"], r["source_event_id"]), r["user_message"]) for r in rows)
+    return texts
+
+
+def _reflected_on(members: list[_Memory], reflections: list[tuple[frozenset, datetime]]) -> bool:
     """Whether a reflection still believed was drawn from some of ``members`` only, and none of
-    them was recorded after it (a fact joined since: asked again, the new one replaces it)."""
-    ids = {m["fact_id"] for m in members}
+    them was recorded after it (a memory joined since: asked again, the new one replaces it)."""
+    ids = {m.id for m in members}
     drawn = [at for sources, at in reflections if sources <= ids]
-    return bool(drawn) and all(m["recorded_at"] <= max(drawn) for m in members)
+    return bool(drawn) and all(m.recorded_at <= max(drawn) for m in members)
 
 
 def _bytes(embedding) -> bytes:
@@ -155,8 +214,8 @@ async def sweep(settings: Settings, pool, *, at: datetime, model: str, user_id: 
     kept = await users_of(settings, mine)
     async with pool.acquire() as conn:
         found = await plan(conn, settings, at=at, model=model, user_id=user_id, kept=kept)
-    log.info("reflection sweep %s: %d facts read, %d clusters of %d users%s", found.sweep_id, found.facts_read,
-             found.asking, len(found.clusters), " (dry run)" if dry_run else "")
+    log.info("reflection sweep %s: %d facts and %d turns read, %d clusters of %d users%s", found.sweep_id,
+             found.facts_read, found.turns_read, found.asking, len(found.clusters), " (dry run)" if dry_run else "")
     if dry_run:
         return found
     topic, partitions, swept = await send(settings, requests(found), user_id=user_id, mine=mine,

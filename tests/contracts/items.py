@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 
 from memstream.embedding import to_bytes
-from memstream.schemas import (SYSTEM_USER, AliasAdded, EdgeClosed, EdgeOpened, EntityCreated, EpisodeRecorded, Passage,
+from memstream.schemas import (SYSTEM_USER, ReflectionRecorded, AliasAdded, EdgeClosed, EdgeOpened, EntityCreated, EpisodeRecorded, Passage,
                                ExpertIdentityDeleted, ExpertIdentityUpserted, FactAdded, FactChangeDeferred, FactRefused,
                                FactArchived, FactDeleted, FactReinforced, FactRestored, FactUpdated, LogPosition,
                                MemoriesUsed, PersonIdentitySet, ReminderResolved, ReminderScheduled)
@@ -94,6 +94,13 @@ def archived(old: FactAdded | FactUpdated, sweep_id: uuid.UUID = uuid.UUID(int=7
 
 def restored(old: FactAdded | FactUpdated) -> FactRestored:
     return FactRestored(**_turn(old.user_id, "fact:0"), **_FACT, reason="said again", target=old.fact_id)
+
+
+def reflected(sources: list[FactAdded], turns: list[uuid.UUID], user: str = "ana") -> ReflectionRecorded:
+    c = _turn(user, "reflection:0")
+    return ReflectionRecorded(**c, **_FACT, reason="reflection sweep", sources=[f.fact_id for f in sources],
+                              turns=list(turns), sweep_id=uuid.UUID(int=9), prompt_version="contract",
+                              **_body(c, "reflection", "a theme", 0.5, MODEL, "reflection"))
 
 
 def refused(user: str = "ana", value: str = "Oslo", kind: str = "other_person") -> FactRefused:

@@ -14,7 +14,7 @@ from memstream.projections.facts.store import FactStore
 from memstream.schemas import Decision
 from memstream.streams.worker.formation.views import NEIGHBOURS, FactView, MemoryView, PostgresView
 from tests.contracts import items
-from tests.contracts.items import MODEL, QUERY, added, deferred, deleted, reinforced, updated
+from tests.contracts.items import MODEL, QUERY, added, deferred, deleted, reflected, reinforced, updated
 
 SPLITS = ["stored", "applied", "stored then applied"]
 
@@ -116,6 +116,16 @@ class FactViewContract:
         fold(expected, [likes, home, pet, *later])
         await view.ensure("ana", [*(f for _, f in expected), uuid.uuid4()])  # an id nobody holds is no error
         assert {f: view.rows[f] for f in expected} == expected
+
+    @pytest.mark.parametrize("where", ["stored", "applied"])
+    async def test_ensuring_a_turn_holds_the_reflections_drawn_from_it_and_only_those(self, where):
+        likes, turn, other = added(), uuid.uuid4(), uuid.uuid4()
+        drawn, elsewhere = reflected([likes], [turn]), reflected([], [other, uuid.uuid4()])
+        view = await self.holding(**{where: [likes, drawn, elsewhere]})
+        await view.ensure("ana", [], [turn])
+        assert view.rows["ana", drawn.fact_id].derived_from_turns == (turn,)
+        if where == "stored" and isinstance(view, PostgresView):  # MemoryView holds every fact anyway
+            assert ("ana", elsewhere.fact_id) not in view.rows
 
     async def test_a_decision_naming_an_unknown_fact_is_refused(self):
         view = await self.view([added()])

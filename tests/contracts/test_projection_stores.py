@@ -160,9 +160,12 @@ class TestFactStore(ProjectionStoreContract):
         likes, home, pet = items.added(), items.added(attribute="home", value="Porto", category="location"), \
             items.added(attribute="pet", value="cat")
         tea, chess = items.added("bo", value="tea"), items.added("bo", value="chess")
+        # Reflections drawn from a fact and turns: one is forgotten with a turn, the other stays.
+        kept, gone = items.reflected([likes], [uuid.uuid4()]), items.reflected([likes], [uuid.uuid4()])
+        turn_forgotten = msgspec.structs.replace(_forget(gone, "episode"), target=gone.turns[0], keep_derived=True)
         return [likes, home, pet, items.reinforced(likes), items.deferred(likes, "blues"),
                 items.updated(home, "Lisbon"), items.deleted(pet), tea, items.refused(), chess,
-                items.archived(tea), items.archived(chess), items.restored(chess)]
+                items.archived(tea), items.archived(chess), items.restored(chess), kept, gone, turn_forgotten]
 
     def poisoned(self, name, batch):
         home = next(d for d in batch if isinstance(d, FactUpdated))

@@ -222,3 +222,51 @@ async def test_switching_users_never_shows_one_users_memory_under_anothers_and_a
         assert overview.status_code == 200 and overview.json()["stats"]["episodes"]["by_status"] == {"recorded": 101}
         assert overview.headers["cache-control"] == "no-store"
         await asyncio.to_thread(switch_and_page, browser, url, key, slow, busy)
+
+
+async def test_a_reflection_shows_the_facts_and_turns_it_was_drawn_from(browser, settings, dsn, workers, tmp_path):
+    from memstream.embedding import default_embedder
+    from memstream.streams.ops.sweep import sweep_reflect
+
+    from .test_formation import turn
+    from .test_reflections import SOON
+
+    w = workers()
+    await w.wait_assigned()
+    said = ["I like hiking.", "I like camping.", "I like hiking.", *(f"I went running by the river {when}."
+                                                                    for when in ("this morning", "again today",
+                                                                                 "after work"))]
+    async with TurnLog(settings) as log:
+        positions = await log.append_many([msgspec.structs.replace(turn("max", s, i), user_id="demo:max")
+                                           for i, s in enumerate(said)])
+    keys = ApiKeys(tmp_path / "api-keys.json")
+    key = keys.create("inspector test", tenant="demo")
+    app = create_app(settings, keys=keys, dsn=dsn, embedder=default_embedder())
+    async with served(app) as url, httpx.AsyncClient(base_url=url, timeout=30,
+                                                     headers={"Authorization": f"Bearer {key}"}) as api:
+        last = positions[-1]
+        position = {"topic": last.topic, "partition": last.partition, "offset": last.offset}
+        assert (await api.post("/v1/caught-up", json={"position": position, "timeout": 30})).json()["caught_up"]
+        assert (await sweep_reflect(settings, dsn, at=SOON)).asking == 2
+
+        async def reflections() -> int:
+            page = (await api.get("/v1/users/demo:max/memories", params={"kind": "facts"})).json()
+            return sum(f["category"] == "reflection" for f in page["items"])
+        for _ in range(300):
+            if await reflections() == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert await reflections() == 2, "the two reflections were not recorded within 30 s"
+
+        def shown(driver) -> list[str]:
+            driver.get(f"{url}/inspector#key={key}&user=demo:max")
+            until(driver, lambda d: d.find_element("id", "user").get_attribute("data-loaded") == "demo:max",
+                  "the user's memory loaded")
+            drawn = [s.text for s in driver.find_elements("css selector", "#facts tbody tr .sources")]
+            assert console_errors(driver) == []
+            return drawn
+
+        drawn = await asyncio.to_thread(shown, browser)
+    # Each names its sources: the facts by what they say, the turns by how many (in either order).
+    assert sorted(sorted(d.removeprefix("drawn from: ").split("; ")) for d in drawn) == \
+        [["3 of your turns"], ["Likes camping", "Likes hiking"]], drawn

@@ -41,13 +41,22 @@ async def test_locomo_fixture_is_ingested_asked_and_scored_and_a_kept_run_asked_
         assert report["degraded_reads"] == 0
         assert report["ingest_seconds"] > 0 and 0 < report["read_ms_p50"] <= report["read_ms_p95"]
 
-        again = await run_eval(settings, FIXTURE, fmt="locomo", reuse=report["tag"], sweep=True)
+        again = await run_eval(settings, FIXTURE, fmt="locomo", reuse=report["tag"], sweep=True, reflect=True)
         assert again["tag"] == report["tag"] and await schemas_named(dsn, "locomo_") != before  # still kept
         swept = again["sweep"]
         assert swept["users"] == 2 and swept["episodes_cooled"] == swept["episodes_cold_after"] > 0
         assert again["methods"]["memstream"]["overall"] == report["overall"]  # asked again, the same answers
         assert 0 < again["methods"]["memstream_swept"]["overall"]["hit_at_k"] <= 1
         assert "episodes to the cold index" in render(again)
+        # Reflected on as of each user's last turn: what was kept, and the evidence in the whole
+        # context (episodes, and what the returned facts and reflections rest on) before and after.
+        reflected = again["reflect"]
+        assert reflected["users"] == 2 and reflected["clusters"] == reflected["reflections"] + reflected["refused"]
+        assert reflected["turns_read"] > 0 and reflected["reflections"] > 0, reflected
+        context = again["context"]
+        assert context["before"]["overall"]["hit_at_k"] >= again["methods"]["memstream_swept"]["overall"]["hit_at_k"]
+        assert 0 < again["methods"]["memstream_reflected"]["overall"]["hit_at_k"] <= 1
+        assert "reflections kept" in render(again) and "evidence anywhere" in render(again)
     finally:
         await discarded(isolated(settings, "locomo", report["tag"])[0], dsn)
     assert await schemas_named(dsn, "locomo_") == before

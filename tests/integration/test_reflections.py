@@ -1,5 +1,5 @@
-"""Reflections (Tier 3) on the real stack: a sweep clusters a user's recent facts and asks on
-their log for a reflection; formation records one sentence naming its sources; the read path
+"""Reflections (Tier 3) on the real stack: a sweep clusters a user's recent facts and turns and
+asks on their log for a reflection; formation records one sentence naming its sources; the read path
 ranks it with facts; forgetting a source forgets it; a replay (no model, no embedder, no sweep)
 lands on the same rows."""
 from __future__ import annotations
@@ -15,6 +15,7 @@ from memstream import control
 from memstream.embedding import default_embedder
 from memstream.schemas import TurnRecorded
 from memstream.projections.compare import TABLES
+from memstream.projections.episodes.core import episode_id
 from memstream.stack.worker_process import worker_env
 from memstream.streams.log.producer import TurnLog
 from memstream.streams.ops.reform import reform
@@ -45,7 +46,7 @@ async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_s
     assert cli.returncode == 0, cli.stderr
     said = cli.stdout.splitlines()
     assert "would ask about 1 clusters of 1 users" in said[0] and len(said) == 2, cli.stdout
-    assert said[1].strip().startswith("ivy  2 facts said 3x: ") and "Likes hiking" in said[1], said[1]
+    assert said[1].strip().startswith("ivy  2 facts and 0 turns said 3x: ") and "Likes hiking" in said[1], said[1]
     assert not await conn.fetchval("SELECT count(*) FROM reflection_sweeps")  # a dry run records nothing
 
     done = await sweep_reflect(settings, dsn, at=SOON)
@@ -84,6 +85,44 @@ async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_s
 
     forbid_llm_and_embedder()  # a replay applies what was decided: no sweep, model or embedder
     await assert_equal_to_a_replay(settings, conn, dsn, "re", ["episodes", "facts", "graph", "commands"],
+                                   [t for tables in TABLES.values() for t in tables])
+
+
+async def test_a_reflection_drawn_from_turns_no_fact_was_read_from_is_forgotten_with_one_of_them(
+        settings, conn, dsn, workers, forbid_llm_and_embedder):
+    w = workers()
+    await w.wait_assigned()
+    ran = [turn("max", f"I went running by the river {when}.", i)
+           for i, when in enumerate(("this morning", "again today", "after work"))]
+    # Too few words to reflect on, however alike; and a fact, with the turn it was read from.
+    await append_and_wait(settings, conn, [*ran, turn("max", "ok thanks", 3), turn("max", "thanks!", 4),
+                                           turn("max", "I live in Porto.", 5)])
+    done = await sweep_reflect(settings, dsn, at=SOON)
+    assert (done.asking, done.facts_read, done.turns_read) == (1, 1, 3)
+    reflection = await wait_until(lambda: conn.fetchrow(
+        "SELECT fact_id, text, derived_from, derived_from_turns, status FROM memory_facts "
+        "WHERE category = 'reflection'"), what="the reflection recorded")
+    assert reflection["derived_from"] == [] and set(reflection["derived_from_turns"]) == {t.event_id for t in ran}
+    assert "i went running by the river" in reflection["text"].lower()
+    assert (await sweep_reflect(settings, dsn, dry_run=True, at=SOON)).asking == 0  # reflected on already
+
+    reader = await make_reader(dsn, settings, default_embedder())
+    try:
+        ctx = await reader.read("max", "c1", "how often do I go running by the river?")
+        assert any(f.fact_id == reflection["fact_id"] for f in ctx.facts), [f.text for f in ctx.facts]
+        [shown] = [f for f in (await reader.memories("max")).items if f.category == "reflection"]
+        assert set(shown.derived_from_turns) == {t.event_id for t in ran}
+        async with TurnLog(settings) as log:
+            await control.forget_episode(log, reader, "max", episode_id(ran[1].event_id))
+        assert await wait_until(lambda: conn.fetchval(
+            "SELECT end_reason FROM memory_facts WHERE fact_id = $1 AND status = 'forgotten'",
+            reflection["fact_id"]), what="the reflection forgotten with a source turn")
+    finally:
+        await reader.close()
+    w.stop()
+
+    forbid_llm_and_embedder()
+    await assert_equal_to_a_replay(settings, conn, dsn, "rt", ["episodes", "facts", "graph", "commands"],
                                    [t for tables in TABLES.values() for t in tables])
 
 

@@ -94,7 +94,7 @@ async def test_the_local_model_reflects_on_clusters_in_the_schema_and_grounding_
     out = []
     for texts in CLUSTERS:
         facts = [FactContent(t, "preference", "likes", t, 0.9, True) for t in texts]
-        answer = await reflector.reflect(facts)
+        answer = await reflector.reflect([f.text for f in facts])
         assert len(answer.cited) >= 2 and all(0 <= i < len(facts) for i in answer.cited), answer
         why = ungrounded(answer.text, [facts[i].text for i in answer.cited])
         out.append({"facts": texts, "reflection": answer.text, "cited": list(answer.cited), "refused": why})

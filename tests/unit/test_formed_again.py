@@ -64,9 +64,10 @@ def test_a_turn_formed_again_after_later_turns_leaves_one_current_fact(monkeypat
     async def load(conn, keys):
         return {k: store[k] for k in keys if k in store}
 
-    async def load_drawn_from(conn, user, ids):
-        return {k: r for k, r in store.items() if r.user_id == user and set(r.derived_from) & set(ids)
-                and r.status in ("current", "archived")}
+    async def load_drawn_from(conn, user, ids, turns=()):
+        return {k: r for k, r in store.items() if r.user_id == user
+                and (set(r.derived_from) & set(ids) or set(r.derived_from_turns) & set(turns))
+                and r.status != "forgotten"}
 
     monkeypatch.setattr(facts_store, "load_drawn_from", load_drawn_from)
     monkeypatch.setattr(facts_query, "nearest", nearest)

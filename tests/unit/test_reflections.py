@@ -28,12 +28,12 @@ def forgot(offset, kind, target=None):
     return MemoryForgotten(**c, kind=kind, target=target, actor="user")
 
 
-def reflection(offset, sources):
+def reflection(offset, sources, turns=()):
     c = common(offset)
     return ReflectionRecorded(**c, fact_id=c["decision_id"], text="Keeps coming back to one theme: hiking; camping.",
                               category="reflection", attribute="reflection", value="hiking; camping",
                               valid_from=c["recorded_at"], embedding=b"\0" * 1536, embedding_model="m",
-                              sources=list(sources), sweep_id=uuid.uuid4(), prompt_version="p")
+                              sources=list(sources), turns=list(turns), sweep_id=uuid.uuid4(), prompt_version="p")
 
 
 def test_a_reflection_is_a_fact_row_naming_its_sources_and_ends_when_one_is_superseded():
@@ -85,9 +85,9 @@ def test_a_sentence_is_grounded_only_in_what_its_sources_say(text, why):
 
 def test_the_offline_summariser_cites_every_fact_and_is_grounded_in_them():
     facts = [liked(1, "hiking"), liked(2, "camping"), liked(3, "kayaking")]
-    out = asyncio.run(OfflineReflector().reflect(facts))
+    out = asyncio.run(OfflineReflector().reflect([f.text for f in facts]))
     assert out.cited == (0, 1, 2) and ungrounded(out.text, [f.text for f in facts]) is None
-    assert out == asyncio.run(OfflineReflector().reflect(facts))
+    assert out == asyncio.run(OfflineReflector().reflect([f.text for f in facts]))
 
 
 def test_a_model_citing_a_fact_it_was_not_shown_is_malformed():
@@ -126,7 +126,7 @@ def _request(sources):
                             clusters=[ReflectionCluster(sources=list(sources), observations=3)])
 
 
-async def _decided(request, view, reflector):
+async def _decided(request, view, reflector, remembered=None):
     from memstream.streams.worker.formation.reflections import reflections
 
     async def ask(call, *args):
@@ -138,7 +138,9 @@ async def _decided(request, view, reflector):
     from memstream.schemas import LogPosition
     common = dict(source_event_id=request.event_id, source=LogPosition("e", 0, 9), recorded_at=T0 + timedelta(days=9),
                   user_id="u")
-    return await reflections(request, view, reflector, ask, embed, "m", common)
+    if remembered is None:
+        return await reflections(request, view, reflector, ask, embed, "m", common)
+    return await reflections(request, view, reflector, ask, embed, "m", common, remembered)
 
 
 async def test_formation_records_a_grounded_reflection_once_and_refuses_an_invented_one():

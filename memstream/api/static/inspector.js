@@ -154,9 +154,12 @@ async function showFacts(more) {
   const shown = await pageOf("facts", more);
   if (!shown) return;
   const said = new Map(shown.items.map((f) => [f.fact_id, f.text]));
-  // A reflection names the facts it was drawn from: shown by what they say when on this page.
-  const drawn = (f) => (f.derived_from || []).length ? [el("div", { class: "quiet sources" },
-    `drawn from: ${f.derived_from.map((id) => said.get(id) || id).join("; ")}`)] : [];
+  // A reflection names the facts it was drawn from (shown by what they say when on this page)
+  // and the turns, by how many: the turns are on the turns tab.
+  const turns = (f) => (f.derived_from_turns || []).length;
+  const drawn = (f) => (f.derived_from || []).length || turns(f) ? [el("div", { class: "quiet sources" },
+    `drawn from: ${[...(f.derived_from || []).map((id) => said.get(id) || id),
+      ...(turns(f) ? [`${turns(f)} of your turns`] : [])].join("; ")}`)] : [];
   const rows = shown.items.map((f) => el("tr", { "data-fact-id": f.fact_id },
     el("td", {}, f.text, ...drawn(f)), el("td", {}, `${f.category} · ${f.attribute}`), el("td", {}, day(f.valid_from)),
     el("td", {}, f.confidence.toFixed(2), f.observation_count > 1 ? ` · seen ${f.observation_count}×` : ""),

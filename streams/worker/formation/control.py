@@ -25,7 +25,7 @@ from memstream.streams.log.sealing import RecordSealer
 from memstream.streams.worker.formation import slot_edges
 from memstream.streams.worker.formation.graph import GraphView
 from memstream.streams.worker.formation.turn import TurnDecider
-from memstream.streams.worker.formation.reflections import reflections
+from memstream.streams.worker.formation.reflections import nothing_remembered, reflections, remembered_in
 from memstream.streams.worker.formation.views import FactView
 from memstream.streams.worker.sweeping import archivals, moved
 
@@ -43,10 +43,14 @@ class RequestRefused(Refused):
 class ControlRequests:
     """What a request makes, decided on the user's views as a turn is."""
 
-    def __init__(self, turns: TurnDecider, sealer: RecordSealer, reflector=None):
+    def __init__(self, turns: TurnDecider, sealer: RecordSealer, reflector=None, episodes=None):
+        """``episodes``: the pool the episodes projection is read on (a reflection's turns),
+        ``turns.pool`` if None."""
         from memstream.llm.offline_reflection import OfflineReflector
 
         self._turns, self._sealer, self._reflector = turns, sealer, reflector or OfflineReflector()
+        episodes = episodes or turns.pool
+        self._remembered = nothing_remembered if episodes is None else remembered_in(episodes)
 
     async def decide(self, r: Record, e: Event, overlay: FactView, graph: GraphView) -> list[Decision]:
         """The decisions a request about ``e.user_id``'s memory makes."""
@@ -110,7 +114,8 @@ class ControlRequests:
                                        extractor=f"control:{e.actor}", why=f"forgotten{why}",
                                        forgot=(e.actor, e.reason, [f.value for f in rows]))
             if not e.keep_episodes:
-                # A reflection was read from no turn: its source event is the sweep's request.
+                # A reflection was read from no turn (its source event is the sweep's request): the
+                # facts and turns it was drawn from stay.
                 turns = list(dict.fromkeys(t for f in rows if f.category != facts_core.REFLECTION
                                            for t in (f.source_event_id, *f.observed_in)))
                 self._turns.forgot_turns(e.user_id, turns)
@@ -148,7 +153,7 @@ class ControlRequests:
             # The turn goes; what it alone said goes with it, decided here one by one rather than
             # by the projections' episode rule (``keep_derived``): a fact another turn said again
             # stays, noted, and so does the user's edge stating it — one truth.
-            await overlay.ensure(e.user_id, facts_core.turn_decisions(e.turn_event_id))
+            await overlay.ensure(e.user_id, facts_core.turn_decisions(e.turn_event_id), [e.turn_event_id])
             await graph.ensure_user(e.user_id)
             user = slot_edges.user_entity_id(e.user_id)
             alone = [f for fid in facts_core.turn_decisions(e.turn_event_id)
@@ -176,7 +181,7 @@ class ControlRequests:
             return archivals(e, overlay.rows, common) + moved(e, common)
         if isinstance(e, ReflectRequested):
             return await reflections(e, overlay, self._reflector, self._turns.ask, self._turns.embed_facts,
-                                     self._turns.embedder.model_id, common)
+                                     self._turns.embedder.model_id, common, self._remembered)
         if isinstance(e, UserForgotten):
             self._turns.forget_user(e.user_id)
             return [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, "forgotten"), kind="user",

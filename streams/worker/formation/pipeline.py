@@ -71,11 +71,12 @@ class Formation:
                  turn_extractor: TurnExtractionClient | None = None, concurrency: int = 16,
                  in_flight: int = 1024, on_fatal: Callable[[BaseException], None] | None = None,
                  timed: Callable[[float], None] | None = None, model_attempts: int = 5,
-                 positions: asyncpg.Pool | None = None, reflector=None):
+                 positions: asyncpg.Pool | None = None, reflector=None, episodes: asyncpg.Pool | None = None):
         """``positions``: the pool this formation's position is claimed and saved on, a connection
         held while a part is produced; apart from ``pool`` (the default) wherever producing reads
         or writes through ``pool`` (sealing with keys in the same database, a forget destroying
-        its key), else claims waiting on ``pool`` while holding its connections could leave none."""
+        its key), else claims waiting on ``pool`` while holding its connections could leave none.
+        ``episodes``: where a reflection's turns are read (``pool`` if None: a reform has none)."""
         self._partitions = partitions
         self._model_attempts = model_attempts  # a turn's extraction, or resolution, asked at most this often
         self._turn_extractor = turn_extractor
@@ -84,7 +85,7 @@ class Formation:
                                  gate_observations=gate_observations, concurrency=concurrency)
         sealer = sealer or RecordSealer(None)
         self._embedder, self._barrier = embedder, barrier
-        self.control = ControlRequests(self.turns, sealer, reflector)
+        self.control = ControlRequests(self.turns, sealer, reflector, episodes)
         self._recorder = Recorder(name=self.name, producer=producer, decisions_topic=decisions_topic,
                                   dead_letters=dead_letters, positions=positions or pool, sealer=sealer,
                                   barrier=barrier, record_position=record_position, ends_keys=ends_keys,

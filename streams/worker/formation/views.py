@@ -37,8 +37,9 @@ class FactView(Protocol):
     holds every fact this view's ``apply`` changed and every fact ``ensure`` found; it may hold others (``MemoryView`` holds all of them), so a fact
     missing from ``rows`` is not thereby unknown — ``ensure`` it first.
 
-    ``ensure(user_id, fact_ids)``: afterwards ``rows`` holds each of ``user_id``'s ``fact_ids``
-    the store or the view's decisions hold (never another user's: the store is read by user and id).
+    ``ensure(user_id, fact_ids, turns=())``: afterwards ``rows`` holds each of ``user_id``'s
+    ``fact_ids`` the store or the view's decisions hold, and every reflection of theirs drawn
+    from one of ``turns`` (event ids) (never another user's: the store is read by user and id).
     Ids nobody holds are ignored, not an error. It only loads: a row already in ``rows`` keeps
     the view's state and is not read again from the store.
 
@@ -74,7 +75,7 @@ class FactView(Protocol):
 
     rows: Mapping[Key, FactRow]
 
-    async def ensure(self, user_id: str, fact_ids: Iterable[uuid.UUID]) -> None:
+    async def ensure(self, user_id: str, fact_ids: Iterable[uuid.UUID], turns: Iterable[uuid.UUID] = ()) -> None:
         ...
 
     def apply(self, decision: Decision) -> None:
@@ -104,13 +105,14 @@ class PostgresView(FactView):
         self.rows: dict[Key, FactRow] = {}
         self._touched: set[Key] = set()
 
-    async def ensure(self, user_id: str, fact_ids) -> None:
+    async def ensure(self, user_id: str, fact_ids, turns=()) -> None:
         missing = [(user_id, f) for f in fact_ids if (user_id, f) not in self.rows]
-        if missing:
+        turns = list(turns)
+        if missing or turns:
             async with self._pool.acquire() as conn:
                 self.rows.update(await facts_store.load(conn, missing))
                 # What a decision on these may end with them (``core.ends_facts``).
-                drawn = await facts_store.load_drawn_from(conn, user_id, [f for _, f in missing])
+                drawn = await facts_store.load_drawn_from(conn, user_id, [f for _, f in missing], turns)
                 self.rows.update((k, r) for k, r in drawn.items() if k not in self.rows)
 
     def apply(self, decision: Decision) -> None:
@@ -176,7 +178,7 @@ class MemoryView(FactView):
         self._model = model_id
         self.rows: ByUser[Key, FactRow] = ByUser()
 
-    async def ensure(self, user_id: str, fact_ids) -> None:
+    async def ensure(self, user_id: str, fact_ids, turns=()) -> None:
         pass
 
     def apply(self, decision: Decision) -> None:
