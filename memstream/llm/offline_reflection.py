@@ -9,8 +9,9 @@ from typing import Sequence
 
 from memstream.llm.protocols import Reflection
 
-MAX_LISTED = 6  # a longer cluster is cited whole but summed up by its first few
-MAX_WORDS = 12  # a turn's words are listed by their first sentence, cut to this many words
+MAX_LISTED = 6  # a longer cluster is cited whole but summed up by its first few ("and more": no count, which no source says)
+MAX_WORDS = 12  # a memory is listed by its first sentence that says something, cut to this many words
+MIN_WORDS = 4  # shorter sentences ("Wow!", "Thanks, Maria.") say nothing: the next one is listed
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 
@@ -21,13 +22,14 @@ class OfflineReflector:
 
     async def reflect(self, memories: Sequence[str]) -> Reflection:
         said = list(dict.fromkeys(_clause(m) for m in memories))
-        listed = said[:MAX_LISTED] + ([f"{len(said) - MAX_LISTED} more"] if len(said) > MAX_LISTED else [])
+        listed = said[:MAX_LISTED] + (["and more"] if len(said) > MAX_LISTED else [])
         text = "Keeps coming back to one theme: " + "; ".join(listed) + "."
         return Reflection(text, tuple(range(len(memories))))
 
 
 def _clause(text: str) -> str:
-    text = _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
+    sentences = _SENTENCE_END.split(text.strip())
+    text = next((s for s in sentences if len(s.split()) >= MIN_WORDS), sentences[0])
     words = text.split()
     text = " ".join(words[:MAX_WORDS]) + (" ..." if len(words) > MAX_WORDS else "")
     text = text.strip().rstrip(".!?")

@@ -3,14 +3,17 @@ and ask, on the user's log, for a reflection on each cluster said often enough �
 sweep reflect`` (``streams.ops.sweep``) and the formation workers' timer.
 
 The memories are the user's current facts (not reflections) said within ``reflect_window_days``
-and their turns of that time no such fact was read from (the user's own words: what no
-extractor made a fact of may still show a pattern — "ran 10k today", "legs sore after the long
-run"). The clusters are a deterministic function of the projections at the sweep's time: the
-memories taken oldest first, each joining the cluster whose centre (the normalised mean of its
-members' embeddings) it is closest to, if at least ``reflect_similarity`` (cosine), else opening
-one. A cluster of two memories or more, said ``reflect_min_observations`` times all told (a
-fact's observations, one per turn), is asked about — unless a reflection still believed was
-drawn from some of its memories and none joined them since. One ``ReflectRequested`` per user
+and their turns of that time no such fact was read from (the user's own words: more of what a
+fact is about than the extractor kept — "I started volunteering here a year ago" beside "Likes
+volunteering"). The clusters are a deterministic function of the projections at the sweep's
+time: the memories taken oldest first, each joining the cluster whose centre (the normalised
+mean of its members' embeddings) it is closest to, if at least ``reflect_similarity`` (cosine),
+else opening one. A cluster of a fact or more and two memories or more, said
+``reflect_min_observations`` times all told (a fact's observations, one per turn), is asked about
+— unless a reflection still believed was drawn from some of its memories and none joined them
+since. A cluster of turns alone is not: turns no fact was read from are mostly small talk, and
+small talk is alike in meaning ("thanks!", "cool, see you") — on LoCoMo most reflections drawn
+from turns alone were of it (BENCHMARKS.md). One ``ReflectRequested`` per user
 carries its clusters; formation asks the model in the request's place among the user's turns and
 records the answer, so a replay applies the reflections without a sweep, a clock or a model.
 """
@@ -34,9 +37,9 @@ log = logging.getLogger("memstream.sweep")
 POLICY = "reflect-v2"
 MAX_SOURCES = 32  # ReflectionCluster.sources and .turns: a larger cluster is asked about by its latest memories
 MAX_CLUSTERS = 100  # ReflectRequested.clusters: a user's largest clusters first
-# A turn of fewer words ("ok", "thanks!", "see you") says nothing a reflection could rest on, and
-# such turns are close to each other in meaning: they would cluster into a reflection on nothing.
+# A turn of fewer words ("ok", "thanks!", "see you") says nothing a reflection could rest on.
 MIN_TURN_WORDS = 4
+_WORDS = r"\S+" + r"\s+\S+" * (MIN_TURN_WORDS - 1)  # so many words, matched without splitting a long turn
 
 _RECENT = """
 SELECT user_id, fact_id, embedding, observation_count, embedding_model, recorded_at, source_event_id, observed_in
@@ -50,7 +53,7 @@ _RECENT_TURNS = f"""
 SELECT user_id, source_event_id, embedding, embedding_model, recorded_at
 FROM episodes
 WHERE occurred_at BETWEEN $2 AND $3 AND ($1::text IS NULL OR user_id = $1)
-  AND cardinality(regexp_split_to_array(btrim(user_message), '\\s+')) >= {MIN_TURN_WORDS}
+  AND user_message ~ '{_WORDS}'
 ORDER BY user_id, recorded_at, source_event_id
 """
 _REFLECTED = """
@@ -154,7 +157,7 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
             turns = [m for m in members if m.is_turn][-MAX_SOURCES:]
             members = facts + turns
             observations = sum(m.observations for m in members)
-            if (len(members) < 2 or observations < settings.reflect_min_observations
+            if (not facts or len(members) < 2 or observations < settings.reflect_min_observations
                     or _reflected_on(members, reflected[user])):
                 continue
             asked.append(ReflectionCluster(sources=[m.id for m in facts], turns=[m.id for m in turns],

@@ -233,9 +233,8 @@ async def test_a_reflection_shows_the_facts_and_turns_it_was_drawn_from(browser,
 
     w = workers()
     await w.wait_assigned()
-    said = ["I like hiking.", "I like camping.", "I like hiking.", *(f"I went running by the river {when}."
-                                                                    for when in ("this morning", "again today",
-                                                                                 "after work"))]
+    said = ["I like jazz.", "I like blues music.", "I like jazz.", "I like running by the river.",
+            *(f"I went running by the river {when}." for when in ("this morning", "again today", "after work"))]
     async with TurnLog(settings) as log:
         positions = await log.append_many([msgspec.structs.replace(turn("max", s, i), user_id="demo:max")
                                            for i, s in enumerate(said)])
@@ -269,4 +268,4 @@ async def test_a_reflection_shows_the_facts_and_turns_it_was_drawn_from(browser,
         drawn = await asyncio.to_thread(shown, browser)
     # Each names its sources: the facts by what they say, the turns by how many (in either order).
     assert sorted(sorted(d.removeprefix("drawn from: ").split("; ")) for d in drawn) == \
-        [["3 of your turns"], ["Likes camping", "Likes hiking"]], drawn
+        [["3 of your turns", "Likes running by the river"], ["Likes blues music", "Likes jazz"]], drawn

@@ -25,7 +25,8 @@ async def test_locomo_fixture_is_ingested_asked_and_scored_and_a_kept_run_asked_
 
     before = await schemas_named(dsn, "locomo_")
     # The cold index on, at a day before each user's last turn: most turns go cold in the sweep.
-    settings = Settings(home=HOME, episode_cold_after_days=1)
+    # The fixture's speakers state two facts: clusters looser than the default's, to reflect on them.
+    settings = Settings(home=HOME, episode_cold_after_days=1, reflect_similarity=0.3, reflect_min_observations=2)
     report = await run_eval(settings, FIXTURE, fmt="locomo", conv=None, k=5, keep=True)
     try:
         assert set(report) >= {"file", "samples", "questions", "k", "overall", "per_category", "skipped_no_evidence",

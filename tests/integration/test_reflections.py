@@ -88,21 +88,24 @@ async def test_a_sweep_reflects_on_a_cluster_the_read_finds_it_and_a_forgotten_s
                                    [t for tables in TABLES.values() for t in tables])
 
 
-async def test_a_reflection_drawn_from_turns_no_fact_was_read_from_is_forgotten_with_one_of_them(
+async def test_a_reflection_drawn_from_a_fact_and_turns_no_fact_was_read_from_is_forgotten_with_one_of_them(
         settings, conn, dsn, workers, forbid_llm_and_embedder):
     w = workers()
     await w.wait_assigned()
     ran = [turn("max", f"I went running by the river {when}.", i)
-           for i, when in enumerate(("this morning", "again today", "after work"))]
-    # Too few words to reflect on, however alike; and a fact, with the turn it was read from.
-    await append_and_wait(settings, conn, [*ran, turn("max", "ok thanks", 3), turn("max", "thanks!", 4),
-                                           turn("max", "I live in Porto.", 5)])
+           for i, when in enumerate(("this morning", "again today", "after work"), start=1)]
+    small_talk = [turn("max", f"Thanks, that sounds {word} to me.", 10 + i) for i, word in enumerate(("great", "fine"))]
+    # A fact (read from its own turn, which counts through it), the turns of its theme; small
+    # talk, alike and long enough but with no fact: not asked about; and turns of too few words.
+    await append_and_wait(settings, conn, [turn("max", "I like running by the river.", 0), *ran, *small_talk,
+                                           turn("max", "ok thanks", 20), turn("max", "thanks!", 21)])
     done = await sweep_reflect(settings, dsn, at=SOON)
-    assert (done.asking, done.facts_read, done.turns_read) == (1, 1, 3)
+    assert (done.asking, done.facts_read, done.turns_read) == (1, 1, 5)
     reflection = await wait_until(lambda: conn.fetchrow(
         "SELECT fact_id, text, derived_from, derived_from_turns, status FROM memory_facts "
         "WHERE category = 'reflection'"), what="the reflection recorded")
-    assert reflection["derived_from"] == [] and set(reflection["derived_from_turns"]) == {t.event_id for t in ran}
+    liked = await conn.fetchval("SELECT fact_id FROM memory_facts WHERE user_id = 'max' AND attribute = 'likes'")
+    assert reflection["derived_from"] == [liked] and set(reflection["derived_from_turns"]) == {t.event_id for t in ran}
     assert "i went running by the river" in reflection["text"].lower()
     assert (await sweep_reflect(settings, dsn, dry_run=True, at=SOON)).asking == 0  # reflected on already
 

@@ -54,7 +54,7 @@ def test_a_cluster_names_two_memories_or_more_all_told_on_the_wire_too():
 
 
 def test_the_offline_summariser_lists_a_long_turn_by_its_first_words_and_stays_grounded_in_it():
-    said = [RAN, SORE]
+    said = ["Wow! " + RAN, SORE]  # "Wow!" says nothing: the next sentence is listed
     out = asyncio.run(OfflineReflector().reflect(said))
     assert out.text == ("Keeps coming back to one theme: went for a long run by the river this morning; "
                         "my legs are sore after the long run.")
@@ -88,8 +88,11 @@ async def test_formation_draws_a_reflection_from_a_fact_and_turns_it_reads_and_c
     assert made.valid_from == sore.occurred_at and "1 facts and 2 turns said 3 times" in made.reason
     # Asked again before a memory joined: nothing more; a turn forgotten since leaves one: nothing.
     assert await _decided(request, view, OfflineReflector(), _remembering(ran, sore)) == []
+    assert await _decided(_request([a.fact_id], [ran.turn_id, sore.turn_id]), view, OfflineReflector(),
+                          _remembering()) == []
+    # Turns alone (their fact ended since the sweep, or a request of another policy): nothing.
     assert await _decided(_request([], [ran.turn_id, sore.turn_id]), view, OfflineReflector(),
-                          _remembering(ran)) == []
+                          _remembering(ran, sore)) == []
     # Drawn again with a turn more, the new one replaces the first.
     later = _turn(24 * 10, "Another run today, ten laps of the park.")
     [again] = await _decided(_request([a.fact_id], [ran.turn_id, sore.turn_id, later.turn_id]), view,
@@ -99,8 +102,10 @@ async def test_formation_draws_a_reflection_from_a_fact_and_turns_it_reads_and_c
 
 async def test_a_sentence_that_goes_beyond_the_turns_it_cites_is_refused():
     view = MemoryView("m")
+    a = liked(1, "running")
+    view.apply(a)
     ran, sore = _turn(2, RAN), _turn(3, SORE)
-    [refused] = await _decided(_request([], [ran.turn_id, sore.turn_id]), view, _Inventing(),
+    [refused] = await _decided(_request([a.fact_id], [ran.turn_id, sore.turn_id]), view, _Inventing(),
                                _remembering(ran, sore))
     assert isinstance(refused, FactRefused) and refused.refusal == "ungrounded" and refused.text == ""
 

@@ -90,6 +90,13 @@ def test_the_offline_summariser_cites_every_fact_and_is_grounded_in_them():
     assert out == asyncio.run(OfflineReflector().reflect([f.text for f in facts]))
 
 
+def test_the_offline_summariser_sums_up_a_long_cluster_without_a_count_no_source_states():
+    said = [f"Likes {v}" for v in ("hiking", "camping", "kayaking", "climbing", "sailing", "rowing", "skiing")]
+    out = asyncio.run(OfflineReflector().reflect(said))
+    assert out.text.endswith("likes rowing; and more.") and out.cited == tuple(range(7))
+    assert ungrounded(out.text, said) is None
+
+
 def test_a_model_citing_a_fact_it_was_not_shown_is_malformed():
     with pytest.raises(MalformedOutput):
         reflection_of(ReflectionAnswer(text="Likes both", cited=[0, 5]), 2)

@@ -1,6 +1,6 @@
 """What a reflection request (``ReflectRequested``) makes, in its place among the user's turns:
-for each cluster the sweep found whose facts are still current and turns still remembered (two
-or more all told), and not reflected on already (or joined by a memory since: the new reflection
+for each cluster the sweep found whose facts are still current and turns still remembered (a
+fact or more, two memories or more all told), and not reflected on already (or joined by a memory since: the new reflection
 replaces the old), one sentence from the reflection model, recorded as ``ReflectionRecorded``
 when its sources support it, else as a ``FactRefused`` (``ungrounded``) saying why.
 
@@ -106,7 +106,7 @@ async def reflections(request: ReflectRequested, overlay: FactView, reflector: R
                  and r.current and r.category != REFLECTION]
         held = await remembered(user, cluster.turns) if cluster.turns else {}
         turns = [held[t] for t in cluster.turns if t in held]
-        if len(facts) + len(turns) < 2:
+        if not facts or len(facts) + len(turns) < 2:
             continue  # its facts ended or changed, or its turns were forgotten, since the sweep
         drawn = _drawn(overlay, user, {r.fact_id for r in facts}, {t.turn_id for t in turns})
         if drawn and all(at <= max(x.recorded_at for x in drawn)
