@@ -17,7 +17,6 @@ warned about, never a failed run.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from pathlib import Path
@@ -177,38 +176,31 @@ async def _reflected(settings: Settings, dsn: str, reader, worker, timeout: floa
     model = embedder_for(settings).model_id
     pool = await create_pool(dsn, settings.postgres_schema, max_size=2)
     try:
+        before = await pool.fetchrow(_REFLECTED)  # a kept run asked again may hold an earlier sweep's
         last = await pool.fetch("SELECT user_id, max(occurred_at) AS at FROM episodes GROUP BY user_id ORDER BY 1")
-        clusters, facts, turns = 0, 0, 0
+        appended, clusters, facts, turns = {}, 0, 0, 0
         for r in last:
             found = await sweep(settings, pool, at=r["at"], model=model, user_id=r["user_id"])
+            appended.update(found.appended)
             clusters, facts, turns = clusters + found.asking, facts + found.facts_read, turns + found.turns_read
-        await _wait_reflected(pool, clusters, worker, timeout)
-        held = await pool.fetchrow(
-            "SELECT count(*) AS n, coalesce(sum(cardinality(derived_from)), 0) AS facts, "
-            "coalesce(sum(cardinality(derived_from_turns)), 0) AS turns FROM memory_facts "
-            "WHERE category = 'reflection' AND status = 'current'")
-        refused = await pool.fetchval("SELECT count(*) FROM fact_refusals WHERE category = 'reflection'")
+        await _wait_caught_up(reader, appended, worker, timeout)
+        after = await pool.fetchrow(_REFLECTED)
     finally:
         await pool.close()
-    log.info("reflected on %d users: %d clusters asked, %d reflections kept", len(last), clusters, held["n"])
+    made = {k: after[k] - before[k] for k in after.keys()}
+    log.info("reflected on %d users: %d clusters asked, %d reflections kept", len(last), clusters, made["kept"])
     return {"users": len(last), "facts_read": facts, "turns_read": turns, "clusters": clusters,
-            "reflections": held["n"], "refused": refused, "sources_facts": held["facts"],
-            "sources_turns": held["turns"]}
+            "reflections": made["kept"], "refused": made["refused"], "sources_facts": made["facts"],
+            "sources_turns": made["turns"]}
 
 
-async def _wait_reflected(pool, clusters: int, worker, timeout: float) -> None:
-    """Block until formation answered every cluster asked about (kept or refused)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done = await pool.fetchval("SELECT (SELECT count(*) FROM memory_facts WHERE category = 'reflection') + "
-                                   "(SELECT count(*) FROM fact_refusals WHERE category = 'reflection')")
-        if done >= clusters:
-            return
-        if worker.proc.poll() is not None:
-            raise RuntimeError(f"the worker exited with code {worker.proc.returncode}; see {worker.log_path}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{done} of {clusters} reflections answered within {timeout:.0f}s")
-        await asyncio.sleep(1.0)
+# The reflections recorded so far and what they were drawn from, and those refused.
+_REFLECTED = """
+SELECT count(*) AS kept, coalesce(sum(cardinality(derived_from)), 0) AS facts,
+       coalesce(sum(cardinality(derived_from_turns)), 0) AS turns,
+       (SELECT count(*) FROM fact_refusals WHERE category = 'reflection') AS refused
+FROM memory_facts WHERE category = 'reflection'
+"""
 
 
 async def _rests_on(settings: Settings, dsn: str) -> dict:

@@ -30,12 +30,13 @@ import numpy as np
 
 from memstream.config import Settings
 from memstream.embedding import from_bytes
+from memstream.projections.episodes.core import episode_id
 from memstream.schemas import ReflectionCluster, ReflectRequested, new_event_id
 
 log = logging.getLogger("memstream.sweep")
 
 POLICY = "reflect-v2"
-MAX_SOURCES = 32  # ReflectionCluster.sources and .turns: a larger cluster is asked about by its latest memories
+MAX_SOURCES = 32  # memories a cluster is asked about by (its facts first, then turns; the latest of each)
 MAX_CLUSTERS = 100  # ReflectRequested.clusters: a user's largest clusters first
 # A turn of fewer words ("ok", "thanks!", "see you") says nothing a reflection could rest on.
 MIN_TURN_WORDS = 4
@@ -48,6 +49,12 @@ WHERE status = 'current' AND category <> 'reflection'
   AND coalesce(last_said_at, last_observed_at) BETWEEN $2 AND $3
   AND ($1::text IS NULL OR user_id = $1)
 ORDER BY user_id, recorded_at, fact_id
+"""
+# Every turn a fact was read from, whatever became of the fact (corrected, retracted, archived,
+# forgotten with its turns kept): that turn's words are the fact's, not more of the user's own.
+_READ_FROM = """
+SELECT user_id, source_event_id, observed_in FROM memory_facts
+WHERE category <> 'reflection' AND ($1::text IS NULL OR user_id = $1)
 """
 _RECENT_TURNS = f"""
 SELECT user_id, source_event_id, embedding, embedding_model, recorded_at
@@ -82,6 +89,7 @@ class Plan:
     turns_read: int = 0
     clusters: dict[str, list[ReflectionCluster]] = field(default_factory=dict)
     texts: dict[tuple[str, uuid.UUID], str] = field(default_factory=dict)  # a dry run's listing, never logged
+    appended: dict = field(default_factory=dict)  # each user's request's log position, once sent
 
     @property
     def asking(self) -> int:
@@ -139,7 +147,8 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
                 found.facts_read += 1
                 memories[r["user_id"]].append(_Memory(r["fact_id"], False, _bytes(r["embedding"]),
                                                       r["observation_count"], r["recorded_at"]))
-                read_from[r["user_id"]].update((r["source_event_id"], *r["observed_in"]))
+        async for r in conn.cursor(_READ_FROM, user_id, prefetch=1000):
+            read_from[r["user_id"]].update((r["source_event_id"], *r["observed_in"]))
         async for r in conn.cursor(_RECENT_TURNS, user_id, since, at, prefetch=1000):
             if wanted(r) and r["source_event_id"] not in read_from[r["user_id"]]:
                 found.turns_read += 1
@@ -154,7 +163,7 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
         for group in cluster([from_bytes(m.embedding) for m in rows], settings.reflect_similarity):
             members = [rows[i] for i in group]
             facts = [m for m in members if not m.is_turn][-MAX_SOURCES:]
-            turns = [m for m in members if m.is_turn][-MAX_SOURCES:]
+            turns = [m for m in members if m.is_turn][len(facts) - MAX_SOURCES:] if len(facts) < MAX_SOURCES else []
             members = facts + turns
             observations = sum(m.observations for m in members)
             if (not facts or len(members) < 2 or observations < settings.reflect_min_observations
@@ -181,8 +190,8 @@ async def _texts(conn, clusters: dict[str, list[ReflectionCluster]]) -> dict[tup
         texts.update(((r["user_id"], r["fact_id"]), r["text"]) for r in rows)
     if turns:
         rows = await conn.fetch("SELECT e.user_id, e.source_event_id, e.user_message FROM episodes e JOIN "
-                                "unnest($1::text[], $2::uuid[]) AS w(user_id, source_event_id) "
-                                "USING (user_id, source_event_id)", *zip(*turns))
+                                "unnest($1::text[], $2::uuid[]) AS w(user_id, episode_id) USING (user_id, episode_id)",
+                                [u for u, _ in turns], [episode_id(t) for _, t in turns])
         texts.update(((r["user_id"], r["source_event_id"]), r["user_message"]) for r in rows)
     return texts
 
@@ -222,7 +231,7 @@ async def sweep(settings: Settings, pool, *, at: datetime, model: str, user_id: 
     if dry_run:
         return found
     topic, partitions, swept = await send(settings, requests(found), user_id=user_id, mine=mine,
-                                          on_progress=on_progress)
+                                          on_progress=on_progress, appended=found.appended)
     async with pool.acquire() as conn:
         await record(conn, "reflection_sweeps", topic, found.sweep_id, found.swept_at,
                      {"clusters": {user: len(clusters) for user, clusters in found.clusters.items()}}, partitions,

@@ -4,6 +4,7 @@ through chromedriver, against the API served on the real stack. Screenshots are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -129,15 +130,12 @@ def inspect_and_forget(driver, url: str, key: str) -> str:
     return fact_id
 
 
-async def test_a_person_sees_their_memory_as_it_was_and_makes_it_forget(browser, settings, dsn, workers, tmp_path):
+@contextlib.asynccontextmanager
+async def inspecting(settings, dsn, tmp_path, turns):
+    """``turns`` appended and projected, and the API served with a key of tenant ``demo``: yields
+    its address, the key and a client holding it."""
     from memstream.embedding import default_embedder
 
-    w = workers()
-    await w.wait_assigned()
-    turns = [msgspec.structs.replace(t, user_id="demo:maria") for t in script_turns(1)]
-    # Something the rules read and the junk guard refuses: shown under "Not kept", with why.
-    turns.append(msgspec.structs.replace(turns[-1], event_id=new_event_id(), assistant_message="Usually not.",
-                                         user_message="If I moved to Rome, would I need a visa?"))
     async with TurnLog(settings) as log:
         positions = await log.append_many(turns)
     keys = ApiKeys(tmp_path / "api-keys.json")
@@ -146,9 +144,19 @@ async def test_a_person_sees_their_memory_as_it_was_and_makes_it_forget(browser,
     async with served(app) as url, httpx.AsyncClient(base_url=url, timeout=30,
                                                      headers={"Authorization": f"Bearer {key}"}) as api:
         last = positions[-1]
-        seen = await api.post("/v1/caught-up", json={"position": {"topic": last.topic, "partition": last.partition,
-                                                                  "offset": last.offset}, "timeout": 30})
-        assert seen.json()["caught_up"]
+        position = {"topic": last.topic, "partition": last.partition, "offset": last.offset}
+        assert (await api.post("/v1/caught-up", json={"position": position, "timeout": 30})).json()["caught_up"]
+        yield url, key, api
+
+
+async def test_a_person_sees_their_memory_as_it_was_and_makes_it_forget(browser, settings, dsn, workers, tmp_path):
+    w = workers()
+    await w.wait_assigned()
+    turns = [msgspec.structs.replace(t, user_id="demo:maria") for t in script_turns(1)]
+    # Something the rules read and the junk guard refuses: shown under "Not kept", with why.
+    turns.append(msgspec.structs.replace(turns[-1], event_id=new_event_id(), assistant_message="Usually not.",
+                                         user_message="If I moved to Rome, would I need a visa?"))
+    async with inspecting(settings, dsn, tmp_path, turns) as (url, key, api):
         fact_id = await asyncio.to_thread(inspect_and_forget, browser, url, key)
         # ... and the read.
         found = (await api.post("/v1/users/demo:maria/search", json={"query": "peanut allergy", "kinds": ["facts"]})).json()
@@ -225,7 +233,6 @@ async def test_switching_users_never_shows_one_users_memory_under_anothers_and_a
 
 
 async def test_a_reflection_shows_the_facts_and_turns_it_was_drawn_from(browser, settings, dsn, workers, tmp_path):
-    from memstream.embedding import default_embedder
     from memstream.streams.ops.sweep import sweep_reflect
 
     from .test_formation import turn
@@ -235,17 +242,8 @@ async def test_a_reflection_shows_the_facts_and_turns_it_was_drawn_from(browser,
     await w.wait_assigned()
     said = ["I like jazz.", "I like blues music.", "I like jazz.", "I like running by the river.",
             *(f"I went running by the river {when}." for when in ("this morning", "again today", "after work"))]
-    async with TurnLog(settings) as log:
-        positions = await log.append_many([msgspec.structs.replace(turn("max", s, i), user_id="demo:max")
-                                           for i, s in enumerate(said)])
-    keys = ApiKeys(tmp_path / "api-keys.json")
-    key = keys.create("inspector test", tenant="demo")
-    app = create_app(settings, keys=keys, dsn=dsn, embedder=default_embedder())
-    async with served(app) as url, httpx.AsyncClient(base_url=url, timeout=30,
-                                                     headers={"Authorization": f"Bearer {key}"}) as api:
-        last = positions[-1]
-        position = {"topic": last.topic, "partition": last.partition, "offset": last.offset}
-        assert (await api.post("/v1/caught-up", json={"position": position, "timeout": 30})).json()["caught_up"]
+    turns = [msgspec.structs.replace(turn("max", s, i), user_id="demo:max") for i, s in enumerate(said)]
+    async with inspecting(settings, dsn, tmp_path, turns) as (url, key, api):
         assert (await sweep_reflect(settings, dsn, at=SOON)).asking == 2
 
         async def reflections() -> int:

@@ -13,13 +13,14 @@ import pytest
 
 from memstream import control
 from memstream.embedding import default_embedder
-from memstream.schemas import TurnRecorded
+from memstream.schemas import EpisodeForgotten, TurnRecorded, new_event_id
 from memstream.projections.compare import TABLES
 from memstream.projections.episodes.core import episode_id
 from memstream.stack.worker_process import worker_env
 from memstream.streams.log.producer import TurnLog
 from memstream.streams.ops.reform import reform
 from memstream.streams.ops.sweep import sweep_reflect
+from memstream.streams.worker.reflecting import requests
 
 from .conftest import wait_until
 from .helpers import BASE, assert_equal_to_a_replay
@@ -120,8 +121,20 @@ async def test_a_reflection_drawn_from_a_fact_and_turns_no_fact_was_read_from_is
         assert await wait_until(lambda: conn.fetchval(
             "SELECT end_reason FROM memory_facts WHERE fact_id = $1 AND status = 'forgotten'",
             reflection["fact_id"]), what="the reflection forgotten with a source turn")
+        # The first sweep's requests again, right behind a forget of another of its turns (a
+        # sweep planned before the forget, sent after it): formation draws on neither forgotten
+        # turn, whether or not the episodes projection has applied the forget yet.
+        async with TurnLog(settings) as log:
+            await log.append_many([EpisodeForgotten(event_id=new_event_id(), user_id="max", occurred_at=SOON,
+                                                    actor="user", reason="", turn_event_id=ran[0].event_id),
+                                   *requests(done)])
+        again = await wait_until(lambda: conn.fetchrow(
+            "SELECT derived_from, derived_from_turns FROM memory_facts WHERE category = 'reflection' "
+            "AND status = 'current'"), what="the reflection drawn again")
+        assert again["derived_from"] == [liked] and again["derived_from_turns"] == [ran[2].event_id]
     finally:
         await reader.close()
+    await append_and_wait(settings, conn, [turn("max", "bye for now then", 30)])
     w.stop()
 
     forbid_llm_and_embedder()

@@ -121,3 +121,23 @@ def test_a_reflection_made_from_turns_only_is_a_fact_row_naming_them():
     fold(state, [r])
     row = state["u", r.fact_id]
     assert (row.derived_from, row.derived_from_turns, row.status) == ((), (t1, t2), "current")
+
+
+class _TurnsOnly:
+    """A model that cites the cluster's turns and not its fact."""
+
+    model_id, prompt_version = "turns-only", "p"
+
+    async def reflect(self, memories):
+        from memstream.llm.protocols import Reflection
+        return Reflection("Went for a long run by the river.", (1, 2))
+
+
+async def test_a_sentence_citing_none_of_its_facts_is_refused():
+    view = MemoryView("m")
+    a = liked(1, "running")
+    view.apply(a)
+    ran, sore = _turn(2, RAN), _turn(3, SORE)
+    [refused] = await _decided(_request([a.fact_id], [ran.turn_id, sore.turn_id]), view, _TurnsOnly(),
+                               _remembering(ran, sore))
+    assert isinstance(refused, FactRefused) and "none of its facts" in refused.reason

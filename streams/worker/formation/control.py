@@ -50,7 +50,13 @@ class ControlRequests:
 
         self._turns, self._sealer, self._reflector = turns, sealer, reflector or OfflineReflector()
         episodes = episodes or turns.pool
-        self._remembered = nothing_remembered if episodes is None else remembered_in(episodes)
+        read = nothing_remembered if episodes is None else remembered_in(episodes)
+
+        async def remembered(user_id, turn_ids):
+            # A turn forgotten before the request, in this batch or before: the episodes
+            # projection may not have applied its forget yet.
+            return await read(user_id, [t for t in turn_ids if not await turns.forgotten(user_id, t)])
+        self._remembered = remembered
 
     async def decide(self, r: Record, e: Event, overlay: FactView, graph: GraphView) -> list[Decision]:
         """The decisions a request about ``e.user_id``'s memory makes."""
@@ -119,6 +125,7 @@ class ControlRequests:
                 turns = list(dict.fromkeys(t for f in rows if f.category != facts_core.REFLECTION
                                            for t in (f.source_event_id, *f.observed_in)))
                 self._turns.forgot_turns(e.user_id, turns)
+                await overlay.ensure(e.user_id, [], turns)  # the reflections drawn from them go with them
                 made += [MemoryForgotten(**forget, decision_id=uuid.uuid5(e.event_id, f"forgotten-turn:{n}"),
                                          kind="episode", target=t, keep_derived=True) for n, t in enumerate(turns)]
             return made

@@ -124,6 +124,7 @@ async def reflections(request: ReflectRequested, overlay: FactView, reflector: R
         envelope = dict(**common, decision_id=did, extractor=reflector.model_id, resolver=f"control:{request.actor}",
                         confidence=round(min(sure), 4) if sure else 0.0, explicit=False)
         why = ("it cites fewer than two of its memories" if len(cited) < 2
+               else "it cites none of its facts" if not cited_facts
                else ungrounded(answer.text, [texts[i] for i in cited]))
         if why is not None:
             # Without its sentence: it may say what a source said, and nothing forgets a refusal

@@ -289,13 +289,18 @@ class TurnDecider:
             self._forgotten_n -= len(self._forgotten_turns.popitem(last=False)[1])
 
     async def was_forgotten(self, turn: TurnRecorded) -> bool:
-        if turn.event_id in self._forgotten_turns.get(turn.user_id, ()):
+        return await self.forgotten(turn.user_id, turn.event_id)
+
+    async def forgotten(self, user_id: str, turn_id: uuid.UUID) -> bool:
+        """Whether the user forgot turn ``turn_id``: decided here (its forget may not be projected
+        yet) or before (the episodes projection's record of forgotten turns)."""
+        if turn_id in self._forgotten_turns.get(user_id, ()):
             return True
         if self.pool is None:  # a reform: every forget before this turn was formed here
             return False
         return await self.pool.fetchval(
             "SELECT EXISTS (SELECT FROM forgotten_episodes WHERE user_id = $1 AND episode_id = $2)",
-            turn.user_id, episodes.episode_id(turn.event_id))
+            user_id, episodes.episode_id(turn_id))
 
     async def ask(self, call, *args):
         client = id(getattr(call, "__self__", call))  # the extractor and the resolver may be two services
