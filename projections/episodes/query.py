@@ -188,12 +188,3 @@ async def by_source(conn, user_id: str, source_event_ids: Sequence[uuid.UUID]) -
     rows = await conn.fetch(f"SELECT {_COLS} FROM episodes WHERE user_id = $1 AND episode_id = ANY($2::uuid[])",
                             user_id, list(ids))
     return {ids[r["episode_id"]]: r for r in rows}
-
-
-async def words(conn, user_id: str, turns: Sequence[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
-    """What ``user_id`` said in those of ``turns`` (event ids) still remembered, by turn: its
-    ``user_message``, ``occurred_at`` and ``recorded_at``."""
-    rows = await conn.fetch("SELECT source_event_id, user_message, occurred_at, recorded_at FROM episodes "
-                            "WHERE user_id = $1 AND episode_id = ANY($2::uuid[])", user_id,
-                            [episode_id(t) for t in turns])
-    return {r["source_event_id"]: r for r in rows}

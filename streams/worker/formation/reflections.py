@@ -1,8 +1,9 @@
 """What a reflection request (``ReflectRequested``) makes, in its place among the user's turns:
 for each cluster the sweep found whose facts are still current and turns still remembered (a
-fact or more, two memories or more all told), and not reflected on already (or joined by a memory since: the new reflection
-replaces the old), one sentence from the reflection model, recorded as ``ReflectionRecorded``
-when its sources support it, else as a ``FactRefused`` (``ungrounded``) saying why.
+fact or more, two memories or more all told), and not reflected on already (or joined by a
+memory since: the new reflection replaces the old), one sentence from the reflection model,
+recorded as ``ReflectionRecorded`` when its sources support it, else as a ``FactRefused``
+(``ungrounded``) saying why.
 
 Grounding a reflection as the junk guard grounds a fact: by reading its sources, never the
 model's word for them. The sentence must cite at least two of the memories it was shown, name no
@@ -66,7 +67,7 @@ def remembered_in(pool) -> Remembered:
     sweep is not there."""
     async def remembered(user_id: str, turns: Sequence[uuid.UUID]) -> Mapping[uuid.UUID, Turn]:
         async with pool.acquire() as conn:
-            rows = await episodes_q.words(conn, user_id, turns)
+            rows = await episodes_q.by_source(conn, user_id, turns)
         return {t: Turn(t, r["user_message"], r["occurred_at"], r["recorded_at"]) for t, r in rows.items()}
     return remembered
 
