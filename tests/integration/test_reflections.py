@@ -153,7 +153,9 @@ async def test_a_formation_worker_reflects_on_the_users_of_its_partitions_on_its
     assert await wait_until(lambda: conn.fetchval(
         "SELECT count(*) FROM memory_facts WHERE user_id = 'kai' AND category = 'reflection' AND status = 'current'"),
         timeout=60, what="the worker's reflection sweep") == 1
-    assert await conn.fetchval("SELECT sum(clusters) FROM reflection_sweeps") >= 1
+    # The sweep records itself once its requests are appended: formation may answer them first.
+    assert await wait_until(lambda: conn.fetchval("SELECT sum(clusters) FROM reflection_sweeps"),
+                            what="the worker's sweep recorded") >= 1
 
 
 async def test_a_reform_asks_the_recorded_reflection_requests_again(settings, conn, dsn, workers):
