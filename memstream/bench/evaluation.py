@@ -277,10 +277,10 @@ async def _baselines(settings: Settings, dsn: str, samples: Sequence[Sample], ta
     """Each plain retriever's ranked dia_ids for every question, on the episodes the store holds
     (their whole texts for BM25, their own and their passages' vectors for dense retrieval) and
     the read path's embedder for the questions."""
-    from memstream.embedding import default_embedder
+    from memstream.embedding import embedder_for
     from memstream.projections.db import create_pool
 
-    embedder = default_embedder(settings.read_embed_threads, settings.embedding_variant)
+    embedder = embedder_for(settings, settings.read_embed_threads)  # the stored vectors' model
     pool = await create_pool(dsn, settings.postgres_schema, max_size=1)
     try:
         return await _plain(pool, embedder, samples, tag, k)
@@ -300,9 +300,9 @@ async def _plain(pool, embedder, samples: Sequence[Sample], tag: str, k: int) ->
             "USING (user_id, episode_id) WHERE p.user_id = $1 ORDER BY e.occurred_at, p.passage", user_id)
         ids = [r["dia"] for r in rows]
         bm25 = BM25({r["dia"]: f"{r['user_message']}\n{r['assistant_message']}" for r in rows})
-        own = _matrix([r["embedding"] for r in rows])
+        own = _matrix([r["embedding"] for r in rows], embedder.dim)
         every_ids = ids + [r["dia"] for r in passages]
-        every = np.vstack([own, _matrix([r["embedding"] for r in passages])]) if passages else own
+        every = np.vstack([own, _matrix([r["embedding"] for r in passages], embedder.dim)]) if passages else own
         questions = [q.question for q in sample.questions]
         vectors = embedder.embed(questions) if questions else []
         for q, vec in zip(sample.questions, vectors):
@@ -315,9 +315,9 @@ async def _plain(pool, embedder, samples: Sequence[Sample], tag: str, k: int) ->
     return out
 
 
-def _matrix(vectors: list) -> np.ndarray:
+def _matrix(vectors: list, dim: int) -> np.ndarray:
     if not vectors:
-        return np.zeros((0, 384), dtype=np.float32)
+        return np.zeros((0, dim), dtype=np.float32)
     return np.vstack([np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else from_bytes(bytes(v)), dtype=np.float32)
                       for v in vectors])
 

@@ -177,6 +177,24 @@ def _served(s, local_model: str | None):
         model_server.stop(served)
 
 
+@contextlib.contextmanager
+def _embedded_by(s, local_embedder: str | None):
+    """``s`` embedding through ``/v1/embeddings`` of ``local_embedder`` served by llama.cpp for
+    the block (``s`` itself when None). Every process of the run (its worker too) is given it."""
+    if local_embedder is None:
+        yield s
+        return
+    from memstream.stack import model_server
+
+    served = model_server.start(local_embedder, Path(s.home) / "models", model_server.EMBED_PORT,
+                                log_path=Path(s.home) / "model-server.log", parallel=2, embedding=True)
+    try:
+        yield s.model_copy(update={"embedder": "openai", "embedding_model": local_embedder,
+                                   "embedding_base_url": f"http://127.0.0.1:{model_server.EMBED_PORT}/v1"})
+    finally:
+        model_server.stop(served)
+
+
 def _render_report(report: dict) -> str:
     return "\n".join(f"{k:<34} {v}" for k, v in report.items())
 
@@ -200,6 +218,9 @@ def _eval_options(f):
     f = click.option("--limit", type=click.IntRange(min=1), help="only the first N samples")(f)
     f = click.option("--k", default=5, show_default=True, type=click.IntRange(min=1),
                      help="how many episodes read returns (Hit@k, Recall@k)")(f)
+    f = click.option("--local-embedder", type=click.Choice(["minilm"]),
+                     help="embed through /v1/embeddings of this pinned model served by llama.cpp (a fresh run's "
+                          "embedder: the vectors stored and the questions' alike)")(f)
     return click.option("--conv", help="only this sample_id")(f)
 
 
@@ -207,8 +228,9 @@ def _run_eval(ctx: click.Context, path: Path, fmt: str, as_json: bool, **kwargs)
     from memstream.bench.evaluation import render, run_eval
 
     try:
-        with progress("eval questions", unit="questions") as on_progress:
-            report = asyncio.run(run_eval(settings_of(ctx), path, fmt=fmt, on_progress=on_progress, **kwargs))
+        with _embedded_by(settings_of(ctx), kwargs.pop("local_embedder")) as s, \
+                progress("eval questions", unit="questions") as on_progress:
+            report = asyncio.run(run_eval(s, path, fmt=fmt, on_progress=on_progress, **kwargs))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps(report, indent=2) if as_json else render(report))

@@ -22,6 +22,9 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+from memstream.stack import minilm_gguf
 
 from memstream.schemas.errors import MemstreamError
 
@@ -46,6 +49,10 @@ class LocalModel:
     size: int
     licence: str
     chat_template: str | None = None  # None: the one the GGUF carries
+    # Writes the GGUF from the one part's file (a package that ships the model in another format).
+    derive: Callable[[Path, Path], None] | None = None
+    embedding_only: bool = False
+    window: int = 2048  # tokens a slot holds: a call's prompt and answer, or one text to embed
 
 
 def _qwen_parts() -> tuple[tuple[str, str, str], ...]:
@@ -63,6 +70,12 @@ MODELS = {
     "qwen2.5-1.5b": LocalModel("qwen2.5-1.5b", _qwen_parts(),
                                "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_117_320_768,
                                "Apache-2.0"),
+    # all-MiniLM-L6-v2, the in-process embedder's model, for /v1/embeddings: written as GGUF from
+    # the upstream weights a pinned package carries (minilm_gguf); 256 tokens, as upstream embeds.
+    # Apache-2.0.
+    "minilm": LocalModel("minilm", (minilm_gguf.SOURCE,),
+                         "82c9dfc483ec9eae50595333ebfca0444afb8c43ea5f9bb671bec8b6739fea32", 90_897_920, "Apache-2.0",
+                         derive=minilm_gguf.write, embedding_only=True, window=256),
 }
 
 
@@ -70,7 +83,14 @@ def model_file(model: LocalModel, cache: Path) -> Path:
     """The model's GGUF file, its digest checked: the installed package's own file when it is
     one, else the parts joined into ``cache`` (once; checked again at every start)."""
     files = [_installed(dist, version, path) for dist, version, path in model.parts]
-    if len(files) == 1:
+    if model.derive is not None:
+        target = cache / f"{model.name}.gguf"
+        if not target.exists() or target.stat().st_size != model.size:
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = target.with_suffix(".partial")
+            model.derive(files[0], partial)
+            partial.replace(target)
+    elif len(files) == 1:
         target = files[0]
     else:
         target = cache / f"{model.name}.gguf"
@@ -111,19 +131,21 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def serve(model: LocalModel, cache: Path, port: int = CHAT_PORT, *, parallel: int = 4, ctx_per_slot: int = 2048,
+def serve(model: LocalModel, cache: Path, port: int = CHAT_PORT, *, parallel: int = 4,
           threads: int | None = None, embedding: bool = False, parent: int | None = None) -> None:
     """Serve ``model`` on 127.0.0.1:``port`` until SIGTERM or SIGINT (in this process), or until
-    process ``parent`` is no longer this one's parent; ``embedding``: its mean-pooled hidden
-    states on ``/v1/embeddings`` instead of chat."""
+    process ``parent`` is no longer this one's parent; ``embedding`` (always, for an embedding
+    model): its mean-pooled hidden states on ``/v1/embeddings`` instead of chat."""
     import xllamacpp
+
+    embedding = embedding or model.embedding_only
 
     params = xllamacpp.CommonParams()
     params.model.path = str(model_file(model, cache))
     params.hostnames = ["127.0.0.1"]
     params.port = port
     params.n_parallel = parallel
-    params.n_ctx = parallel * ctx_per_slot
+    params.n_ctx = parallel * model.window
     params.cpuparams.n_threads = threads or max(1, (os.cpu_count() or 2))
     params.cpuparams_batch.n_threads = params.cpuparams.n_threads
     params.use_jinja = True
@@ -131,7 +153,8 @@ def serve(model: LocalModel, cache: Path, port: int = CHAT_PORT, *, parallel: in
     if embedding:
         params.embedding = True
         params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
-        params.n_batch = params.n_ubatch = ctx_per_slot  # a text is embedded in one batch
+        # A text is embedded in one batch; a longer one is refused as too long (the client shortens it).
+        params.n_batch = params.n_ubatch = model.window
     server = xllamacpp.Server(params)
     log.info("model %s serving at %s", model.name, server.listening_address)
     stop = {"now": False}
