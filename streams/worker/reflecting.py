@@ -8,20 +8,22 @@ fact is about than the extractor kept — "I started volunteering here a year ag
 volunteering"). The clusters are a deterministic function of the projections at the sweep's
 time: the memories taken oldest first, each joining the cluster whose centre (the normalised
 mean of its members' embeddings) it is closest to, if at least ``reflect_similarity`` (cosine),
-else opening one. A cluster of a fact or more and two memories or more, said
-``reflect_min_observations`` times all told (a fact's observations, one per turn), is asked about
-— unless a reflection still believed was drawn from some of its memories and none joined them
-since. A cluster of turns alone is not: turns no fact was read from are mostly small talk, and
-small talk is alike in meaning ("thanks!", "cool, see you") — on LoCoMo most reflections drawn
-from turns alone were of it (BENCHMARKS.md). One ``ReflectRequested`` per user
+else opening one. A cluster of two memories or more, said ``reflect_min_observations`` times
+all told (a fact's observations, one per turn), is asked about — unless a reflection still
+believed was drawn from some of its memories and none joined them since. A cluster of turns
+alone must also have a topic: a word running through it that few of the user's turns hold
+(``topical``). Small talk is alike in meaning ("thanks!", "cool, see you") and clusters as well
+as a topic does, but the words it shares ("thanks", "that", "you") are in many of the user's
+turns. One ``ReflectRequested`` per user
 carries its clusters; formation asks the model in the request's place among the user's turns and
 records the answer, so a replay applies the reflections without a sweep, a clock or a model.
 """
 from __future__ import annotations
 
 import logging
+import re
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Callable, NamedTuple, Sequence
@@ -35,12 +37,13 @@ from memstream.schemas import ReflectionCluster, ReflectRequested, new_event_id
 
 log = logging.getLogger("memstream.sweep")
 
-POLICY = "reflect-v2"
+POLICY = "reflect-v3"
 MAX_SOURCES = 32  # memories a cluster is asked about by (its facts first, then turns; the latest of each)
 MAX_CLUSTERS = 100  # ReflectRequested.clusters: a user's largest clusters first
 # A turn of fewer words ("ok", "thanks!", "see you") says nothing a reflection could rest on.
 MIN_TURN_WORDS = 4
 _WORDS = r"\S+" + r"\s+\S+" * (MIN_TURN_WORDS - 1)  # so many words, matched without splitting a long turn
+_WORD = re.compile(r"[^\W\d_]{3,}")
 
 _RECENT = """
 SELECT user_id, fact_id, embedding, observation_count, embedding_model, recorded_at, source_event_id, observed_in
@@ -57,7 +60,7 @@ SELECT user_id, source_event_id, observed_in FROM memory_facts
 WHERE category <> 'reflection' AND ($1::text IS NULL OR user_id = $1)
 """
 _RECENT_TURNS = f"""
-SELECT user_id, source_event_id, embedding, embedding_model, recorded_at
+SELECT user_id, source_event_id, embedding, embedding_model, recorded_at, user_message
 FROM episodes
 WHERE occurred_at BETWEEN $2 AND $3 AND ($1::text IS NULL OR user_id = $1)
   AND user_message ~ '{_WORDS}'
@@ -77,6 +80,21 @@ class _Memory(NamedTuple):
     embedding: bytes
     observations: int
     recorded_at: datetime
+    words: frozenset[str] = frozenset()  # a turn's words, for the topic test
+
+
+def words(text: str) -> frozenset[str]:
+    """The words of three letters or more in ``text``, folded."""
+    return frozenset(_WORD.findall(text.casefold()))
+
+
+def topical(turns: Sequence[frozenset[str]], held: Counter, of: int, share: float) -> bool:
+    """Whether a word runs through ``turns`` (two or more, and half of them) that at most
+    ``share`` of the user's ``of`` turns hold (``held``: how many hold each word)."""
+    if share <= 0 or len(turns) < 2:
+        return False
+    within = Counter(w for t in turns for w in t)
+    return any(n >= 2 and 2 * n >= len(turns) and held[w] <= share * of for w, n in within.items())
 
 
 @dataclass
@@ -153,12 +171,14 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
             if wanted(r) and r["source_event_id"] not in read_from[r["user_id"]]:
                 found.turns_read += 1
                 memories[r["user_id"]].append(_Memory(r["source_event_id"], True, _bytes(r["embedding"]), 1,
-                                                      r["recorded_at"]))
+                                                      r["recorded_at"], words(r["user_message"])))
         for r in await conn.fetch(_REFLECTED, user_id):
             reflected[r["user_id"]].append((frozenset((*r["derived_from"], *r["derived_from_turns"])),
                                             r["recorded_at"]))
     for user, rows in memories.items():
         rows.sort(key=lambda m: (m.recorded_at, m.is_turn, m.id))
+        said = [m.words for m in rows if m.is_turn]
+        held = Counter(w for t in said for w in t)
         asked = []
         for group in cluster([from_bytes(m.embedding) for m in rows], settings.reflect_similarity):
             members = [rows[i] for i in group]
@@ -166,8 +186,10 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
             turns = [m for m in members if m.is_turn][len(facts) - MAX_SOURCES:] if len(facts) < MAX_SOURCES else []
             members = facts + turns
             observations = sum(m.observations for m in members)
-            if (not facts or len(members) < 2 or observations < settings.reflect_min_observations
+            if (len(members) < 2 or observations < settings.reflect_min_observations
                     or _reflected_on(members, reflected[user])):
+                continue
+            if not facts and not topical([m.words for m in turns], held, len(said), settings.reflect_topic_share):
                 continue
             asked.append(ReflectionCluster(sources=[m.id for m in facts], turns=[m.id for m in turns],
                                            observations=observations))

@@ -142,6 +142,34 @@ async def test_a_reflection_drawn_from_a_fact_and_turns_no_fact_was_read_from_is
                                    [t for tables in TABLES.values() for t in tables])
 
 
+async def test_turns_alone_with_a_topic_of_the_users_are_reflected_on_and_their_small_talk_is_not(
+        settings, conn, dsn, workers):
+    # A share the few turns of a test can show: "kayaking" in 3 of 15 turns, "thanks" in 5.
+    settings = settings.model_copy(update={"reflect_topic_share": 0.2})
+    w = workers(settings=settings)
+    await w.wait_assigned()
+    kayak = [turn("kim", text, i) for i, text in enumerate((
+        "We tried kayaking on the lake at dawn.", "Kayaking again this weekend, the lake was calm.",
+        "Paddled across the lake in the kayak after work."), start=1)]
+    chat = [turn("kim", f"Thanks, that sounds {word} to me.", 10 + i)
+            for i, word in enumerate(("great", "fine", "lovely", "nice"))]
+    other = [turn("kim", text, 20 + i) for i, text in enumerate((
+        "The train to Porto was late again, thanks to the strike.", "Quantum computers factor numbers quickly.",
+        "The soup needs more salt and some pepper.", "Taxes are due at the end of April.",
+        "The printer on the third floor jams every Monday.", "Mozart wrote his first symphony as a child.",
+        "Volcanic soil grows excellent grapes.", "The museum opens late on Fridays."))]
+    await append_and_wait(settings, conn, [*kayak, *chat, *other])
+    done = await sweep_reflect(settings, dsn, at=SOON)
+    assert (done.facts_read, done.turns_read) == (0, 15)
+    [asked] = done.clusters["kim"]
+    assert asked.sources == [] and set(asked.turns) <= {t.event_id for t in kayak} and len(asked.turns) >= 2
+    reflection = await wait_until(lambda: conn.fetchrow(
+        "SELECT fact_id, text, derived_from, derived_from_turns FROM memory_facts WHERE category = 'reflection' "
+        "AND status = 'current'"), what="the reflection recorded")
+    assert reflection["derived_from"] == [] and set(reflection["derived_from_turns"]) <= {t.event_id for t in kayak}
+    assert "lake" in reflection["text"].lower()
+
+
 async def test_a_formation_worker_reflects_on_the_users_of_its_partitions_on_its_timer(settings, conn, workers):
     timed = settings.model_copy(update={"reflect_sweep_every_s": 2.0, "reflect_min_observations": 2})
     w = workers(settings=timed)

@@ -29,7 +29,7 @@ def _turn(hours: int, text: str) -> Turn:
 
 def _request(sources=(), turns=()):
     return ReflectRequested(event_id=new_event_id(), user_id="u", occurred_at=T0, actor="operator",
-                            sweep_id=uuid.uuid4(), policy="reflect-v2",
+                            sweep_id=uuid.uuid4(), policy="reflect-v3",
                             clusters=[ReflectionCluster(sources=list(sources), turns=list(turns), observations=3)])
 
 
@@ -90,14 +90,25 @@ async def test_formation_draws_a_reflection_from_a_fact_and_turns_it_reads_and_c
     assert await _decided(request, view, OfflineReflector(), _remembering(ran, sore)) == []
     assert await _decided(_request([a.fact_id], [ran.turn_id, sore.turn_id]), view, OfflineReflector(),
                           _remembering()) == []
-    # Turns alone (their fact ended since the sweep, or a request of another policy): nothing.
-    assert await _decided(_request([], [ran.turn_id, sore.turn_id]), view, OfflineReflector(),
-                          _remembering(ran, sore)) == []
     # Drawn again with a turn more, the new one replaces the first.
     later = _turn(24 * 10, "Another run today, ten laps of the park.")
     [again] = await _decided(_request([a.fact_id], [ran.turn_id, sore.turn_id, later.turn_id]), view,
                              OfflineReflector(), _remembering(ran, sore, later))
     assert again.replaces == [made.fact_id] and view.rows["u", made.fact_id].status == "superseded"
+
+
+async def test_turns_alone_the_sweep_found_a_topic_in_are_reflected_on_and_a_cluster_whose_fact_ended_is_not():
+    ran, sore = _turn(2, RAN), _turn(3, SORE)
+    [made] = await _decided(_request([], [ran.turn_id, sore.turn_id]), MemoryView("m"), OfflineReflector(),
+                            _remembering(ran, sore))
+    assert isinstance(made, ReflectionRecorded) and (made.sources, made.turns) == ([], [ran.turn_id, sore.turn_id])
+    assert "my legs are sore" in made.text and "0 facts and 2 turns said 2 times" in made.reason
+    view = MemoryView("m")
+    a = liked(1, "running")
+    view.apply(a)
+    view.apply(forgot(4, "fact", a.fact_id))  # the sweep saw a fact in the cluster: without it, not asked
+    assert await _decided(_request([a.fact_id], [ran.turn_id, sore.turn_id]), view, OfflineReflector(),
+                          _remembering(ran, sore)) == []
 
 
 def test_a_reflection_made_from_turns_only_is_a_fact_row_naming_them():

@@ -2,6 +2,7 @@
 grounding of a model's sentence, the offline summariser, and the sweep's clustering."""
 import asyncio
 import uuid
+from collections import Counter
 from datetime import timedelta
 
 import numpy as np
@@ -13,7 +14,7 @@ from memstream.llm.protocols import MalformedOutput
 from memstream.projections.facts.core import fold
 from memstream.schemas import FactDeleted, MemoryForgotten, ReflectionRecorded
 from memstream.streams.worker.formation.reflections import ungrounded
-from memstream.streams.worker.reflecting import cluster
+from memstream.streams.worker.reflecting import cluster, topical, words
 from tests.unit.test_facts_core import T0, added, common, updated
 
 
@@ -113,6 +114,23 @@ def test_clustering_is_a_function_of_the_vectors_in_their_order():
     groups = cluster(vectors, 0.5)
     assert sorted(sorted(g) for g in groups) == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
     assert cluster(vectors, 0.5) == groups
+
+
+def test_turns_alone_have_a_topic_when_a_word_runs_through_them_that_few_of_the_users_turns_hold():
+    kayak = ["We tried kayaking on the lake at dawn!", "Kayaking again this weekend, the lake was calm.",
+             "Thanks, that sounds great to me."]
+    thanks = ["Thanks, that sounds great!", "Thanks so much, that is kind.", "Cool, thanks for that."]
+    others = [f"Thanks, today I went to place number {n} and it was great." for n in range(40)] + [
+        "I walked the dog in the rain."] * 20
+    said = [words(t) for t in [*kayak, *thanks, *others]]
+    held = Counter(w for t in said for w in t)
+    assert words("Kayaking 2 km, on a Lake!") == {"kayaking", "lake"}  # folded; digits and short words out
+    assert topical([words(t) for t in kayak], held, len(said), 0.05)  # "kayaking", "lake": 2 of 66 turns
+    assert not topical([words(t) for t in thanks], held, len(said), 0.05)  # "thanks", "that": most turns
+    assert not topical([words(t) for t in kayak], held, len(said), 0.0)  # 0: turns alone never
+    assert not topical([words(kayak[0]), *(words(t) for t in thanks)], held, len(said), 0.05)  # in 1 of 4 only
+    few = [words(t) for t in kayak]  # a user of three turns: every shared word is a third of what they said
+    assert not topical(few[:2], Counter(w for t in few for w in t), 3, 0.05)
 
 
 class _Inventing:

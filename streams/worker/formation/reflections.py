@@ -1,13 +1,15 @@
 """What a reflection request (``ReflectRequested``) makes, in its place among the user's turns:
-for each cluster the sweep found whose facts are still current and turns still remembered (a
-fact or more, two memories or more all told), and not reflected on already (or joined by a
+for each cluster the sweep found whose facts are still current and turns still remembered (two
+memories or more all told; a fact or more, unless the sweep found turns alone with a topic), and
+not reflected on already (or joined by a
 memory since: the new reflection replaces the old), one sentence from the reflection model,
 recorded as ``ReflectionRecorded`` when its sources support it, else as a ``FactRefused``
 (``ungrounded``) saying why.
 
 Grounding a reflection as the junk guard grounds a fact: by reading its sources, never the
-model's word for them. The sentence must cite at least two of the memories it was shown, name no
-one and no number its cited memories do not, and say mostly what they say (``ungrounded``)."""
+model's word for them. The sentence must cite at least two of the memories it was shown (one of
+its facts, if it was shown any), name no one and no number its cited memories do not, and say
+mostly what they say (``ungrounded``)."""
 from __future__ import annotations
 
 import logging
@@ -107,7 +109,7 @@ async def reflections(request: ReflectRequested, overlay: FactView, reflector: R
                  and r.current and r.category != REFLECTION]
         held = await remembered(user, cluster.turns) if cluster.turns else {}
         turns = [held[t] for t in cluster.turns if t in held]
-        if not facts or len(facts) + len(turns) < 2:
+        if (cluster.sources and not facts) or len(facts) + len(turns) < 2:
             continue  # its facts ended or changed, or its turns were forgotten, since the sweep
         drawn = _drawn(overlay, user, {r.fact_id for r in facts}, {t.turn_id for t in turns})
         if drawn and all(at <= max(x.recorded_at for x in drawn)
@@ -125,7 +127,7 @@ async def reflections(request: ReflectRequested, overlay: FactView, reflector: R
         envelope = dict(**common, decision_id=did, extractor=reflector.model_id, resolver=f"control:{request.actor}",
                         confidence=round(min(sure), 4) if sure else 0.0, explicit=False)
         why = ("it cites fewer than two of its memories" if len(cited) < 2
-               else "it cites none of its facts" if not cited_facts
+               else "it cites none of its facts" if facts and not cited_facts
                else ungrounded(answer.text, [texts[i] for i in cited]))
         if why is not None:
             # Without its sentence: it may say what a source said, and nothing forgets a refusal
