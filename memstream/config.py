@@ -136,8 +136,8 @@ class Settings(BaseModel):
     reflect_min_observations: int = Field(3, ge=2)
     reflect_window_days: float = Field(90.0, gt=0)
     # A cluster of turns alone (no fact) is asked about only if a word runs through it (in two of
-    # its turns or more, and half of them) that at most this share of the user's turns in the window
-    # hold: a topic of theirs, not the small talk every conversation repeats (0: never).
+    # its turns or more, and half of them) that at most this share of the user's turns the sweep
+    # read hold: a topic of theirs, not the small talk every conversation repeats (0: never).
     reflect_topic_share: float = Field(0.05, ge=0, le=1)
     reflect_sweep_every_s: float = Field(86400.0, ge=0)
     # Prices for the estimated LLM cost in the workers' metrics, USD per million tokens

@@ -227,8 +227,11 @@ def _eval_options(f):
 def _run_eval(ctx: click.Context, path: Path, fmt: str, as_json: bool, **kwargs) -> None:
     from memstream.bench.evaluation import render, run_eval
 
+    local_embedder = kwargs.pop("local_embedder")
+    if local_embedder is not None and kwargs.get("reuse") is not None:
+        raise click.UsageError("--local-embedder embeds a fresh run: a kept run's vectors are another model's")
     try:
-        with _embedded_by(settings_of(ctx), kwargs.pop("local_embedder")) as s, \
+        with _embedded_by(settings_of(ctx), local_embedder) as s, \
                 progress("eval questions", unit="questions") as on_progress:
             report = asyncio.run(run_eval(s, path, fmt=fmt, on_progress=on_progress, **kwargs))
     except ValueError as exc:

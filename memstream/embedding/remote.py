@@ -84,14 +84,21 @@ class OpenAIEmbedder:
         rows: list[list[float]] = []
         for i in range(0, len(texts), BATCH):
             # An empty text is refused by some services: it embeds as a single space.
-            batch = [t[:MAX_CHARS] if t.strip() else " " for t in texts[i:i + BATCH]]
-            try:
-                rows += self._ask(batch)
-            except self._openai.APIStatusError as exc:
-                if not _too_long(exc):
-                    raise
-                rows += [self._fitted(t) for t in batch]
+            rows += self._batched([t[:MAX_CHARS] if t.strip() else " " for t in texts[i:i + BATCH]])
         return _normalised(rows, self.dim)
+
+    def _batched(self, batch: list[str]) -> list[list[float]]:
+        """``batch`` embedded; one the service refuses as too long is asked again in halves, so a
+        long text costs a few more calls, not one call for every text beside it."""
+        try:
+            return self._ask(batch)
+        except self._openai.APIStatusError as exc:
+            if not _too_long(exc):
+                raise
+            if len(batch) == 1:
+                return [self._fitted(batch[0])]
+            half = len(batch) // 2
+            return self._batched(batch[:half]) + self._batched(batch[half:])
 
 
 _TOO_LONG = re.compile(r"too (large|long|many tokens)|maximum (context|input)|context length|exceeds", re.IGNORECASE)

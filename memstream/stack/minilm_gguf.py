@@ -24,7 +24,8 @@ _DROPPED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias
 
 
 class SourceMismatch(ValueError):
-    """The package's weights are not the upstream release's."""
+    """The package's weights are not the upstream release's (``model_server`` reports it as the
+    model being unavailable)."""
 
 
 def write(source_zip: Path, out: Path) -> None:

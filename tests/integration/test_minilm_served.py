@@ -27,7 +27,9 @@ def test_minilm_on_llama_cpp_embeds_as_the_in_process_model():
     finally:
         model_server.stop(proc)
     assert served.model_id == "openai:minilm:384" and long.shape == (1, 384)
-    # float32 weights against the ONNX export's: the same model to rounding; against the default
-    # int8-compute variant as close as that variant is to the float one.
-    assert np.all((got * MiniLMOnnx(variant="weights").embed(TEXTS)).sum(axis=1) > 0.995)
-    assert np.all((got * MiniLMOnnx().embed(TEXTS)).sum(axis=1) > 0.97)
+    # The upstream float weights against the ONNX export (int8 weights, float compute): the same
+    # model but for its quantisation. Against the default int8-compute variant, as close as that
+    # variant is to the export: what they differ by is the CPU's int8 arithmetic, not the server.
+    weights, dynamic = MiniLMOnnx(variant="weights").embed(TEXTS), MiniLMOnnx().embed(TEXTS)
+    assert np.all((got * weights).sum(axis=1) > 0.995)
+    assert np.all((got * dynamic).sum(axis=1) >= (weights * dynamic).sum(axis=1) - 0.005)

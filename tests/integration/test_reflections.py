@@ -144,7 +144,7 @@ async def test_a_reflection_drawn_from_a_fact_and_turns_no_fact_was_read_from_is
 
 async def test_turns_alone_with_a_topic_of_the_users_are_reflected_on_and_their_small_talk_is_not(
         settings, conn, dsn, workers):
-    # A share the few turns of a test can show: "kayaking" in 3 of 15 turns, "thanks" in 5.
+    # A share the few turns of a test can show: "lake" in 3 of 15 turns, "thanks" in 5.
     settings = settings.model_copy(update={"reflect_topic_share": 0.2})
     w = workers(settings=settings)
     await w.wait_assigned()

@@ -14,6 +14,7 @@ from memstream.projections.facts.core import fold
 from memstream.schemas import FactRefused, ReflectionCluster, ReflectionRecorded, ReflectRequested, new_event_id
 from memstream.streams.worker.formation.reflections import Turn, ungrounded
 from memstream.streams.worker.formation.views import MemoryView
+from memstream.streams.worker.reflecting import POLICY
 from tests.unit.test_facts_core import T0, common
 from tests.unit.test_reflections import _Inventing, _decided, forgot, liked, reflection
 
@@ -27,9 +28,9 @@ def _turn(hours: int, text: str) -> Turn:
     return Turn(uuid.uuid4(), text, at, at)
 
 
-def _request(sources=(), turns=()):
+def _request(sources=(), turns=(), policy=POLICY):
     return ReflectRequested(event_id=new_event_id(), user_id="u", occurred_at=T0, actor="operator",
-                            sweep_id=uuid.uuid4(), policy="reflect-v3",
+                            sweep_id=uuid.uuid4(), policy=policy,
                             clusters=[ReflectionCluster(sources=list(sources), turns=list(turns), observations=3)])
 
 
@@ -103,6 +104,9 @@ async def test_turns_alone_the_sweep_found_a_topic_in_are_reflected_on_and_a_clu
                             _remembering(ran, sore))
     assert isinstance(made, ReflectionRecorded) and (made.sources, made.turns) == ([], [ran.turn_id, sore.turn_id])
     assert "my legs are sore" in made.text and "0 facts and 2 turns said 2 times" in made.reason
+    # Turns alone of an earlier sweep, which did not ask them for a topic (a reform forming it again): none.
+    assert await _decided(_request([], [ran.turn_id, sore.turn_id], policy="reflect-v2"), MemoryView("m"),
+                          OfflineReflector(), _remembering(ran, sore)) == []
     view = MemoryView("m")
     a = liked(1, "running")
     view.apply(a)

@@ -120,13 +120,14 @@ def test_turns_alone_have_a_topic_when_a_word_runs_through_them_that_few_of_the_
     kayak = ["We tried kayaking on the lake at dawn!", "Kayaking again this weekend, the lake was calm.",
              "Thanks, that sounds great to me."]
     thanks = ["Thanks, that sounds great!", "Thanks so much, that is kind.", "Cool, thanks for that."]
-    others = [f"Thanks, today I went to place number {n} and it was great." for n in range(40)] + [
-        "I walked the dog in the rain."] * 20
+    # As in anyone's turns, the words small talk shares are the commonest.
+    others = [f"Thanks, that day I went to place number {n} and it was great for you." for n in range(40)] + [
+        "I walked the dog in the rain, so cool."] * 20
     said = [words(t) for t in [*kayak, *thanks, *others]]
     held = Counter(w for t in said for w in t)
     assert words("Kayaking 2 km, on a Lake!") == {"kayaking", "lake"}  # folded; digits and short words out
     assert topical([words(t) for t in kayak], held, len(said), 0.05)  # "kayaking", "lake": 2 of 66 turns
-    assert not topical([words(t) for t in thanks], held, len(said), 0.05)  # "thanks", "that": most turns
+    assert not topical([words(t) for t in thanks], held, len(said), 0.05)  # "thanks", "that": in most turns
     assert not topical([words(t) for t in kayak], held, len(said), 0.0)  # 0: turns alone never
     assert not topical([words(kayak[0]), *(words(t) for t in thanks)], held, len(said), 0.05)  # in 1 of 4 only
     few = [words(t) for t in kayak]  # a user of three turns: every shared word is a third of what they said

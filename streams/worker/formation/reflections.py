@@ -33,6 +33,9 @@ MAX_VALUE_CHARS = 100  # the value column is a btree key (the slot index)
 # A paraphrase may use words its sources do not ("most weekends" for "on Saturdays"), but most of
 # what it says must be theirs.
 MAX_NEW_WORDS = 0.5
+# Sweeps whose clusters of turns alone were not held to a topic (streams.worker.reflecting): a
+# reform forming their requests again draws none of those.
+UNTESTED_TURNS = frozenset({"reflect-v1", "reflect-v2"})
 # The user's own words stand as they said them: as sure as a fact can be.
 TURN_CONFIDENCE = 1.0
 # A turn's words shown to the model: a pasted document would crowd out the rest of the cluster.
@@ -111,6 +114,8 @@ async def reflections(request: ReflectRequested, overlay: FactView, reflector: R
         turns = [held[t] for t in cluster.turns if t in held]
         if (cluster.sources and not facts) or len(facts) + len(turns) < 2:
             continue  # its facts ended or changed, or its turns were forgotten, since the sweep
+        if not cluster.sources and request.policy in UNTESTED_TURNS:
+            continue  # turns alone, of a sweep that did not ask them for a topic
         drawn = _drawn(overlay, user, {r.fact_id for r in facts}, {t.turn_id for t in turns})
         if drawn and all(at <= max(x.recorded_at for x in drawn)
                          for at in [*(r.recorded_at for r in facts), *(t.recorded_at for t in turns)]):
