@@ -12,11 +12,11 @@ else opening one. A cluster of two memories or more, said ``reflect_min_observat
 all told (a fact's observations, one per turn), is asked about — unless a reflection still
 believed was drawn from some of its memories and none joined them since. A cluster of turns
 alone must also have a topic: a word running through it that few of the user's turns the sweep
-read hold (``topical``). Small talk is alike in meaning ("thanks!", "cool, see you") and clusters as well
-as a topic does, but the words it shares ("thanks", "that", "you") are in many of the user's
-turns. One ``ReflectRequested`` per user
-carries its clusters; formation asks the model in the request's place among the user's turns and
-records the answer, so a replay applies the reflections without a sweep, a clock or a model.
+read hold (``topical``). Small talk is alike in meaning ("thanks!", "cool, see you") and
+clusters as readily as a topic does, but the words it shares ("thanks", "that", "you") are in
+many of the user's turns. One ``ReflectRequested`` per user carries its clusters; formation
+asks the model in the request's place among the user's turns and records the answer, so a
+replay applies the reflections without a sweep, a clock or a model.
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """What a reflection request (``ReflectRequested``) makes, in its place among the user's turns:
 for each cluster the sweep found whose facts are still current and turns still remembered (two
 memories or more all told; a fact or more, unless the sweep found turns alone with a topic), and
-not reflected on already (or joined by a
-memory since: the new reflection replaces the old), one sentence from the reflection model,
-recorded as ``ReflectionRecorded`` when its sources support it, else as a ``FactRefused``
-(``ungrounded``) saying why.
+not reflected on already (or joined by a memory since: the new reflection replaces the old), one
+sentence from the reflection model, recorded as ``ReflectionRecorded`` when its sources support
+it, else as a ``FactRefused`` (``ungrounded``) saying why.
 
 Grounding a reflection as the junk guard grounds a fact: by reading its sources, never the
 model's word for them. The sentence must cite at least two of the memories it was shown (one of
