@@ -167,14 +167,10 @@ def _served(s, local_model: str | None):
         return
     from memstream.stack import model_server
 
-    served = model_server.start(local_model, Path(s.home) / "models", log_path=Path(s.home) / "model-server.log",
-                                parallel=min(4, s.formation_concurrency))
-    try:
+    with _model_served(s, local_model, model_server.CHAT_PORT, parallel=min(4, s.formation_concurrency)):
         # A model on two cores answers a call in seconds to minutes: wait for it.
         yield s.model_copy(update={"openai_base_url": f"http://127.0.0.1:{model_server.CHAT_PORT}/v1",
                                    "openai_model": local_model, "openai_timeout_s": max(s.openai_timeout_s, 600.0)})
-    finally:
-        model_server.stop(served)
 
 
 @contextlib.contextmanager
@@ -186,11 +182,20 @@ def _embedded_by(s, local_embedder: str | None):
         return
     from memstream.stack import model_server
 
-    served = model_server.start(local_embedder, Path(s.home) / "models", model_server.EMBED_PORT,
-                                log_path=Path(s.home) / "model-server.log", parallel=2, embedding=True)
-    try:
+    with _model_served(s, local_embedder, model_server.EMBED_PORT, parallel=2, embedding=True):
         yield s.model_copy(update={"embedder": "openai", "embedding_model": local_embedder,
                                    "embedding_base_url": f"http://127.0.0.1:{model_server.EMBED_PORT}/v1"})
+
+
+@contextlib.contextmanager
+def _model_served(s, model: str, port: int, **start):
+    """``model`` served by llama.cpp on ``port`` for the block, its files under ``s.home``."""
+    from memstream.stack import model_server
+
+    served = model_server.start(model, Path(s.home) / "models", port, log_path=Path(s.home) / "model-server.log",
+                                **start)
+    try:
+        yield
     finally:
         model_server.stop(served)
 

@@ -83,42 +83,43 @@ MODELS = {
 
 def model_file(model: LocalModel, cache: Path) -> Path:
     """The model's GGUF file, its digest checked: the installed package's own file when it is
-    one, else the parts joined into ``cache`` (once; checked again at every start)."""
+    one, else a file written into ``cache`` from the parts (joined, or ``model.derive``) once, and
+    written again when it is not the pinned one (cut short, or by another writer)."""
     files = [_installed(dist, version, path) for dist, version, path in model.parts]
-    if model.derive is not None:
-        target = cache / f"{model.name}.gguf"
-        if target.exists() and (target.stat().st_size != model.size or _sha256(target) != model.sha256):
-            target.unlink()  # written by another version of the writer, or cut short: written again
-        if not target.exists():
-            _derived(model, files[0], target)
-    elif len(files) == 1:
+    if model.derive is None and len(files) == 1:
         target = files[0]
     else:
         target = cache / f"{model.name}.gguf"
-        if not target.exists() or target.stat().st_size != model.size:
-            cache.mkdir(parents=True, exist_ok=True)
-            partial = target.with_suffix(".partial")
-            with open(partial, "wb") as out:
-                for f in files:
-                    with open(f, "rb") as part:
-                        while chunk := part.read(1 << 20):
-                            out.write(chunk)
-            partial.replace(target)
-    if _sha256(target) != model.sha256:
+        if _pinned(target, model):
+            return target
+        _written(model, target, lambda out: model.derive(files[0], out) if model.derive else _joined(files, out))
+    if not _pinned(target, model):
         how = ("its writer's packages (gguf, safetensors) are not the pinned ones" if model.derive is not None
                else "reinstall its package")
         raise ModelUnavailable(f"{target} is not the pinned {model.name} (sha256 {model.sha256}): {how}")
     return target
 
 
-def _derived(model: LocalModel, source: Path, target: Path) -> None:
-    """``model``'s GGUF written from ``source`` into ``target``, whole or not at all (two
-    processes starting at once each write their own file; the last rename wins, same bytes)."""
+def _pinned(path: Path, model: LocalModel) -> bool:
+    return path.exists() and path.stat().st_size == model.size and _sha256(path) == model.sha256
+
+
+def _joined(files: list[Path], out: Path) -> None:
+    with open(out, "wb") as joined:
+        for f in files:
+            with open(f, "rb") as part:
+                while chunk := part.read(1 << 20):
+                    joined.write(chunk)
+
+
+def _written(model: LocalModel, target: Path, write: Callable[[Path], None]) -> None:
+    """``target`` written by ``write``, whole or not at all (two processes starting at once each
+    write their own file; the last rename wins, same bytes)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{model.name}.", suffix=".partial")
     os.close(fd)
     try:
-        model.derive(source, Path(name))
+        write(Path(name))
         os.replace(name, target)
     except minilm_gguf.SourceMismatch as exc:
         raise ModelUnavailable(str(exc)) from None
