@@ -18,8 +18,9 @@ SELECT concat_ws('|',
   (SELECT string_agg(format('%s:%s:%s', c.relname, c.relkind, (SELECT count(*) FROM pg_attribute a
            WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)), ',' ORDER BY c.relname)
      FROM pg_class c WHERE c.relnamespace = $1::regnamespace),
-  (SELECT string_agg(t.tgname::text || t.tgenabled::text, ',' ORDER BY t.tgname) FROM pg_trigger t
-     JOIN pg_class c ON c.oid = t.tgrelid WHERE c.relnamespace = $1::regnamespace),
+  (SELECT string_agg(x.name, ',' ORDER BY x.name) FROM (  -- a constraint's own triggers are named by their oid
+     SELECT CASE WHEN t.tgisinternal THEN c.relname || ':internal' ELSE t.tgname::text END || t.tgenabled::text AS name
+     FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE c.relnamespace = $1::regnamespace) x),
   (SELECT string_agg(conname, ',' ORDER BY conname) FROM pg_constraint WHERE connamespace = $1::regnamespace),
   (SELECT string_agg(x.relname::text || i.indisvalid::text, ',' ORDER BY x.relname) FROM pg_index i
      JOIN pg_class x ON x.oid = i.indexrelid WHERE x.relnamespace = $1::regnamespace),
