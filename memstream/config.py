@@ -83,6 +83,9 @@ class Settings(BaseModel):
     embedding_dimensions: int | None = Field(None, ge=1, le=2000)  # pgvector indexes (HNSW) up to 2,000
     embedding_base_url: str | None = None
     embedding_api_key: SecretStr | None = None
+    # "openai": what the model takes in one vector, in characters (a service has no tokenizer to
+    # ask); a longer text is also embedded as passages of this length. None: sent whole.
+    embedding_window_chars: int | None = Field(None, ge=64)
     # The worker stops (rather than keep dead-lettering) past this many dead letters per batch
     # window of 1000 records: a flood of bad records usually means a bad deploy, not bad data.
     max_dead_letters_per_1000: int = Field(100, ge=0)

@@ -184,6 +184,7 @@ def _embedded_by(s, local_embedder: str | None):
 
     with _model_served(s, local_embedder, model_server.EMBED_PORT, parallel=2, embedding=True):
         yield s.model_copy(update={"embedder": "openai", "embedding_model": local_embedder,
+                                   "embedding_window_chars": model_server.MODELS[local_embedder].window_chars,
                                    "embedding_base_url": f"http://127.0.0.1:{model_server.EMBED_PORT}/v1"})
 
 

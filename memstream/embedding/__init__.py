@@ -21,7 +21,7 @@ def embedder_for(settings, threads: int | None = None) -> Embedder:
         return OpenAIEmbedder(settings.embedding_base_url or settings.openai_base_url,
                               key.get_secret_value() if key is not None else None,
                               settings.embedding_model or "text-embedding-3-small",
-                              dimensions=settings.embedding_dimensions)
+                              dimensions=settings.embedding_dimensions, window_chars=settings.embedding_window_chars)
     if settings.embedder == "titan":
         import boto3
 

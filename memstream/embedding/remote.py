@@ -41,19 +41,53 @@ def _retrying(passing, attempts: int, what: str) -> Retrying:
                     before_sleep=lambda rs: log.warning("%s: %s; retrying", what, rs.outcome.exception()))
 
 
+def windows(text: str, window: int, limit: int) -> list[tuple[int, int]]:
+    """The character spans of ``text``'s passages of at most ``window`` characters, at most
+    ``limit``, the first starting at 0: one span (the whole text) when it fits. A passage ends at
+    a space in its last eighth when there is one, and the next starts an eighth of a window before
+    it ended, so a phrase across a boundary is whole in one of them."""
+    if len(text) <= window:
+        return [(0, len(text))]
+    spans: list[tuple[int, int]] = []
+    start, slack = 0, window // 8
+    while True:
+        end = min(start + window, len(text))
+        if end < len(text):
+            end = _space_in(text, end - slack, end, last=True) or end
+        spans.append((start, end))
+        if end == len(text) or len(spans) == limit:
+            return spans
+        start = end - slack  # at least three quarters of a window past the last start
+        start = (_space_in(text, start, end, last=False) or start - 1) + 1
+
+
+def _space_in(text: str, lo: int, hi: int, *, last: bool) -> int | None:
+    """The position of the last (or first) whitespace in ``text[lo:hi]``, if any and past 0."""
+    for i in (range(hi - 1, lo - 1, -1) if last else range(lo, hi)):
+        if i > 0 and text[i].isspace():
+            return i
+    return None
+
+
 class OpenAIEmbedder:
     """``Embedder`` over an OpenAI-compatible ``/v1/embeddings``. ``dimensions`` is asked of models
     that shorten their vectors (OpenAI's text-embedding-3); without it, the model's own, learnt
-    from one call when the embedder is made."""
+    from one call when the embedder is made.
+
+    ``window_chars``: how much of a text the model takes in one vector, in characters (a service
+    has no tokenizer to ask). Given, a text is embedded as its first such passage and a longer
+    one has later passages (``passages``); without it, a text is sent whole (its first
+    ``MAX_CHARS``) and shortened only when the service refuses it."""
 
     def __init__(self, base_url: str, api_key: str | None, model: str, *, dimensions: int | None = None,
-                 timeout_s: float = 60.0, attempts: int = 8, client=None):
+                 window_chars: int | None = None, timeout_s: float = 60.0, attempts: int = 8, client=None):
         import openai
 
         self._openai = openai
         self._client = client or openai.OpenAI(base_url=base_url, api_key=api_key or "unused", max_retries=0,
                                                timeout=timeout_s)
         self._model, self._dimensions, self._attempts = model, dimensions, attempts
+        self._window = min(window_chars, MAX_CHARS) if window_chars else None
         self.dim = dimensions or len(self._ask(["dimension"])[0])
         self.model_id = f"openai:{model}:{self.dim}"
 
@@ -68,23 +102,33 @@ class OpenAIEmbedder:
                 response = self._client.embeddings.create(model=self._model, input=texts, encoding_format="float", **kw)
         return [d.embedding for d in sorted(response.data, key=lambda d: d.index)]
 
-    def _fitted(self, text: str) -> list[float]:
-        """One text, shortened by half until the service takes it (its window is its own)."""
-        while True:
+    def _fitted(self, text: str, refusal: Exception) -> list[float]:
+        """One text the service refused as too long, shortened until it takes it (its window is
+        its own): by what the refusal says of the window, or by half."""
+        while len(text) > 1:
+            text = text[:shortened(len(text), str(refusal))]
             try:
                 return self._ask([text])[0]
             except self._openai.APIStatusError as exc:
-                if not _too_long(exc) or len(text) < 2:
+                if not _too_long(exc):
                     raise
-                text = text[:len(text) // 2]
+                refusal = exc
+        raise refusal
+
+    def passages(self, text: str, limit: int) -> list[tuple[int, int]]:
+        return windows(text, self._window, limit) if self._window else [(0, len(text))]
+
+    def _sent(self, text: str) -> str:
+        if not text.strip():
+            return " "  # an empty text is refused by some services
+        return text[:self.passages(text, 1)[0][1]] if self._window else text[:MAX_CHARS]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         rows: list[list[float]] = []
         for i in range(0, len(texts), BATCH):
-            # An empty text is refused by some services: it embeds as a single space.
-            rows += self._batched([t[:MAX_CHARS] if t.strip() else " " for t in texts[i:i + BATCH]])
+            rows += self._batched([self._sent(t) for t in texts[i:i + BATCH]])
         return _normalised(rows, self.dim)
 
     def _batched(self, batch: list[str]) -> list[list[float]]:
@@ -96,7 +140,7 @@ class OpenAIEmbedder:
             if not _too_long(exc):
                 raise
             if len(batch) == 1:
-                return [self._fitted(batch[0])]
+                return [self._fitted(batch[0], exc)]
             half = len(batch) // 2
             return self._batched(batch[:half]) + self._batched(batch[half:])
 
@@ -106,6 +150,26 @@ _TOO_LONG = re.compile(r"too (large|long|many tokens)|maximum (context|input)|co
 
 def _too_long(exc: BaseException) -> bool:
     return getattr(exc, "status_code", None) in (400, 413, 500) and bool(_TOO_LONG.search(str(exc)))
+
+
+# Token counts in a refusal: "input (4801 tokens) ... (current batch size: 256)" (llama.cpp),
+# "maximum context length is 8192 tokens, however you requested 9000 tokens" (OpenAI, vLLM).
+_COUNTS = re.compile(r"(\d+) tokens|batch size: (\d+)|context size \((\d+)")
+_MARGIN = 0.9  # tokens are not spread evenly over a text's characters
+
+
+def shortened(length: int, refusal: str) -> int:
+    """How much of a text of ``length`` characters to ask again after ``refusal``: cut by the
+    window over the tokens asked when the refusal names both (one more call, not one per halving),
+    otherwise by half. Depends only on the text and the service's answer, so a text embeds alike
+    whenever it is asked."""
+    counts = {int(n) for groups in _COUNTS.findall(refusal) for n in groups if n}
+    if len(counts) >= 2:
+        window, asked = min(counts), max(counts)
+        cut = int(length * window / asked * _MARGIN)
+        if 0 < cut < length:
+            return cut
+    return length // 2
 
 
 TITAN_V2 = "amazon.titan-embed-text-v2:0"

@@ -55,6 +55,9 @@ class LocalModel:
     derive: Callable[[Path, Path], None] | None = None
     embedding_only: bool = False
     window: int = 2048  # tokens a slot holds: a call's prompt and answer, or one text to embed
+    # An embedding model's window in characters, for a client that cannot count its tokens
+    # (``embedding_window_chars``): what nearly every text of that many characters fits in.
+    window_chars: int | None = None
 
 
 def _qwen_parts() -> tuple[tuple[str, str, str], ...]:
@@ -77,7 +80,7 @@ MODELS = {
     # Apache-2.0.
     "minilm": LocalModel("minilm", (minilm_gguf.SOURCE,),
                          "82c9dfc483ec9eae50595333ebfca0444afb8c43ea5f9bb671bec8b6739fea32", 90_897_920, "Apache-2.0",
-                         derive=minilm_gguf.write, embedding_only=True, window=256),
+                         derive=minilm_gguf.write, embedding_only=True, window=256, window_chars=800),
 }
 
 

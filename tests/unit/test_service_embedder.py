@@ -1,0 +1,54 @@
+"""The OpenAI-compatible embedder's handling of length, as functions (against a real server:
+tests/integration/test_minilm_served.py): a text's passages in characters (``windows``), and what
+it asks again after a refusal for length (``shortened``): cut by the window the refusal names,
+else by half."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, strategies as st
+
+from memstream.embedding.remote import shortened, windows
+
+LLAMA_CPP = ("Error code: 400 - {'error': {'code': 400, 'message': 'input (1000 tokens) is too large to process. "
+             "increase the physical batch size (current batch size: 256)', 'type': 'invalid_request_error'}}")
+LLAMA_CPP_CONTEXT = "request (20462 tokens) exceeds the available context size (2048 tokens), try increasing it"
+OPENAI = ("Error code: 400 - This model's maximum context length is 8192 tokens, however you requested 16384 tokens "
+          "(16384 in your prompt; 0 for the completion).")
+
+
+@pytest.mark.parametrize("refusal, expected", [
+    (LLAMA_CPP, int(4000 * 256 / 1000 * 0.9)),
+    (LLAMA_CPP_CONTEXT, int(4000 * 2048 / 20462 * 0.9)),
+    (OPENAI, int(4000 * 8192 / 16384 * 0.9)),
+])
+def test_a_refusal_naming_the_window_and_the_tokens_asked_cuts_by_their_ratio(refusal, expected):
+    assert shortened(4000, refusal) == expected
+
+
+@pytest.mark.parametrize("refusal", ["input is too long", "input (300 tokens) is too large to process"])
+def test_a_refusal_that_does_not_name_both_halves_the_text(refusal):
+    assert shortened(4000, refusal) == 2000
+
+
+def test_a_cut_to_nothing_halves_instead():
+    assert shortened(6, "input (1000 tokens) is too large (current batch size: 8)") == 3
+
+
+@given(st.text(alphabet=st.sampled_from("ab \n\u00e9"), max_size=3000), st.integers(8, 400), st.integers(1, 40))
+def test_passages_start_at_0_fit_the_window_overlap_and_cover_the_text_up_to_the_limit(text, window, limit):
+    spans = windows(text, window, limit)
+    assert spans[0][0] == 0 and 1 <= len(spans) <= limit
+    assert all(0 < e - s <= window for s, e in spans) or text == ""
+    for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
+        assert s0 < s1 <= e0 < e1  # each moves on, none leaves a gap
+    assert spans[-1][1] == len(text) or len(spans) == limit
+
+
+def test_a_passage_ends_and_the_next_begins_at_a_space_so_words_are_not_cut():
+    words = " ".join(random.Random(3).choice(["river", "lantern", "kayak", "Lisbon"]) for _ in range(400))
+    spans = windows(words, 200, 100)
+    assert len(spans) > 10
+    for s, e in spans:
+        assert (s == 0 or words[s - 1] == " ") and (e == len(words) or words[e] == " ")
