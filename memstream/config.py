@@ -84,8 +84,9 @@ class Settings(BaseModel):
     embedding_base_url: str | None = None
     embedding_api_key: SecretStr | None = None
     # "openai": what the model takes in one vector, in characters (a service has no tokenizer to
-    # ask); a longer text is also embedded as passages of this length. None: sent whole.
-    embedding_window_chars: int | None = Field(None, ge=64)
+    # ask); a longer text is also embedded as passages of this length. None: sent whole (its
+    # first 24,000 characters, the most a service is sent of one text).
+    embedding_window_chars: int | None = Field(None, ge=64, le=24_000)
     # The worker stops (rather than keep dead-lettering) past this many dead letters per batch
     # window of 1000 records: a flood of bad records usually means a bad deploy, not bad data.
     max_dead_letters_per_1000: int = Field(100, ge=0)

@@ -29,9 +29,17 @@ MAX_EVENT_BYTES = 512 * 1024
 # them carry a vector (the rest of the text is still found by its words): the first is the
 # episode's own, the others its passages.
 MAX_PASSAGES = 32
-# At most its turn's text, a vector and its passages' vectors (base64 JSON: ~2.1 KiB each at 384
-# dimensions); sealed, a third more, it still fits Kafka's default 1 MiB record limit.
-MAX_DECISION_BYTES = MAX_EVENT_BYTES + 64 * 1024 + MAX_PASSAGES * 2200
+PASSAGE_BYTES = 2200  # a passage's vector of 384 dimensions as base64 JSON, with its span
+# At most its turn's text, a vector and its passages' vectors; sealed, a third more, it still
+# fits Kafka's default 1 MiB record limit.
+MAX_DECISION_BYTES = MAX_EVENT_BYTES + 64 * 1024 + MAX_PASSAGES * PASSAGE_BYTES
+
+
+def passages_within(dim: int) -> int:
+    """How many of a turn's windows carry a vector of ``dim`` dimensions: ``MAX_PASSAGES`` at
+    384 (MiniLM), fewer for a larger vector, so its passages take no more of a decision's bytes."""
+    per = dim * 4 * 4 // 3 + PASSAGE_BYTES - 2048  # base64 of float32s, and what a passage adds
+    return max(1, min(MAX_PASSAGES, MAX_PASSAGES * PASSAGE_BYTES // per))
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 Message = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_CHARS)]

@@ -57,7 +57,7 @@ def windows(text: str, window: int, limit: int) -> list[tuple[int, int]]:
         spans.append((start, end))
         if end == len(text) or len(spans) == limit:
             return spans
-        start = end - slack  # at least three quarters of a window past the last start
+        start = end - slack  # three quarters of a window or more past the last start: it ends
         start = (_space_in(text, start, end, last=False) or start - 1) + 1
 
 
@@ -145,16 +145,18 @@ class OpenAIEmbedder:
             return self._batched(batch[:half]) + self._batched(batch[half:])
 
 
-_TOO_LONG = re.compile(r"too (large|long|many tokens)|maximum (context|input)|context length|exceeds", re.IGNORECASE)
+_TOO_LONG = re.compile(r"too (large|long|many tokens)|maximum (context|input)|context length|exceeds|"
+                       r"larger than the max context|exceed_context_size", re.IGNORECASE)
 
 
 def _too_long(exc: BaseException) -> bool:
     return getattr(exc, "status_code", None) in (400, 413, 500) and bool(_TOO_LONG.search(str(exc)))
 
 
-# Token counts in a refusal: "input (4801 tokens) ... (current batch size: 256)" (llama.cpp),
-# "maximum context length is 8192 tokens, however you requested 9000 tokens" (OpenAI, vLLM).
-_COUNTS = re.compile(r"(\d+) tokens|batch size: (\d+)|context size \((\d+)")
+# Token counts in a refusal: "input (4801 tokens) ... (current batch size: 256)" and "input (1682
+# tokens) is larger than the max context size (1024 tokens)" (llama.cpp), "maximum context length
+# is 512 tokens. However, you requested 600 tokens" (vLLM). A count written "8,192" is not read.
+_COUNTS = re.compile(r"(?<![\d,])(\d+) tokens|batch size: (\d+)|context size \((\d+)")
 _MARGIN = 0.9  # tokens are not spread evenly over a text's characters
 
 

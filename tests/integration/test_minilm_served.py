@@ -19,7 +19,8 @@ PORT = model_server.EMBED_PORT + 1  # beside the SmolLM2 embedding server the se
 TEXTS = ["I moved to Lisbon last spring with my dog Rex.", "What is the capital of France?", "hello",
          "My sister Ana is allergic to peanuts, so we never cook with them at home.",
          "Élodie's café on the Rue Saint-Denis opened in 1998; she still bakes the croissants herself!"]
-LONG = "the river " * 400  # 4,000 characters, about 800 tokens: past the 256-token window
+# About 4,000 characters and 800 tokens, every window of it a different text: past the 256-token window.
+LONG = " ".join(f"the river bend number {n} where we camped" for n in range(100))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_a_long_text_is_cut_to_the_window_the_refusal_names_in_one_more_request(
     first = len(client.requests)  # the embedder asks one text's dimension when it is made
     long = served.embed([LONG])
     sent = [len(r[0]) for r in client.requests[first:]]
-    assert long.shape == (1, 384) and len(sent) == 2 and sent[0] == len(LONG) and 800 < sent[1] < 1300
+    assert long.shape == (1, 384) and len(sent) == 2 and sent[0] == len(LONG) and 900 < sent[1] < 1300
 
 
 def test_with_a_window_in_characters_a_long_text_is_sent_as_passages_that_fit_and_each_is_embedded(minilm):
@@ -75,5 +76,5 @@ def test_with_a_window_in_characters_a_long_text_is_sent_as_passages_that_fit_an
     spans = windows(LONG, 800, 32)
     assert len(client.requests) == first + 1 and [len(t) for t in client.requests[-1]] == [e - s for s, e in spans]
     assert [(s, e) for s, e, _ in passages] == spans[1:]
-    alone = served.embed([LONG[s:e] for s, e in spans])
+    alone = np.concatenate([served.embed([LONG[s:e]]) for s, e in spans])  # each in a request of its own
     assert np.allclose(np.stack([vector, *(v for _, _, v in passages)]), alone, atol=1e-5)

@@ -118,3 +118,17 @@ def test_text_without_spaces_is_cut_by_characters_and_sentences_not_to_nothing()
     assert all(counter.count(episode_line(e)) >= MIN_EXCERPT_TOKENS for e in kept)
     a, b = excerpt("一二三四五六七八九十" * 50, None, set(), 5, counter.count)
     assert 1 < b - a and counter.count(("一二三四五六七八九十" * 50)[a:b]) <= 5
+
+
+@pytest.mark.parametrize("dim", [384, 576, 1024, 1536, 2000])
+def test_a_turn_as_long_as_an_event_may_be_with_every_passage_it_may_carry_fits_a_decision(dim):
+    from memstream.schemas.events import MAX_DECISION_BYTES, MAX_MESSAGE_CHARS, passages_within
+
+    v = np.full(dim, dim ** -0.5, "<f4").tobytes()  # base64's length is the bytes' length's alone
+    n = passages_within(dim)
+    d = EpisodeRecorded(decision_id=uuid.uuid4(), source_event_id=uuid.uuid4(), source=LogPosition("t", 0, 1),
+                        recorded_at=WHEN, user_id="u" * 256, conversation_id="c" * 256, occurred_at=WHEN,
+                        user_message="é" * MAX_MESSAGE_CHARS, assistant_message="ü" * MAX_MESSAGE_CHARS,
+                        embedding=v, embedding_model="m" * 256,
+                        passages=[Passage(start=100_000 + i, end=199_000 + i, embedding=v) for i in range(n - 1)])
+    assert (n == 32) == (dim == 384) and len(encode(d)) <= MAX_DECISION_BYTES

@@ -14,20 +14,25 @@ from memstream.embedding.remote import shortened, windows
 LLAMA_CPP = ("Error code: 400 - {'error': {'code': 400, 'message': 'input (1000 tokens) is too large to process. "
              "increase the physical batch size (current batch size: 256)', 'type': 'invalid_request_error'}}")
 LLAMA_CPP_CONTEXT = "request (20462 tokens) exceeds the available context size (2048 tokens), try increasing it"
-OPENAI = ("Error code: 400 - This model's maximum context length is 8192 tokens, however you requested 16384 tokens "
-          "(16384 in your prompt; 0 for the completion).")
+LLAMA_CPP_SLOT = ("Error code: 400 - {'error': {'code': 400, 'message': 'input (1682 tokens) is larger than the max "
+                  "context size (1024 tokens). skipping', 'type': 'exceed_context_size_error'}}")
+VLLM = ("Error code: 400 - {'object': 'error', 'message': \"This model's maximum context length is 512 tokens. However, "
+        "you requested 600 tokens in the input for embedding generation.\", 'code': 400}")
+OPENAI = "Error code: 400 - {'error': {'message': \"Invalid 'input[0]': maximum input length is 8192 tokens.\"}}"
 
 
 @pytest.mark.parametrize("refusal, expected", [
     (LLAMA_CPP, int(4000 * 256 / 1000 * 0.9)),
     (LLAMA_CPP_CONTEXT, int(4000 * 2048 / 20462 * 0.9)),
-    (OPENAI, int(4000 * 8192 / 16384 * 0.9)),
+    (LLAMA_CPP_SLOT, int(4000 * 1024 / 1682 * 0.9)),
+    (VLLM, int(4000 * 512 / 600 * 0.9)),
 ])
 def test_a_refusal_naming_the_window_and_the_tokens_asked_cuts_by_their_ratio(refusal, expected):
     assert shortened(4000, refusal) == expected
 
 
-@pytest.mark.parametrize("refusal", ["input is too long", "input (300 tokens) is too large to process"])
+@pytest.mark.parametrize("refusal", ["input is too long", "input (300 tokens) is too large to process", OPENAI,
+                                     "maximum context length is 8,192 tokens, however you requested 9,000 tokens"])
 def test_a_refusal_that_does_not_name_both_halves_the_text(refusal):
     assert shortened(4000, refusal) == 2000
 
@@ -52,3 +57,14 @@ def test_a_passage_ends_and_the_next_begins_at_a_space_so_words_are_not_cut():
     assert len(spans) > 10
     for s, e in spans:
         assert (s == 0 or words[s - 1] == " ") and (e == len(words) or words[e] == " ")
+
+
+@pytest.mark.parametrize("refusal", [LLAMA_CPP, LLAMA_CPP_CONTEXT, LLAMA_CPP_SLOT, VLLM, OPENAI])
+def test_each_services_refusal_for_length_is_read_as_one(refusal):
+    import httpx
+    import openai
+
+    from memstream.embedding.remote import _too_long
+
+    response = httpx.Response(400, request=httpx.Request("POST", "http://127.0.0.1/v1/embeddings"))
+    assert _too_long(openai.BadRequestError(refusal, response=response, body=None))

@@ -20,7 +20,7 @@ from memstream.streams.log.records import Record
 class Scattered:
     """Every text its own direction (no two facts near in meaning): the slot rules decide alone."""
 
-    model_id = "scattered"
+    model_id, dim = "scattered", 384
 
     def embed(self, texts):
         out = []

@@ -29,7 +29,7 @@ from memstream.llm.protocols import (ExtractionClient, ModelRefused, ModelUnavai
 from memstream.llm.relations import RelationExtractionClient
 from memstream.schemas import (Decision, Event, MemoryForgotten, TurnRecorded)
 from memstream.schemas.errors import Retryable
-from memstream.schemas.events import CONTROL_TYPES, MAX_PASSAGES
+from memstream.schemas.events import CONTROL_TYPES, passages_within
 from memstream.streams.log.dead_letter import InputRefused
 from memstream.streams.log.errors import BrokerUnavailable, retried
 from memstream.streams.log.records import Record
@@ -225,7 +225,8 @@ class Formation:
         about their turns), and each turn's index in it."""
         said = [(i, t) for i, (_, t) in enumerate(turns) if isinstance(t, TurnRecorded)]
         texts = [episode_text(t) for _, t in said]
-        embed = lambda: asyncio.to_thread(embed_with_passages, self._embedder, texts, MAX_PASSAGES)  # noqa: E731
+        embed = lambda: asyncio.to_thread(embed_with_passages, self._embedder, texts,  # noqa: E731
+                                          passages_within(self._embedder.dim))
         return (retried("embedding episodes", embed) if said else asyncio.sleep(0, [])), {
             i: n for n, (i, _) in enumerate(said)}
 
