@@ -132,8 +132,10 @@ class OpenAIEmbedder:
         return _normalised(rows, self.dim)
 
     def _batched(self, batch: list[str]) -> list[list[float]]:
-        """``batch`` embedded; one the service refuses as too long is asked again in halves, so a
-        long text costs a few more calls, not one call for every text beside it."""
+        """``batch`` embedded; when the service refuses it as too long, each text is asked alone
+        (a refusal does not say which text it was, and a server has often embedded the texts
+        before it: halving the batch would embed them again at every level), and the one refused
+        is shortened (``_fitted``)."""
         try:
             return self._ask(batch)
         except self._openai.APIStatusError as exc:
@@ -141,8 +143,7 @@ class OpenAIEmbedder:
                 raise
             if len(batch) == 1:
                 return [self._fitted(batch[0], exc)]
-            half = len(batch) // 2
-            return self._batched(batch[:half]) + self._batched(batch[half:])
+            return [v for text in batch for v in self._batched([text])]
 
 
 _TOO_LONG = re.compile(r"too (large|long|many tokens)|maximum (context|input)|context length|exceeds|"

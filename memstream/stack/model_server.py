@@ -80,7 +80,7 @@ MODELS = {
     # Apache-2.0.
     "minilm": LocalModel("minilm", (minilm_gguf.SOURCE,),
                          "82c9dfc483ec9eae50595333ebfca0444afb8c43ea5f9bb671bec8b6739fea32", 90_897_920, "Apache-2.0",
-                         derive=minilm_gguf.write, embedding_only=True, window=256, window_chars=800),
+                         derive=minilm_gguf.write, embedding_only=True, window=256, window_chars=600),
 }
 
 

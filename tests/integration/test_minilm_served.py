@@ -78,3 +78,14 @@ def test_with_a_window_in_characters_a_long_text_is_sent_as_passages_that_fit_an
     assert [(s, e) for s, e, _ in passages] == spans[1:]
     alone = np.concatenate([served.embed([LONG[s:e]]) for s, e in spans])  # each in a request of its own
     assert np.allclose(np.stack([vector, *(v for _, _, v in passages)]), alone, atol=1e-5)
+
+
+def test_a_batch_refused_for_one_long_text_is_asked_text_by_text_and_embeds_each_as_alone(minilm):
+    client = Recorded(minilm)
+    served = OpenAIEmbedder(minilm, None, "minilm", client=client)
+    first = len(client.requests)
+    batch = served.embed([*TEXTS, LONG])
+    sizes = [len(r) for r in client.requests[first:]]
+    assert sizes == [len(TEXTS) + 1, *[1] * len(TEXTS), 1, 1]  # refused; each alone; the long one refused, then cut
+    alone = np.concatenate([served.embed([t]) for t in [*TEXTS, LONG]])
+    assert np.allclose(batch, alone, atol=1e-5)
