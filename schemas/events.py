@@ -38,7 +38,8 @@ MAX_DECISION_BYTES = MAX_EVENT_BYTES + 64 * 1024 + MAX_PASSAGES * PASSAGE_BYTES
 def passages_within(dim: int) -> int:
     """How many of a turn's windows carry a vector of ``dim`` dimensions: ``MAX_PASSAGES`` at
     384 (MiniLM), fewer for a larger vector, so its passages take no more of a decision's bytes."""
-    per = dim * 4 * 4 // 3 + PASSAGE_BYTES - 2048  # base64 of float32s, and what a passage adds
+    vector = lambda d: d * 4 * 4 // 3  # noqa: E731  (float32s as base64)
+    per = PASSAGE_BYTES - vector(384) + vector(dim)
     return max(1, min(MAX_PASSAGES, MAX_PASSAGES * PASSAGE_BYTES // per))
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
