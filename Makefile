@@ -16,6 +16,9 @@ PEERS_STAMP := $(PEERS_VENV)/.installed
 # mem0's pgvector store wants psycopg 3 and its pool (the pins of mem0ai[vector-stores]).
 PEERS_PKGS := "mem0ai==2.2.1" "psycopg[binary]>=3.2.8" "psycopg-pool>=3.2.6,<4" "graphiti-core[kuzu]==0.31.2"
 PEERS_ARGS ?=
+# A test starts about a hundred workers of three Python processes each, and many CLI commands:
+# without bytecode caches every one compiles memstream's modules again (0.2 s a process here).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install system-deps stack-up stack-down stack-status demo test test-unit test-integration test-slow test-chaos test-fuzz test-llm models bench bench-peers clean
 

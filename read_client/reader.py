@@ -368,7 +368,9 @@ class MemoryReader(Browsing):
             for n, s in enumerate(rerank(episodes, now, w)[:k], start=1)
         ]
 
-    async def _wait_for(self, after: LogPosition, timeout: float) -> bool:
+    async def _wait_for(self, after: LogPosition, timeout: float, quiet: bool = False) -> bool:
+        """Whether the read projections applied ``after`` within ``timeout``. A read that gives up
+        degrades, and says so as a warning; ``quiet`` (``caught_up``, whose caller is told) at DEBUG."""
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         deadline = t0 + timeout
@@ -386,8 +388,9 @@ class MemoryReader(Browsing):
                     log.exception("could not read projection positions while waiting for %s", after)
                 failed += 1
             if loop.time() >= deadline:
-                log.warning("read-your-writes wait for %s timed out after %.2fs (%d failed position reads)",
-                            after, loop.time() - t0, failed)
+                log.log(logging.DEBUG if quiet else logging.WARNING,
+                        "read-your-writes wait for %s timed out after %.2fs (%d failed position reads)",
+                        after, loop.time() - t0, failed)
                 return False
             await asyncio.sleep(min(delay, deadline - loop.time()))
             delay = min(delay * 2, 0.05)
@@ -472,7 +475,7 @@ class MemoryReader(Browsing):
             raise InvalidArgument(f"after must be a LogPosition, not {type(after).__name__}")
         if not 0 <= timeout <= 60:
             raise InvalidArgument(f"timeout must be 0..60 seconds, not {timeout!r}")
-        return await self._wait_for(after, timeout)
+        return await self._wait_for(after, timeout, quiet=True)
 
 
 def _passages(cands) -> dict:

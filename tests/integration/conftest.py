@@ -146,7 +146,7 @@ class Worker:
             if (any(".events/" in p for p in roles.get("formation", ()))
                     and any(".decisions/" in p for p in roles.get("projections", ()))):
                 return self.assigned()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.05)  # a start is about 2.5 s: a coarser look adds to every test
         raise AssertionError(f"worker got no partitions within {timeout}s:\n{self.log()[-3000:]}")
 
     def kill(self) -> None:

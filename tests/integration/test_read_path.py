@@ -500,7 +500,7 @@ async def test_a_closed_reader_refuses_to_read_instead_of_degrading_every_sectio
 
 
 async def test_after_waits_until_the_turns_facts_and_edges_are_applied_not_only_its_episode(settings, conn, dsn,
-                                                                                             workers, embedder):
+                                                                                             workers, embedder, caplog):
     w = workers()
     await w.wait_assigned()
     reader = await make_reader(dsn, settings, embedder)
@@ -515,8 +515,12 @@ async def test_after_waits_until_the_turns_facts_and_edges_are_applied_not_only_
         async with TurnLog(settings) as log:
             pos = await log.append(turn("rya", "I work at Acme.", 0))
         await wait_until(lambda: conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'rya'"), what="the fact")
-        early = await reader.read("rya", "c1", "where do I work?", after=pos, wait_timeout=1.0)
-        assert not early.caught_up
+        with caplog.at_level(logging.INFO, logger="memstream"):
+            early = await reader.read("rya", "c1", "where do I work?", after=pos, wait_timeout=1.0)
+            assert not early.caught_up and _warned(caplog, "timed out")
+            caplog.clear()
+            # Asked, not read: the caller is told, and polling it must not warn each time.
+            assert not await reader.caught_up(pos, timeout=0.3) and not _warned(caplog, "timed out")
         await held.rollback()
         ctx = await reader.read("rya", "c1", "where do I work?", after=pos, wait_timeout=30)
         assert ctx.caught_up
@@ -619,3 +623,7 @@ async def test_search_with_a_period_returns_more_of_one_topic_from_that_period_o
         await reader.close()
     assert len(every.episodes) == 12
     assert sorted(e.occurred_at for e in found.episodes) == [BASE + timedelta(minutes=m) for m in range(180, 420, 60)]
+
+
+def _warned(caplog, text: str) -> bool:
+    return any(r.levelno >= logging.WARNING and text in r.getMessage() for r in caplog.records)
