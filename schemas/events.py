@@ -309,6 +309,7 @@ class MemoriesUsed(Event, tag="MemoriesUsed", kw_only=True, frozen=True):
     episode_ids: Annotated[list[uuid.UUID], msgspec.Meta(max_length=100)] = []
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.fact_ids and not self.episode_ids:
             raise ValueError("MemoriesUsed names no fact and no episode")
 
@@ -343,6 +344,7 @@ class DecaySwept(_Control, tag="DecaySwept", kw_only=True, frozen=True):
     warmed: Annotated[list[uuid.UUID], msgspec.Meta(max_length=1000)] = []
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not (self.facts or self.cooled or self.warmed):
             raise ValueError("DecaySwept names no fact and no episode")
 

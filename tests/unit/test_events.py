@@ -235,3 +235,53 @@ def test_every_type_writes_the_version_it_is():
     for cls in (*EVENT_TYPES, *DECISION_TYPES):
         default = dict(zip(cls.__struct_fields__[-len(cls.__struct_defaults__):], cls.__struct_defaults__))
         assert default["schema_version"] == cls.SCHEMA_VERSION, cls.__name__
+
+
+_ID = str(uuid.uuid4())
+# Each event type's own fields, the least that is valid: every type the log takes is here.
+BODIES = {
+    "TurnRecorded": {"conversation_id": "c", "user_message": "hi", "assistant_message": ""},
+    "ReminderScheduled": {"reminder_id": _ID, "text": "call mum", "due_at": "2026-03-02T09:00:00Z"},
+    "ReminderResolved": {"reminder_id": _ID, "status": "done"},
+    "PersonIdentitySet": {"attributes": {"tone": "warm"}},
+    "ExpertIdentityUpserted": {"identity_id": "coach", "name": "Coach", "instructions": "Be brief."},
+    "ExpertIdentityDeleted": {"identity_id": "coach"},
+    "FactCorrected": {"actor": "user", "fact_id": _ID, "value": "Berlin"},
+    "FactForgotten": {"actor": "user", "fact_id": _ID},
+    "EpisodeForgotten": {"actor": "user", "turn_event_id": _ID},
+    "EdgeForgotten": {"actor": "user", "edge_id": _ID},
+    "UserForgotten": {"actor": "user"},
+    "MemoriesUsed": {"fact_ids": [_ID]},
+    "DecaySwept": {"actor": "operator", "sweep_id": _ID, "policy": "p", "cooled": [_ID]},
+    "ReflectRequested": {"actor": "operator", "sweep_id": _ID, "policy": "p",
+                         "clusters": [{"sources": [_ID, str(uuid.uuid4())], "observations": 2}]},
+}
+
+
+def test_the_envelope_bodies_cover_every_event_type():
+    from memstream.schemas.events import EVENT_TYPES
+
+    assert set(BODIES) == {cls.__name__ for cls in EVENT_TYPES}
+
+
+@pytest.mark.parametrize("name", sorted(BODIES))
+def test_every_event_type_refuses_a_time_no_store_holds_a_nul_and_the_wrong_key(name):
+    """Its own checks (a type that has some) must not replace the envelope's: a MemoriesUsed dated
+    9999-12-31T23:00-05:00 reached the log and stopped its partition's commands projection."""
+    from memstream.schemas.events import HOST_WIDE_TYPES, SYSTEM_USER
+
+    host_wide = name in {cls.__name__ for cls in HOST_WIDE_TYPES}
+
+    def record(**changes) -> bytes:
+        envelope = {"type": name, "event_id": str(new_event_id()), "user_id": SYSTEM_USER if host_wide else "u",
+                    "occurred_at": "2026-03-01T09:30:00Z", "schema_version": 1}
+        return json.dumps({**envelope, **BODIES[name], **changes}).encode()
+
+    assert type(decode_event(record())).__name__ == name
+    for changes, field in (({"occurred_at": "2026-03-01T09:30:00"}, "$.occurred_at"),
+                           ({"occurred_at": "9999-12-31T23:00:00-05:00"}, "$.occurred_at"),
+                           ({"conversation_id": "c\x00"}, "$.conversation_id"),
+                           ({"user_id": "u" if host_wide else SYSTEM_USER}, "$.user_id")):
+        with pytest.raises(InvalidEvent) as info:
+            decode_event(record(**changes))
+        assert str(info.value).startswith(field), (changes, info.value)
