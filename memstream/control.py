@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from memstream.schemas import (EdgeForgotten, EpisodeForgotten, FactCorrected, FactForgotten, LogPosition,
                                UserForgotten, new_event_id)
 from memstream.schemas.errors import InvalidArgument, MemstreamError
-from memstream.schemas.events import ERASURE_REASONS
+from memstream.schemas.events import ERASURE_REASONS, MAX_MESSAGE_CHARS
 
 class NotFound(MemstreamError, LookupError):
     """The id names nothing of this user's: unknown, or another user's (the message says which,
@@ -55,8 +55,11 @@ async def forget_fact(log, reader, user_id: str, fact_id: uuid.UUID, *, actor: s
     row = await _own(reader, "facts", user_id, fact_id)
     if row["status"] not in ("current", "archived"):  # archived: believed still, off the read path
         raise NotFound(f"fact {fact_id} is not current ({row['status']})")
-    return await log.append(FactForgotten(**_envelope(user_id, actor, reason), fact_id=fact_id,
-                                          attribute=row["attribute"], value=row["value"], keep_episodes=keep_episodes))
+    said = {"attribute": row["attribute"], "value": row["value"]}
+    if len(row["attribute"]) > 100 or len(row["value"]) > MAX_MESSAGE_CHARS:
+        said = {}  # longer than the request carries: found by its id alone
+    return await log.append(FactForgotten(**_envelope(user_id, actor, reason), fact_id=fact_id, **said,
+                                          keep_episodes=keep_episodes))
 
 
 async def episodes_of_fact(reader, user_id: str, fact_id: uuid.UUID) -> list:

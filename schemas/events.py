@@ -269,7 +269,8 @@ class FactForgotten(_Control, tag="FactForgotten", kw_only=True, frozen=True):
     schema_version: int = 2
     fact_id: uuid.UUID
     attribute: Annotated[str, msgspec.Meta(max_length=100)] | None = None
-    value: Annotated[str, msgspec.Meta(max_length=500)] | None = None
+    # As long as a fact's value can be (it is read from a message): a forget copies it.
+    value: Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_CHARS)] | None = None
     keep_episodes: bool = False
 
 

@@ -48,6 +48,15 @@ async def test_a_host_writes_reads_corrects_forgets_and_exports_through_one_memo
         assert "likes" not in {f.attribute for f in (await memory.memories("door")).items}
         assert (await memory.graph("door")).user_id == "door"
         assert (await memory.export_user("door", tmp_path / "door.jsonl"))["events"] >= 2
+        # A fact longer than a correction may be (a run-on sentence the rules read whole) is
+        # forgotten all the same: the forget carries what a fact's value can hold.
+        said = await memory.remember(user_id="door", conversation_id="c1", assistant_message="ok",
+                                     user_message="I like " + " ".join(f"word{n}" for n in range(120)) + ".")
+        assert await memory.caught_up(said, timeout=30)
+        [run_on] = [f for f in (await memory.memories("door")).items if f.attribute == "likes"]
+        assert len(run_on.value) > 500
+        assert await memory.caught_up(await memory.forget("door", fact_id=run_on.fact_id), timeout=30)
+        assert "likes" not in {f.attribute for f in (await memory.memories("door")).items}
         forgot = await memory.forget_user("door", reason="user_request")
         assert await memory.caught_up(forgot, timeout=30)
     await wait_until(lambda: _none_left(settings, dsn), what="the user forgotten")
