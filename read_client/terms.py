@@ -15,17 +15,24 @@ i i'm i've i'd i'll hi hello hey thanks thank ok okay so and but or if then also
 """.split())
 
 
+# Far more than the keyword search uses (its first 32 distinct words): a pasted document of
+# names stops here instead of being scanned whole on the read path.
+MAX_KEYWORD_TERMS = 256
+
+
 def keyword_terms(message: str) -> list[str]:
     """Capitalised words that are not sentence openers, words with inner capitals or digits,
-    and numbers; in order, without repeats."""
-    out: list[str] = []
+    and numbers; in order, without repeats, the first ``MAX_KEYWORD_TERMS``."""
+    out: dict[str, None] = {}
     for m in _TOKEN.finditer(message):
         tok = m.group(0)
         name = tok[0].isupper() and tok.lower() not in _OPENERS
         coded = any(c.isdigit() for c in tok) or (len(tok) > 1 and any(c.isupper() for c in tok[1:]))
-        if (name or coded) and tok not in out:
-            out.append(tok)
-    return out
+        if name or coded:
+            out[tok] = None
+            if len(out) == MAX_KEYWORD_TERMS:
+                break
+    return list(out)
 
 
 # Words that ask about the present or the recent past: only then does a turn's age count for or

@@ -116,6 +116,15 @@ def test_names_mode_searches_only_names_ids_and_numbers(message, terms):
     assert keyword_terms(message) == terms
 
 
+def test_a_message_of_thousands_of_names_gives_its_first_terms_once_each():
+    from memstream.read_client.terms import MAX_KEYWORD_TERMS, keyword_terms
+
+    # 31,000 distinct capitalised words (a pasted document): checked against a list, 7 s on the event loop.
+    words = [f"Name{n}" for n in range(31_000)]
+    got = keyword_terms(" ".join(["Kyoto", "Kyoto", *words]))
+    assert got == ["Kyoto", *words[:MAX_KEYWORD_TERMS - 1]]
+
+
 def test_tier_0_gets_what_no_later_forget_of_the_batch_forgot():
     from memstream.projections.episodes.core import episode_id
     from memstream.schemas import LogPosition, MemoryForgotten
