@@ -31,7 +31,7 @@ class TenantLimits:
 
     rate: float = Field(50.0, gt=0)  # requests per second, sustained
     burst: int = Field(100, ge=1)  # requests at once above the rate
-    concurrent: int = Field(16, ge=1)  # reads and waits in flight at once
+    concurrent: int = Field(16, ge=1)  # requests that read the stores, in flight at once
     forgets_per_minute: int = Field(60, ge=1)
 
 

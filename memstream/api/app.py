@@ -131,7 +131,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         return who
 
     async def reading(who: Principal = Depends(caller)):
-        """A read or a wait of the caller's tenant in flight (``limits.reading``)."""
+        """A request of the caller's tenant that holds the reader's pool, in flight
+        (``limits.reading``): reads, waits, browsing, and the look-ups a correct or forget makes."""
         with limits.reading(who.tenant):
             yield
 
@@ -193,7 +194,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         """Who this key is: its name, and its tenant (none for an operator key)."""
         return Me(name=who.name, tenant=who.tenant, operator=who.operator)
 
-    @app.get("/v1/users", response_model=UserPage, tags=["users"])
+    @app.get("/v1/users", response_model=UserPage, tags=["users"], dependencies=[Depends(reading)])
     async def users(prefix: str | None = None, limit: int = 50, cursor: str | None = None,
                     who: Principal = Depends(caller)):
         """The users with remembered turns that this key reaches, in byte order of their ids
@@ -204,12 +205,12 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
                                             f"(prefix '{own}...')")
         return await state["reader"].users(own if prefix is None else prefix, limit=limit, cursor=cursor)
 
-    @app.get("/v1/users/{user_id}", response_model=UserOverview, tags=["users"])
+    @app.get("/v1/users/{user_id}", response_model=UserOverview, tags=["users"], dependencies=[Depends(reading)])
     async def overview(user_id: str = Depends(user)):
         """The user's profile, person identity and memory in numbers."""
         return await state["reader"].overview(user_id)
 
-    @app.get("/v1/users/{user_id}/graph", response_model=Graph, tags=["read"])
+    @app.get("/v1/users/{user_id}/graph", response_model=Graph, tags=["read"], dependencies=[Depends(reading)])
     async def graph(valid_time: datetime | None = None, recorded_time: datetime | None = None,
                     user_id: str = Depends(user)):
         """The relationship graph as it was: edges true at ``valid_time`` as believed at
@@ -282,7 +283,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         """One page of what memstream holds about the user, oldest first."""
         return await state["reader"].memories(user_id, kind, include_history=include_history, limit=limit, cursor=cursor)
 
-    @app.get("/v1/users/{user_id}/facts/{fact_id}/history", response_model=list[FactVersion], tags=["memories"])
+    @app.get("/v1/users/{user_id}/facts/{fact_id}/history", response_model=list[FactVersion], tags=["memories"],
+             dependencies=[Depends(reading)])
     async def history(fact_id: uuid.UUID, user_id: str = Depends(user)):
         """Every version of the fact's lineage, oldest first, with why each began and ended."""
         from memstream.control import NotFound, _own
@@ -293,7 +295,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             raise Problem(404, "Not found", exc.public) from None
         return await state["reader"].fact_history(user_id, fact_id)
 
-    @app.get("/v1/users/{user_id}/facts/{fact_id}/episodes", response_model=list[Episode], tags=["memories"])
+    @app.get("/v1/users/{user_id}/facts/{fact_id}/episodes", response_model=list[Episode], tags=["memories"],
+             dependencies=[Depends(reading)])
     async def fact_episodes(fact_id: uuid.UUID, user_id: str = Depends(user)):
         """The remembered turns the fact was read from, oldest first: what forgetting it forgets
         with it, unless the forget keeps them."""
@@ -305,14 +308,15 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             raise Problem(404, "Not found", exc.public) from None
 
     @app.post("/v1/users/{user_id}/facts/{fact_id}/correct", status_code=202, response_model=Appended,
-              tags=["memories"])
+              tags=["memories"], dependencies=[Depends(reading)])
     async def correct(fact_id: uuid.UUID, body: CorrectIn, user_id: str = Depends(user),
                       who: Principal = Depends(caller)):
         """Correct a fact: a new, explicit version (applied once the facts projection catches up)."""
         return await appended(state["memory"].correct(user_id, fact_id, body.value, text=body.text,
                                                       actor=actor(body.actor, who), reason=body.reason))
 
-    @app.post("/v1/users/{user_id}/forget", status_code=202, response_model=Appended, tags=["memories"])
+    @app.post("/v1/users/{user_id}/forget", status_code=202, response_model=Appended, tags=["memories"],
+              dependencies=[Depends(reading)])
     async def forget(body: ForgetIn, user_id: str = Depends(user), who: Principal = Depends(caller)):
         """Forget one fact, episode or edge (exactly one of the ids). A fact takes the edges stating
         it and the turns it was read from (``GET .../facts/{id}/episodes``) with it, unless

@@ -4,9 +4,11 @@ Three limits, each per tenant (an operator key has none), each answered with 429
 ``Retry-After`` at once, never by queueing (a queue would hold the caller's connection, and
 the shared pools behind it, for as long as the limit is hit):
 * requests per second, a token bucket of ``rate`` with a burst of ``burst``;
-* reads and waits in flight at once (context, search, caught-up, memories, export): a read that
-  waits for a position never reached holds a connection of the reader's shared pool for its
-  timeout, so a tenant gets ``concurrent`` of them, not the pool;
+* requests in flight at once that use the reader's shared pool (reads, waits, browsing — users,
+  overview, graph, memories, history — and a correct's or forget's look-up; an export, one at a
+  time): a read that waits for a position never reached holds a connection for its timeout, and
+  a heavy user's overview scans their whole partition, so a tenant gets ``concurrent`` of them,
+  not the pool;
 * forgets per minute (of a memory or a user): each costs every projection a transaction.
 """
 from __future__ import annotations
@@ -64,12 +66,12 @@ class Limits:
 
     @contextlib.contextmanager
     def reading(self, tenant: str | None):
-        """One read or wait of ``tenant`` in flight for the block."""
+        """One request of ``tenant`` reading the stores, in flight for the block."""
         if tenant is None:
             yield
             return
         if self._in_flight.get(tenant, 0) >= self._s.concurrent:
-            raise Limited(f"more than {self._s.concurrent} reads and waits at once", 1.0)
+            raise Limited(f"more than {self._s.concurrent} requests reading the stores at once", 1.0)
         self._in_flight[tenant] = self._in_flight.get(tenant, 0) + 1
         try:
             yield

@@ -142,6 +142,11 @@ async def test_one_tenants_waits_and_forgets_neither_stall_another_tenant_nor_th
         await asyncio.sleep(0.5)
         assert sum(not x.done() for x in waits) == settings.api_limits.concurrent
         loaded = await b_reads()
+        # Browsing reads the same pool: refused to A while its waits hold its share, B's answered.
+        for path in ("/v1/users/acme:bo", "/v1/users/acme:bo/graph", "/v1/users?prefix=acme:"):
+            busy = await client.get(path, headers={"Authorization": a})
+            assert busy.status_code == 429 and "reading the stores at once" in busy.json()["detail"], busy.text
+        assert (await client.get("/v1/users/globex:bo", headers={"Authorization": b})).status_code == 200
         refused = [r for r in await asyncio.gather(*[x for x in waits if x.done()])]
         assert len(refused) >= 300 - settings.api_limits.concurrent
         assert all(r.status_code == 429 and r.headers["retry-after"] for r in refused)
