@@ -247,6 +247,7 @@ _CRASH = re.compile(r"terminated by signal|was terminated by exception|PANIC:|ex
 # What a forget needs of the server (docs/erasure.md), the same in docker-compose.yml: a WAL
 # segment past its checkpoint is deleted, not renamed for reuse with the old bytes in it; the
 # server log names no value from a constraint error's DETAIL (a user id in a key).
+REDIS_MAJOR = "7"  # docker-compose.yml's image; a local redis-server of another is used, and named
 ERASURE_SETTINGS = {"wal_recycle": "off", "log_error_verbosity": "terse"}
 
 
@@ -401,6 +402,10 @@ class Redis:
             log.info("redis already answers on %s; reusing it", self.address)
             return
         server = self.install()
+        said = subprocess.run([server, "--version"], capture_output=True, text=True).stdout
+        if (major := re.search(r"v=(\d+)\.", said)) and major[1] != REDIS_MAJOR:
+            log.warning("redis-server %s is not Redis %s, which production runs (docker-compose.yml): "
+                        "what the tests prove of Redis holds for that one", major[1], REDIS_MAJOR)
         self.dir.mkdir(parents=True, exist_ok=True)
         subprocess.run(
             [server, "--bind", "127.0.0.1", "--port", str(self.port), "--daemonize", "yes",

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.metadata
+import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -168,7 +170,7 @@ def serve(model: LocalModel, cache: Path, port: int = CHAT_PORT, *, parallel: in
     params.port = port
     params.n_parallel = parallel
     params.n_ctx = parallel * model.window
-    params.cpuparams.n_threads = threads or max(1, (os.cpu_count() or 2))
+    params.cpuparams.n_threads = threads or usable_cpus()
     params.cpuparams_batch.n_threads = params.cpuparams.n_threads
     params.use_jinja = True
     params.sampling.temp = 0.0
@@ -193,6 +195,32 @@ def answers(port: int, timeout: float = 1.0) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may run on: its affinity, bounded by its cgroup's quota. Not
+    ``os.cpu_count()``: in a container given 2 of a host's 32 cores, 32 threads that spin on a
+    barrier make each token many times slower."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            n = min(n, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass  # cgroup v1, or none: the affinity
+    return max(1, n)
+
+
+def serving(port: int, timeout: float = 1.0) -> str | None:
+    """The model a server on ``port`` serves, by its file's name (``serve`` loads ``<name>.gguf``),
+    or None: nothing answers, or not as llama.cpp's server does. Whether it embeds is not said."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=timeout) as r:
+            listed = json.load(r).get("data") or []
+    except (OSError, ValueError):
+        return None
+    first = listed[0] if listed and isinstance(listed[0], dict) else {}
+    return Path(str(first.get("id", ""))).stem or None
 
 
 def start(model: str, cache: Path, port: int = CHAT_PORT, *, wait_s: float = 120.0, log_path: Path | None = None,

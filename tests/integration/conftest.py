@@ -49,6 +49,9 @@ def chat_model():
     from memstream.stack import model_server
 
     if model_server.answers(model_server.CHAT_PORT):
+        if (found := model_server.serving(model_server.CHAT_PORT)) != "smollm2-135m":
+            pytest.fail(f"port {model_server.CHAT_PORT} serves {found or 'something else'}, not smollm2-135m: "
+                        "stop it (an eval's or make test-llm's model server) and run the tests again")
         yield f"http://127.0.0.1:{model_server.CHAT_PORT}/v1"
         return
     proc = model_server.start("smollm2-135m", HOME / "models", log_path=HOME / "model-server.log")

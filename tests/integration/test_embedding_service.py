@@ -27,6 +27,9 @@ pytestmark = pytest.mark.asyncio
 @pytest.fixture(scope="module")
 def embedding_model():
     if model_server.answers(model_server.EMBED_PORT):
+        if (found := model_server.serving(model_server.EMBED_PORT)) != "smollm2-135m":
+            pytest.fail(f"port {model_server.EMBED_PORT} serves {found or 'something else'}, not smollm2-135m: "
+                        "stop it (an eval's model server) and run the tests again")
         yield f"http://127.0.0.1:{model_server.EMBED_PORT}/v1"
         return
     proc = model_server.start("smollm2-135m", HOME / "models", model_server.EMBED_PORT, embedding=True,

@@ -28,10 +28,10 @@ async def test_a_host_writes_reads_corrects_forgets_and_exports_through_one_memo
         pos = await memory.remember(user_id="door", conversation_id="c1", user_message="I live in Porto.",
                                     assistant_message="Nice!")
         [later] = await memory.remember_many([memory_turn("I like green tea.")])
-        ctx = await memory.read("door", "c1", "where do I live?", after=later)
+        ctx = await memory.read("door", "c1", "where do I live?", after=later, wait_timeout=30)
         assert ctx.caught_up and any("Porto" in f.text for f in ctx.facts)
         assert "User: where do I live?" in memory.render_prompt(ctx, "where do I live?")
-        assert await memory.caught_up(pos)
+        assert await memory.caught_up(pos, timeout=30)
         found = await memory.search("door", "tea")
         assert found.facts
         facts = {f.attribute: f for f in (await memory.memories("door")).items}

@@ -68,8 +68,6 @@ async def test_a_tenant_scoped_server_serves_only_the_user_its_host_names(settin
     import socket
     import subprocess
 
-    import httpx2
-
     with contextlib.closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

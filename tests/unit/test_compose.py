@@ -5,8 +5,6 @@ services run exist."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from importlib import resources
 from pathlib import Path
 
@@ -65,11 +63,11 @@ def test_postgres_and_pgvector_are_the_local_stacks():
     assert image("postgres") == ("pgvector/pgvector", f"{pgvector}-pg{install.name.removeprefix('pginstall')}")
 
 
-def test_redis_has_the_local_stacks_major_version():
-    found = shutil.which("redis-server")
-    assert found, "redis-server is part of the local stack (.ci/run installs it)"
-    local = re.search(r"v=(\d+)\.", subprocess.run([found, "--version"], capture_output=True, text=True).stdout)[1]
-    assert image("redis") == ("redis", local)
+def test_redis_is_the_major_version_the_local_stack_is_built_for():
+    # The distro's redis-server may be another (the stack warns): this machine's is not the contract.
+    from memstream.stack.launcher import REDIS_MAJOR
+
+    assert image("redis") == ("redis", REDIS_MAJOR)
 
 
 def test_the_commands_its_services_run_exist_and_their_options_parse():

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from memstream.config import Settings
@@ -60,6 +62,8 @@ def test_every_setting_survives_the_trip_to_a_child_workers_environment(monkeypa
                  read_fact_weights=Settings().read_fact_weights.__class__(recency=0.3))
     monkeypatch.setenv("MEMSTREAM_REDIS_URL", "redis://stale:1/0")  # inherited, but not this run's
     env = worker_env(s.model_copy(update={"redis_url": "redis://fresh:2/0"}))
+    for name in [n for n in os.environ if n.startswith("MEMSTREAM_") and n not in env]:
+        monkeypatch.delenv(name)  # the child would not see it either (a developer's own settings)
     for name in list(env):
         if name.startswith("MEMSTREAM_"):
             monkeypatch.setenv(name, env[name])

@@ -128,8 +128,7 @@ async def test_a_turn_cancelled_as_its_model_call_fails_is_not_retried(call):
                                     resolver=OfflineResolver(), dead_letters=None, pool=None, barrier=None,
                                     record_position=False, turn_extractor=turn_model)
     await f.start([turn(0)])
-    await asyncio.wait_for(asyncio.sleep(0.01), 1)
-    await asyncio.wait_for(model.abandoning, 5)
+    await asyncio.wait_for(abandoned(model), 5)
     await asyncio.sleep(0.5)  # past the retry's backoff
     assert model.calls == 1
 
@@ -153,3 +152,11 @@ async def test_process_raises_for_what_was_abandoned():
     asked = model.asked
     await asyncio.sleep(0.2)
     assert model.asked == asked  # nothing of it still running
+
+
+async def abandoned(model) -> None:
+    """Once the model's first call has asked formation to abandon (its first call comes after an
+    embedding in a thread: no fixed sleep is long enough on every machine), until that is done."""
+    while getattr(model, "abandoning", None) is None:
+        await asyncio.sleep(0.005)
+    await model.abandoning

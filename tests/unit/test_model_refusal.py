@@ -132,8 +132,7 @@ async def test_a_turn_given_up_as_its_partitions_are_revoked_stops_nothing(turn_
     f, produced, letters = formation(model, turn_model=turn_model, attempts=1, on_fatal=fatal.append)
     model.formation = f
     await f.start([turn(0, "garbled")])
-    await asyncio.sleep(0.01)
-    await asyncio.wait_for(model.abandoning, 5)
+    await asyncio.wait_for(abandoned(model), 5)
     await asyncio.sleep(0.3)
     assert (fatal, produced.decisions, letters.letters, model.asked) == ([], [], [], {"garbled": 1})
 
@@ -171,3 +170,11 @@ async def test_an_outage_of_the_models_service_waits_and_gives_up_no_turn():
     with pytest.raises(asyncio.TimeoutError):  # every call fails: nobody's turn is the one at fault
         await asyncio.wait_for(f.process([turn(0, "garbled in Oslo.", "ana"), turn(1, "garbled in Porto.", "bo")]), 2)
     assert letters.letters == [] and produced.decisions == []
+
+
+async def abandoned(model) -> None:
+    """Once the model's first call has asked formation to abandon (its first call comes after an
+    embedding in a thread: no fixed sleep is long enough on every machine), until that is done."""
+    while getattr(model, "abandoning", None) is None:
+        await asyncio.sleep(0.005)
+    await model.abandoning
