@@ -191,8 +191,12 @@ async def run_demo(base: Settings, users: int = 3) -> None:
             for user in list(SCRIPT)[:users]:
                 conversation = f"{user}-s{len(SCRIPT[user])}"
                 for i, question in enumerate(QUESTIONS[user]):
+                    if i == 0:  # up to two minutes on a slow first run (one wait is a minute at most)
+                        for _ in range(2):
+                            if await reader.caught_up(last[user], timeout=60):
+                                break
                     ctx = await reader.read(user, conversation, question,
-                                            after=last[user] if i == 0 else None, wait_timeout=120)
+                                            after=last[user] if i == 0 else None, wait_timeout=1)
                     if not ctx.caught_up:
                         if crashes := stack.postgres.crashes(since=crash_mark):
                             raise click.ClickException(

@@ -12,6 +12,8 @@ from memstream.schemas.errors import InvalidArgument, not_utf8
 from memstream.schemas.events import STORABLE_TIMES, in_range
 from memstream.schemas.read_models import AsOf
 
+MAX_K = 100  # of each kind a read returns; more is not a context
+
 
 def check_user(user_id) -> None:
     """A user's id as the log takes it: a non-empty string, storable, not the host-wide key."""
@@ -35,12 +37,12 @@ def check_read(user_id, conversation_id, message, *, after, k, k_facts, k_edges,
         if isinstance(value, str):
             storable(name, value)
     for name, value, least in (("k", k, 1), ("k_facts", k_facts, 0), ("k_edges", k_edges, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise InvalidArgument(f"{name} must be an integer >= {least}, not {value!r}")
-    if after is not None and not isinstance(after, LogPosition):
-        raise InvalidArgument(f"after must be the LogPosition an append returned, not {type(after).__name__}")
-    if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float)) or not wait_timeout >= 0:
-        raise InvalidArgument(f"wait_timeout must be a number of seconds >= 0, not {wait_timeout!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_K:
+            raise InvalidArgument(f"{name} must be an integer from {least} to {MAX_K}, not {value!r}")
+    if after is not None:
+        check_position("after", after)
+    if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float)) or not 0 <= wait_timeout <= 60:
+        raise InvalidArgument(f"wait_timeout must be a number of seconds from 0 to 60, not {wait_timeout!r}")
     times = [("now", now)]
     if isinstance(as_of, AsOf):
         times += [("as_of.valid_time", as_of.valid_time), ("as_of.recorded_time", as_of.recorded_time)]
@@ -54,6 +56,15 @@ def check_read(user_id, conversation_id, message, *, after, k, k_facts, k_edges,
 
 
 SEARCH_KINDS = ("facts", "episodes", "edges")
+
+
+def check_position(name: str, position) -> None:
+    """A ``LogPosition`` as an append returns one: a wait for any other is never over."""
+    if not isinstance(position, LogPosition):
+        raise InvalidArgument(f"{name} must be the LogPosition an append returned, not {type(position).__name__}")
+    if not isinstance(position.topic, str) or not position.topic or any(
+            not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in (position.partition, position.offset)):
+        raise InvalidArgument(f"{name} must name a topic and a partition and offset >= 0, not {position!r}")
 
 
 def check_search(user_id, query, *, kinds, k, as_of, now, since=None, until=None) -> None:

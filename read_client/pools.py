@@ -36,6 +36,13 @@ async def connect_pools(dsn: str, schema: str, deadline_s: float = READ_DEADLINE
     return pool, text_pool
 
 
+async def close_pools(pool: asyncpg.Pool, text_pool: asyncpg.Pool) -> None:
+    """Both of a reader's pools (a reader given one pool for both closes it once)."""
+    await pool.close()
+    if text_pool is not pool:
+        await text_pool.close()
+
+
 async def prepare_text_lane(conn: asyncpg.Connection) -> None:
     """Runs the text lane's statements once on a new ``text_pool`` connection (``create_pool``'s
     ``prepare``): with generic plans each is planned at its first execution, the keyword ones

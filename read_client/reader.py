@@ -24,11 +24,11 @@ from memstream.projections.profile import query as profile_q
 from memstream.read_client.as_of import EARLIEST, LATEST, believed, both_axes, channel_args, within
 from memstream.read_client.browsing import Browsing
 from memstream.read_client.memories import ranked_edge
-from memstream.read_client.arguments import SEARCH_KINDS, check_read, check_search
+from memstream.read_client.arguments import SEARCH_KINDS, check_position, check_read, check_search
 from memstream.read_client.budget import Budgets, TokenCounter, pack, pack_episodes
 from memstream.read_client.lanes import Bounded, Channels
 from memstream.read_client.metrics import ReadMetrics, tracer
-from memstream.read_client.pools import connect_pools, prepare_text_lane
+from memstream.read_client.pools import close_pools, connect_pools, prepare_text_lane
 from memstream.read_client.retrieval_gate import needs_retrieval
 from memstream.read_client.terms import asks_about_now, keyword_terms
 from memstream.read_client.render import edge_line, episode_line, render_context
@@ -111,13 +111,17 @@ class MemoryReader(Browsing):
 
         redact_logs()
         dsn = dsn or settings.dsn()
+        embedder = embedder or embedder_for(settings, settings.read_embed_threads)  # may fail: before any pool
         pool, text_pool = await connect_pools(dsn, settings.postgres_schema, settings.read_deadline_s)
-        redis = redis_client.connect(settings.redis_url, timeout_s=0.5)
-        return cls(pool=pool, redis=redis, embedder=embedder or embedder_for(settings, settings.read_embed_threads),
-                   schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool,
-                   fact_weights=settings.read_fact_weights, episode_weights=settings.read_episode_weights,
-                   budgets=settings.read_budgets, keyword_mode=settings.read_keyword_mode, metrics=metrics,
-                   deadline_s=settings.read_deadline_s)
+        try:  # a host that retries a failed connect must not leak ten connections a try (Redis's is lazy)
+            return cls(pool=pool, redis=redis_client.connect(settings.redis_url, timeout_s=0.5), embedder=embedder,
+                       schema=settings.postgres_schema, tier0_turns=settings.tier0_turns, text_pool=text_pool,
+                       fact_weights=settings.read_fact_weights, episode_weights=settings.read_episode_weights,
+                       budgets=settings.read_budgets, keyword_mode=settings.read_keyword_mode, metrics=metrics,
+                       deadline_s=settings.read_deadline_s)
+        except BaseException:
+            await close_pools(pool, text_pool)
+            raise
 
     prepare_text_lane = staticmethod(prepare_text_lane)
 
@@ -141,9 +145,7 @@ class MemoryReader(Browsing):
     async def close(self) -> None:
         self._closed = True
         self._embed_pool.shutdown(wait=False)
-        await self._pool.close()
-        if self._text_pool is not self._pool:
-            await self._text_pool.close()
+        await close_pools(self._pool, self._text_pool)
         if self._redis is not None:
             await self._redis.aclose()
 
@@ -369,8 +371,7 @@ class MemoryReader(Browsing):
         ]
 
     async def _wait_for(self, after: LogPosition, timeout: float, quiet: bool = False) -> bool:
-        """Whether the read projections applied ``after`` within ``timeout``. A read that gives up
-        degrades, and says so as a warning; ``quiet`` (``caught_up``, whose caller is told) at DEBUG."""
+        """Whether ``after`` was applied within ``timeout``; if not, a warning (``quiet``: DEBUG)."""
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         deadline = t0 + timeout
@@ -471,9 +472,8 @@ class MemoryReader(Browsing):
     async def caught_up(self, after: LogPosition, timeout: float = 5.0) -> bool:
         """Whether every read projection has applied ``after`` (a position an append returned),
         waiting up to ``timeout`` seconds: for a caller that shows a change once it is visible."""
-        if not isinstance(after, LogPosition):
-            raise InvalidArgument(f"after must be a LogPosition, not {type(after).__name__}")
-        if not 0 <= timeout <= 60:
+        check_position("after", after)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= 60:
             raise InvalidArgument(f"timeout must be 0..60 seconds, not {timeout!r}")
         return await self._wait_for(after, timeout, quiet=True)
 

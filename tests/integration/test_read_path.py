@@ -628,3 +628,24 @@ async def test_search_with_a_period_returns_more_of_one_topic_from_that_period_o
 
 def _warned(caplog, text: str) -> bool:
     return any(r.levelno >= logging.WARNING and text in r.getMessage() for r in caplog.records)
+
+
+async def test_a_connect_that_fails_after_its_pools_opened_closes_them(settings, dsn, conn, embedder, monkeypatch):
+    """A host retrying a connect that fails (a tokenizer file missing, say) kept ten connections a try."""
+    async def backends() -> int:
+        return await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                   "AND backend_type = 'client backend'")
+
+    async def settled() -> bool:  # a killed worker of an earlier test may still be leaving: fewer is fine
+        return await backends() <= before
+
+    before = await backends()
+
+    def fails(self, **_):
+        raise OSError("no tokenizer here")
+
+    monkeypatch.setattr(MemoryReader, "__init__", fails)
+    for _ in range(3):
+        with pytest.raises(OSError, match="no tokenizer"):
+            await MemoryReader.connect(settings, dsn, embedder=embedder)
+    await wait_until(settled, timeout=10, what="the pools' connections closed")

@@ -6,6 +6,7 @@ import pytest
 
 from memstream.read_client import MemoryReader
 from memstream.read_client.budget import Budgets
+from memstream.schemas import LogPosition
 from memstream.schemas.read_models import AsOf
 
 NAIVE = datetime(2026, 1, 1)
@@ -37,11 +38,14 @@ GOOD = {"user_id": "u", "conversation_id": "c", "message": "where do I live?"}
     ({"message": "where do I live?\x00"}, "message must not contain NUL"),  # the keyword sections degraded
     ({"message": "where \ud800 do I live?"}, "message is not valid Unicode"),  # every vector section degraded
     ({"user_id": "u\x00"}, "user_id must not contain NUL"),
-    ({"k": 0}, "k must be an integer >= 1"),
-    ({"k_facts": -1}, "k_facts must be an integer >= 0"),  # sliced as [:-1] it returned all but one
-    ({"k_edges": 2.5}, "k_edges must be an integer >= 0"),
+    ({"k": 0}, "k must be an integer from 1 to 100"),
+    ({"k_edges": 2**80}, "k_edges must be an integer from 0 to 100"),  # overflowed SQL LIMIT: a degraded section
+    ({"k_facts": -1}, "k_facts must be an integer from 0 to 100"),  # sliced as [:-1] it returned all but one
+    ({"k_edges": 2.5}, "k_edges must be an integer from 0 to 100"),
     ({"after": 17}, "after must be the LogPosition"),
-    ({"wait_timeout": -1}, "wait_timeout must be a number of seconds >= 0"),
+    ({"after": LogPosition("t", -5, "x")}, "after must name a topic and a partition and offset >= 0"),
+    ({"wait_timeout": -1}, "wait_timeout must be a number of seconds from 0 to 60"),
+    ({"wait_timeout": float("inf")}, "wait_timeout must be a number of seconds from 0 to 60"),  # never returned
     ({"now": NAIVE}, "now must be a timezone-aware datetime"),  # failed mid-rerank, after every statement
     ({"as_of": NAIVE}, "as_of must be a timezone-aware datetime"),
     ({"as_of": AsOf(valid_time=AWARE, recorded_time=NAIVE)}, "as_of.recorded_time must be a timezone-aware"),
@@ -90,7 +94,8 @@ def test_search_refuses_bad_arguments_before_any_io(reader, change, says):
     (lambda r: r.graph("u", NAIVE), "as_of must be a timezone-aware datetime"),
     (lambda r: r.graph("u", AsOf(recorded_time=NAIVE)), "as_of.recorded_time must be a timezone-aware"),
     (lambda r: r.graph("u", "2026-01-01"), "as_of must be a timezone-aware datetime"),
-    (lambda r: r.caught_up(("t", 0, 1)), "after must be a LogPosition"),
+    (lambda r: r.caught_up(("t", 0, 1)), "after must be the LogPosition"),
+    (lambda r: r.caught_up(LogPosition("t", 0, 1), timeout="5"), "timeout must be 0..60 seconds"),
 ])
 def test_the_inspectors_reads_refuse_bad_arguments_before_any_io(reader, call, says):
     with pytest.raises(ValueError, match=says):
