@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+import asyncpg
 import fastapi_offline
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,6 +48,8 @@ from memstream.schemas.read_models import (AsOf, Episode, FactVersion, Graph, Me
 log = logging.getLogger("memstream.api")
 
 LIVE_LOG_FRESH_S = 1.0  # a move of the log to more partitions is seen by then
+LIVE_LOG_AGAIN_S = 0.1  # a request naming a topic not the held one asks again, but no oftener
+LIVE_LOG_LOOKUP_S = 2.0  # past this the held topics serve (a Postgres that stopped answering)
 
 
 def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | None = None,
@@ -334,16 +337,37 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         return await appended(state["memory"].forget_user(user_id, actor="operator" if who.operator else "host",
                                                           reason=reason))
 
+    looking = asyncio.Lock()
+
     async def live(fresh: bool = False) -> Settings:
         """The settings with the topics the log lives in now (it may have moved since start) and
-        this app's database, looked up at most once a second (not a connection per request)."""
+        this app's database: looked up by one request at a time, at most once a second (or, for
+        a request naming another topic, ``fresh``, once a tenth), and for ``LIVE_LOG_LOOKUP_S`` at
+        most: then the topics held serve, so a stalled Postgres holds no request for a minute."""
         from memstream.streams.log.log_topics import live_log_at
 
-        held = state.get("live")
-        if fresh or held is None or time.monotonic() - held[1] > LIVE_LOG_FRESH_S:
-            found = await live_log_at(settings.model_copy(update={"postgres_dsn": state["dsn"]}), state["dsn"])
-            state["live"] = held = (found, time.monotonic())
-        return held[0]
+        def held_if_fresh() -> Settings | None:
+            held = state.get("live")
+            if held is not None and time.monotonic() - held[1] <= (LIVE_LOG_AGAIN_S if fresh else LIVE_LOG_FRESH_S):
+                return held[0]
+            return None
+
+        if (found := held_if_fresh()) is not None:
+            return found
+        async with looking:
+            if (found := held_if_fresh()) is not None:  # another request looked meanwhile
+                return found
+            try:
+                async with asyncio.timeout(LIVE_LOG_LOOKUP_S):
+                    found = await live_log_at(settings.model_copy(update={"postgres_dsn": state["dsn"]}), state["dsn"])
+            except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+                if "live" not in state:
+                    raise Problem(503, "Unavailable", "the log's topics could not be looked up: Postgres does not "
+                                                      "answer") from None
+                log.warning("the log's topics could not be looked up (%s): the ones held serve", type(exc).__name__)
+                return state["live"][0]
+            state["live"] = (found, time.monotonic())
+            return found
 
     @app.get("/v1/users/{user_id}/export", tags=["memories"], response_class=FileResponse)
     async def export(user_id: str = Depends(user), who: Principal = Depends(caller)):
