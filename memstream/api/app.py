@@ -19,7 +19,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-import asyncpg
 import fastapi_offline
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -135,7 +134,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
 
     async def reading(who: Principal = Depends(caller)):
         """A request of the caller's tenant that holds the reader's pool, in flight
-        (``limits.reading``): reads, waits, browsing, and the look-ups a correct or forget makes."""
+        (``limits.reading``): reads, waits, browsing, a correct or forget (its look-up and append)."""
         with limits.reading(who.tenant):
             yield
 
@@ -233,6 +232,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         # Positions of the log appends return, nothing else; looked up afresh before refusing
         # one (the log may have moved within the second ``live`` keeps what it found).
         if p.topic != (await live()).events_topic and p.topic != (await live(fresh=True)).events_topic:
+            if state.get("live_failed"):  # the log may have moved: not the caller's mistake, maybe
+                raise Problem(503, "Unavailable", "the log's topics could not be looked up: try again")
             raise Problem(400, "Invalid argument", f"{name}.topic must be the log's events topic, not {p.topic!r}")
         return LogPosition(p.topic, p.partition, p.offset)
 
@@ -360,13 +361,16 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             try:
                 async with asyncio.timeout(LIVE_LOG_LOOKUP_S):
                     found = await live_log_at(settings.model_copy(update={"postgres_dsn": state["dsn"]}), state["dsn"])
-            except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+            except Exception as exc:  # a failover, a refusal, a stall: the held ones serve
                 if "live" not in state:
                     raise Problem(503, "Unavailable", "the log's topics could not be looked up: Postgres does not "
                                                       "answer") from None
                 log.warning("the log's topics could not be looked up (%s): the ones held serve", type(exc).__name__)
+                # Held as if looked up: the requests queued behind this one serve them too, not
+                # each wait its own two seconds.
+                state["live"], state["live_failed"] = (state["live"][0], time.monotonic()), True
                 return state["live"][0]
-            state["live"] = (found, time.monotonic())
+            state["live"], state["live_failed"] = (found, time.monotonic()), False
             return found
 
     @app.get("/v1/users/{user_id}/export", tags=["memories"], response_class=FileResponse)

@@ -5,8 +5,8 @@ Three limits, each per tenant (an operator key has none), each answered with 429
 the shared pools behind it, for as long as the limit is hit):
 * requests per second, a token bucket of ``rate`` with a burst of ``burst``;
 * requests in flight at once that use the reader's shared pool (reads, waits, browsing — users,
-  overview, graph, memories, history — and a correct's or forget's look-up; an export, one at a
-  time): a read that waits for a position never reached holds a connection for its timeout, and
+  overview, graph, memories, history — and a correct or forget, its look-up and append; an
+  export, one at a time): a read that waits for a position never reached holds a connection for its timeout, and
   a heavy user's overview scans their whole partition, so a tenant gets ``concurrent`` of them,
   not the pool;
 * forgets per minute (of a memory or a user): each costs every projection a transaction.

@@ -30,6 +30,7 @@ from memstream.bench.evalsets import fit_messages, load_set
 from memstream.bench.locomo import QA_CONVERSATION, Sample, sample_turns, score, select_samples, user_id_for
 from memstream.config import Settings
 from memstream.embedding import from_bytes
+from memstream.read_client.arguments import MAX_K
 from memstream.schemas.events import MAX_MESSAGE_CHARS
 
 log = logging.getLogger("memstream.eval")
@@ -59,8 +60,8 @@ async def run_eval(base: Settings, path: Path, *, fmt: str = "auto", conv: str |
     from memstream.stack.worker_process import WorkerProcess
     from memstream.streams.log.topics import ensure_topics
 
-    if k < 1:
-        raise ValueError("k must be >= 1")
+    if not 1 <= k <= MAX_K:  # before an ingest of hours, not at the first question
+        raise ValueError(f"k must be from 1 to {MAX_K}")
     samples = select_samples(load_set(path, fmt), conv)[:limit]
     # "speaker: text" is what an episode holds (``sample_turns``).
     samples, truncated = fit_messages(samples, MAX_MESSAGE_CHARS)

@@ -166,6 +166,7 @@ def serve(model: LocalModel, cache: Path, port: int = CHAT_PORT, *, parallel: in
 
     params = xllamacpp.CommonParams()
     params.model.path = str(model_file(model, cache))
+    params.model_alias = {model.name}  # what /v1/models names (``serving``), whichever file holds it
     params.hostnames = ["127.0.0.1"]
     params.port = port
     params.n_parallel = parallel
@@ -212,15 +213,16 @@ def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
 
 
 def serving(port: int, timeout: float = 1.0) -> str | None:
-    """The model a server on ``port`` serves, by its file's name (``serve`` loads ``<name>.gguf``),
-    or None: nothing answers, or not as llama.cpp's server does. Whether it embeds is not said."""
+    """The model a server on ``port`` serves, by the name ``serve`` gives it (its file's, for
+    another llama.cpp server), or None: nothing answers, or not as llama.cpp's server does.
+    Whether it embeds is not said."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=timeout) as r:
             listed = json.load(r).get("data") or []
     except (OSError, ValueError):
         return None
     first = listed[0] if listed and isinstance(listed[0], dict) else {}
-    return Path(str(first.get("id", ""))).stem or None
+    return Path(str(first.get("id", ""))).name.removesuffix(".gguf") or None
 
 
 def start(model: str, cache: Path, port: int = CHAT_PORT, *, wait_s: float = 120.0, log_path: Path | None = None,

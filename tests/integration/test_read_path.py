@@ -450,8 +450,9 @@ async def test_a_postgres_that_stops_answering_degrades_a_read_by_its_deadline_a
     socket_dir = parse_qs(urlparse(dsn).query)["host"][0]
     proxy = FreezingProxy(f"{socket_dir}/.s.PGSQL.{urlparse(dsn).port or 5432}")
     async with proxy:
+        # Pools bounded far past the reader's deadline: only that deadline can end the read in time.
         pool, text_pool = await connect_pools(f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres",
-                                              settings.postgres_schema)
+                                              settings.postgres_schema, deadline_s=10.0)
         reader = MemoryReader(pool=pool, text_pool=text_pool, redis=None, embedder=embedder,
                               schema=settings.postgres_schema, deadline_s=1.0)
         assert (await reader.read("ona", "c1", "where do I live?")).degraded == []
