@@ -67,9 +67,12 @@ async def live_log_at(settings: Settings, dsn: str) -> Settings:
     """``live_log`` over a connection of its own to ``dsn``."""
     conn = await asyncpg.connect(dsn)
     try:
-        return await live_log(settings, conn)
-    finally:
-        await conn.close()
+        found = await live_log(settings, conn)
+    except BaseException:
+        conn.terminate()  # given up on (a timeout, a cancel): a close would wait on the server again
+        raise
+    await conn.close()
+    return found
 
 
 def moved(settings: Settings, move) -> Settings:
