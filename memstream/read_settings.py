@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 # A read's channels end by then, after any read-your-writes wait: twice the statement timeout.
 READ_DEADLINE_S = 2.0
+MAX_K = 100  # of each kind a read or search returns: more is not a context
 
 # Share of the keyword channel in the fused relevance of facts (BENCHMARKS.md, "Defaults").
 KEYWORD_SHARE = 0.7

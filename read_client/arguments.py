@@ -10,9 +10,8 @@ from memstream.read_client.budget import Budgets
 from memstream.schemas import SYSTEM_USER, LogPosition
 from memstream.schemas.errors import InvalidArgument, not_utf8
 from memstream.schemas.events import STORABLE_TIMES, in_range
+from memstream.read_settings import MAX_K
 from memstream.schemas.read_models import AsOf
-
-MAX_K = 100  # of each kind a read returns; more is not a context
 
 
 def check_user(user_id) -> None:
@@ -76,8 +75,8 @@ def check_search(user_id, query, *, kinds, k, as_of, now, since=None, until=None
         raise InvalidArgument(f"query is at most 10000 characters, not {len(query)}")
     if not isinstance(kinds, (list, tuple)) or not kinds or any(kind not in SEARCH_KINDS for kind in kinds):
         raise InvalidArgument(f"kinds must be a non-empty sequence of {', '.join(SEARCH_KINDS)}, not {kinds!r}")
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 100:
-        raise InvalidArgument(f"k must be an integer from 1 to 100, not {k!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise InvalidArgument(f"k must be an integer from 1 to {MAX_K}, not {k!r}")
     _aware([("now", now), ("since", since), ("until", until)])
     if since is not None and until is not None and since >= until:
         raise InvalidArgument("since must be before until")

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from memstream.read_client.arguments import MAX_K
 from memstream.schemas import LogPosition
 from memstream.schemas.read_models import AsOf
 
@@ -42,9 +43,9 @@ class ContextIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     conversation_id: str
     message: str
-    k: int = Field(5, ge=1, le=100)
-    k_facts: int = Field(10, ge=0, le=100)
-    k_edges: int = Field(8, ge=0, le=100)
+    k: int = Field(5, ge=1, le=MAX_K)
+    k_facts: int = Field(10, ge=0, le=MAX_K)
+    k_edges: int = Field(8, ge=0, le=MAX_K)
     as_of: AsOf | None = None
     after: Position | None = Field(None, description="read your writes: a position an append returned")
     wait_timeout: float = Field(5.0, ge=0, le=30)

@@ -30,7 +30,7 @@ from memstream.bench.evalsets import fit_messages, load_set
 from memstream.bench.locomo import QA_CONVERSATION, Sample, sample_turns, score, select_samples, user_id_for
 from memstream.config import Settings
 from memstream.embedding import from_bytes
-from memstream.read_client.arguments import MAX_K
+from memstream.read_settings import MAX_K
 from memstream.schemas.events import MAX_MESSAGE_CHARS
 
 log = logging.getLogger("memstream.eval")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from memstream.progress import progress
+from memstream.read_settings import MAX_K
 from memstream.cli.base import main, resolve_dsn, settings_of
 
 
@@ -222,7 +223,7 @@ def _eval_options(f):
                      help="ask again on a kept run's data, without ingesting (same PATH, --conv and --limit); it stays kept")(f)
     f = click.option("--keep", is_flag=True, help="keep the run's schema and topics (its tag is printed)")(f)
     f = click.option("--limit", type=click.IntRange(min=1), help="only the first N samples")(f)
-    f = click.option("--k", default=5, show_default=True, type=click.IntRange(min=1, max=100),
+    f = click.option("--k", default=5, show_default=True, type=click.IntRange(min=1, max=MAX_K),
                      help="how many episodes read returns (Hit@k, Recall@k)")(f)
     f = click.option("--local-embedder", type=click.Choice(["minilm"]),
                      help="embed through /v1/embeddings of this pinned model served by llama.cpp (a fresh run's "
