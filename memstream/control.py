@@ -11,8 +11,9 @@ from datetime import datetime, timezone
 
 from memstream.schemas import (EdgeForgotten, EpisodeForgotten, FactCorrected, FactForgotten, LogPosition,
                                UserForgotten, new_event_id)
-from memstream.schemas.errors import InvalidArgument, MemstreamError
-from memstream.schemas.events import ERASURE_REASONS, MAX_MESSAGE_CHARS
+from memstream.schemas.codec import validated
+from memstream.schemas.errors import InvalidArgument, InvalidEvent, MemstreamError
+from memstream.schemas.events import ERASURE_REASONS
 
 class NotFound(MemstreamError, LookupError):
     """The id names nothing of this user's: unknown, or another user's (the message says which,
@@ -55,11 +56,8 @@ async def forget_fact(log, reader, user_id: str, fact_id: uuid.UUID, *, actor: s
     row = await _own(reader, "facts", user_id, fact_id)
     if row["status"] not in ("current", "archived"):  # archived: believed still, off the read path
         raise NotFound(f"fact {fact_id} is not current ({row['status']})")
-    said = {"attribute": row["attribute"], "value": row["value"]}
-    if len(row["attribute"]) > 100 or len(row["value"]) > MAX_MESSAGE_CHARS:
-        said = {}  # longer than the request carries: found by its id alone
-    return await log.append(FactForgotten(**_envelope(user_id, actor, reason), fact_id=fact_id, **said,
-                                          keep_episodes=keep_episodes))
+    return await log.append(_naming(FactForgotten, {"attribute": row["attribute"], "value": row["value"]},
+                                    **_envelope(user_id, actor, reason), fact_id=fact_id, keep_episodes=keep_episodes))
 
 
 async def episodes_of_fact(reader, user_id: str, fact_id: uuid.UUID) -> list:
@@ -81,10 +79,17 @@ async def forget_edge(log, reader, user_id: str, edge_id: uuid.UUID, *, actor: s
     row = await _own(reader, "edges", user_id, edge_id)
     if row["forgotten"]:
         raise NotFound(f"edge {edge_id} is already forgotten")
-    said = {k: row[k] for k in ("relation", "source", "target")}
-    if any(len(v or "") > n for v, n in zip(said.values(), (100, 500, 500))):
-        said = {}  # longer than the request carries: found by its id alone
-    return await log.append(EdgeForgotten(**_envelope(user_id, actor, reason), edge_id=edge_id, **said))
+    return await log.append(_naming(EdgeForgotten, {k: row[k] for k in ("relation", "source", "target")},
+                                    **_envelope(user_id, actor, reason), edge_id=edge_id))
+
+
+def _naming(cls, said: dict, **fields):
+    """A forget of ``cls`` that also names what the memory says (so a reform that gave it another
+    id finds it), or by its id alone when a stored value is longer than the request carries."""
+    try:
+        return validated(cls(**fields, **said))
+    except InvalidEvent:
+        return cls(**fields)  # anything else wrong with it is refused as the append checks it
 
 
 async def forget_user(log, user_id: str, *, actor: str = "user", reason: str = "unspecified") -> LogPosition:
