@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta, timezone
+from urllib.parse import parse_qs, urlparse
 
 import asyncpg
 from aiokafka import TopicPartition
@@ -106,3 +108,47 @@ async def hypothesis_on_loop(strategy, check, examples: int) -> None:
         asyncio.run_coroutine_threadsafe(check(example), loop).result(timeout=300)
 
     await asyncio.to_thread(run)
+
+
+class FreezingProxy:
+    """A TCP front for the local Postgres socket that can stop passing bytes either way, as a
+    server that stops answering does (SIGSTOP, a network partition): no error, no statement
+    timeout, nothing."""
+
+    def __init__(self, socket_path: str):
+        self._socket, self.frozen, self._tasks = socket_path, asyncio.Event(), set()
+
+    async def __aenter__(self):
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc):
+        self._server.close()
+        for t in self._tasks:
+            t.cancel()
+
+    async def _serve(self, reader, writer):
+        up_r, up_w = await asyncio.open_unix_connection(self._socket)
+
+        async def pipe(src, dst):
+            while data := await src.read(65536):
+                if self.frozen.is_set():
+                    await asyncio.Event().wait()  # held, never passed on
+                dst.write(data)
+                await dst.drain()
+            dst.close()  # one side hung up: so does the other (a client's close waits for it)
+
+        for t in (asyncio.ensure_future(pipe(reader, up_w)), asyncio.ensure_future(pipe(up_r, writer))):
+            self._tasks.add(t)
+
+    @classmethod
+    def of(cls, dsn: str) -> FreezingProxy:
+        """A proxy in front of the socket ``dsn`` (the local stack's) names."""
+        socket_dir = parse_qs(urlparse(dsn).query)["host"][0]
+        return cls(f"{socket_dir}/.s.PGSQL.{urlparse(dsn).port or 5432}")
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -298,3 +299,52 @@ async def test_a_host_reports_the_facts_it_used_but_cannot_write_a_sweeps_record
         "policy": "decay-v1",
         "facts": [{"fact_id": fact, "strength": 0.0, "observations": 1, "uses": 0, "idle_days": 999, "rate": 0.01}]})
     assert swept.status_code == 400 and "memstream sweep decay" in swept.json()["detail"], swept.text
+
+
+async def test_a_stalled_topic_lookup_holds_a_request_two_seconds_at_most_and_never_queues_the_rest(
+        api, settings, dsn, monkeypatch):
+    """The log's topics are looked up through a Postgres that stops answering: the request that
+    looks waits ``LIVE_LOG_LOOKUP_S``, the ones queued behind it are answered from what is held,
+    and a topic the held ones do not name is a 503 (the log may have moved), not the caller's 400."""
+    from memstream.api import app as api_app
+    from memstream.streams.log import log_topics
+
+    from .helpers import FreezingProxy
+
+    client, keys = api
+    acme = auth(keys["acme"])
+    looked_up = log_topics.live_log_at
+    proxy = FreezingProxy.of(dsn)
+
+    async def through_proxy(s, _dsn):  # only the look-up goes through the proxy: the pools stay well
+        return await looked_up(s.model_copy(update={"postgres_dsn": proxy.dsn}), proxy.dsn)
+
+    async def ask(topic: str) -> tuple[int, float]:
+        t = time.perf_counter()
+        got = await client.post("/v1/caught-up", headers=acme, json={
+            "position": {"topic": topic, "partition": 0, "offset": 0}, "timeout": 0})
+        return got.status_code, time.perf_counter() - t
+
+    monkeypatch.setattr(log_topics, "live_log_at", through_proxy)
+    async with proxy:
+        proxy.frozen.set()  # nothing held yet: nothing to serve
+        status, took = await ask(settings.events_topic)
+        assert status == 503 and api_app.LIVE_LOG_LOOKUP_S <= took < api_app.LIVE_LOG_LOOKUP_S + 3
+        proxy.frozen.clear()
+        assert (await ask(settings.events_topic))[0] == 200
+        await asyncio.sleep(api_app.LIVE_LOG_AGAIN_S * 2)
+        assert (await ask("elsewhere"))[0] == 400  # looked up again: truly not the log's
+
+        # A wider window to look again in, so the requests queued behind the stalled look-up are
+        # answered from the failure it holds however slowly this machine hands them the lock.
+        monkeypatch.setattr(api_app, "LIVE_LOG_AGAIN_S", 0.5)
+        proxy.frozen.set()
+        await asyncio.sleep(0.6)
+        t = time.perf_counter()
+        first = asyncio.ensure_future(ask("elsewhere"))
+        await asyncio.sleep(0.5)  # past the held topics' second: these look up too, and queue
+        queued = await asyncio.gather(*(ask(topic) for topic in ["elsewhere"] * 4 + [settings.events_topic] * 4))
+        status, took = await first
+        assert status == 503 and api_app.LIVE_LOG_LOOKUP_S <= took < api_app.LIVE_LOG_LOOKUP_S + 3
+        assert [s for s, _ in queued] == [503] * 4 + [200] * 4
+        assert time.perf_counter() - t < 2 * api_app.LIVE_LOG_LOOKUP_S  # none waited a look-up of its own

@@ -29,6 +29,7 @@ from memstream.streams.log.producer import TurnLog
 from memstream.streams.ops.replay import replay
 
 from .conftest import wait_until
+from .helpers import FreezingProxy
 from .test_formation import append_and_wait, turn
 
 pytestmark = pytest.mark.asyncio
@@ -409,50 +410,14 @@ async def test_no_connection_for_the_text_lane_empties_its_channels_and_the_rest
     assert [t.user_message for t in ctx.recent_turns] == ["I live in Oslo and I play chess."]
 
 
-class FreezingProxy:
-    """A TCP front for the local Postgres socket that can stop passing bytes either way, as a
-    server that stops answering does (SIGSTOP, a network partition): no error, no statement
-    timeout, nothing."""
-
-    def __init__(self, socket_path: str):
-        self._socket, self.frozen, self._tasks = socket_path, asyncio.Event(), set()
-
-    async def __aenter__(self):
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc):
-        self._server.close()
-        for t in self._tasks:
-            t.cancel()
-
-    async def _serve(self, reader, writer):
-        up_r, up_w = await asyncio.open_unix_connection(self._socket)
-
-        async def pipe(src, dst):
-            while data := await src.read(65536):
-                if self.frozen.is_set():
-                    await asyncio.Event().wait()  # held, never passed on
-                dst.write(data)
-                await dst.drain()
-
-        for t in (asyncio.ensure_future(pipe(reader, up_w)), asyncio.ensure_future(pipe(up_r, writer))):
-            self._tasks.add(t)
-
-
 async def test_a_postgres_that_stops_answering_degrades_a_read_by_its_deadline_and_never_hangs_it(settings, dsn,
                                                                                                    embedder):
-    from urllib.parse import parse_qs, urlparse
-
     from memstream.read_client.pools import connect_pools
 
-    socket_dir = parse_qs(urlparse(dsn).query)["host"][0]
-    proxy = FreezingProxy(f"{socket_dir}/.s.PGSQL.{urlparse(dsn).port or 5432}")
+    proxy = FreezingProxy.of(dsn)
     async with proxy:
         # Pools bounded far past the reader's deadline: only that deadline can end the read in time.
-        pool, text_pool = await connect_pools(f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres",
-                                              settings.postgres_schema, deadline_s=10.0)
+        pool, text_pool = await connect_pools(proxy.dsn, settings.postgres_schema, deadline_s=10.0)
         reader = MemoryReader(pool=pool, text_pool=text_pool, redis=None, embedder=embedder,
                               schema=settings.postgres_schema, deadline_s=1.0)
         assert (await reader.read("ona", "c1", "where do I live?")).degraded == []
