@@ -10,15 +10,18 @@ import re
 from collections import defaultdict
 from datetime import timedelta
 
+import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 pytestmark = pytest.mark.asyncio
 
 TURNLOG_USERS, INGRESS_USERS = 6, 2
-# ~40 turns/s. At ~80, near what one worker here forms while the copy runs, a worker that fell
-# behind once never caught up, and the move waited out its whole drain timeout before fencing.
-PAUSE_S = 0.2
+# ~40 turns/s at most, and never more than AHEAD turns past what the workers have stored: at a
+# fixed ~80, near what one worker here forms while the copy runs, a worker that fell behind once
+# never caught up, and the move waited out its whole drain timeout before fencing. A slower CPU
+# forms fewer, so the feed follows the workers (AHEAD turns stay well under the move's slack).
+PAUSE_S, AHEAD = 0.2, 40
 
 
 async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_each_users_order(
@@ -44,6 +47,21 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
     await w.wait_assigned()
     sent: dict[str, list[int]] = defaultdict(list)  # user -> sequence numbers, in append order
     stop = asyncio.Event()
+    stored = [0]  # episodes the workers have stored, looked at on a connection of its own
+
+    async def watch_stored() -> None:
+        watcher = await asyncpg.connect(dsn, server_settings={"search_path": settings.postgres_schema})
+        try:
+            while not stop.is_set():
+                stored[0] = await watcher.fetchval("SELECT count(*) FROM episodes")
+                await asyncio.sleep(0.1)
+        finally:
+            await watcher.close()
+
+    async def paced() -> None:
+        await asyncio.sleep(PAUSE_S)
+        while sum(len(v) for v in sent.values()) - stored[0] > AHEAD and not stop.is_set():
+            await asyncio.sleep(0.05)
 
     def turn(user: str, seq: int) -> TurnRecorded:
         return TurnRecorded.new(user_id=user, conversation_id=f"c-{user}", user_message=f"{user} says #{seq}",
@@ -57,7 +75,7 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
             for u in range(TURNLOG_USERS):
                 sent[f"g-user-{u}"].append(seq)
             seq += 1
-            await asyncio.sleep(PAUSE_S)
+            await paced()
 
     async def through_ingress() -> None:  # a host in another language: plain JSON, its own partitioner
         kcat = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
@@ -73,12 +91,12 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
                         "user_message": f"{user} says #{seq}", "assistant_message": "ok"}).encode(), key=user.encode())
                     sent[user].append(seq)
                 seq += 1
-                await asyncio.sleep(PAUSE_S)
+                await paced()
         finally:
             await kcat.stop()
 
     async with TurnLog(settings) as log:
-        flows = [asyncio.ensure_future(through_turnlog(log)), asyncio.ensure_future(through_ingress())]
+        flows = [asyncio.ensure_future(f) for f in (through_turnlog(log), through_ingress(), watch_stored())]
         await asyncio.sleep(3)
         # Who g-user-0 is, stated late on the old partition; restated after the move, on the new one
         # (identity statements are ordered by their offset: the move maps them onto the new partition).
