@@ -86,3 +86,66 @@ def test_the_user_s_relationship_to_someone_else_stays_the_user_s():
     assert refusal(fact("My sister Ana", "sister", "Ana", "relationship"), said) is None
     assert refusal(fact("My sister Ana is allergic to peanuts", "allergy", "peanuts", "constraint"), said)[0] == \
         "other_person"
+
+
+def test_a_retraction_is_checked_like_any_candidate_but_for_asking():
+    def retraction(said, evidence, category="location"):
+        found = refusal(fact(evidence, category=category, negated=True), turn(said))
+        return found and found[0]
+
+    assert retraction("Can you forget that I live in Lisbon?", "forget that I live in Lisbon") is None
+    assert retraction("I quit Google last week.", "I quit Google", "work") is None
+    assert retraction("Should I quit Google?", "Should I quit Google?", "work") == "question"
+    assert retraction('My friend said: "I no longer live in Lisbon, honestly"',
+                      'My friend said: "I no longer live in Lisbon, honestly"') == "quoted"
+    assert retraction("My sister isn't vegetarian any more.", "isn't vegetarian any more", "constraint") == \
+        "other_person"
+    assert retraction("If I didn't live in Lisbon I'd have a garden.", "I didn't live in Lisbon") == "hypothetical"
+
+
+def test_a_confirmation_takes_in_only_a_plain_yes_to_something_of_the_users():
+    def confirmed(reply, said, evidence, category="location"):
+        found = refusal(fact(evidence, category=category), turn(said, reply))
+        return found and found[0]
+
+    assert confirmed("So you're from Hilo?", "Yes, born and raised!", "you're from Hilo") is None
+    assert confirmed("So your sister is allergic to peanuts?", "Yes.", "allergic to peanuts", "constraint") == \
+        "other_person"
+    assert confirmed("So your sister is called Ana?", "Yes.", "your sister is called Ana", "relationship") is None
+    assert confirmed("Would you move to Paris if you could?", "Yes!", "move to Paris") == "hypothetical"
+    assert confirmed("So you're from Hilo?", "Yes, but not me, my husband.", "you're from Hilo") == "assistant_only"
+
+
+def test_offsets_hold_in_text_that_normalising_shortens_or_lengthens():
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "Chúng tôi đã đến Hà Nội, Huế và Đà Nẵng năm ngoái. My sister is allergic to "
+                                       "peanuts.")
+    assert refusal(fact("My sister is allergic to peanuts", "allergy", category="constraint"), turn(nfd))[0] == \
+        "other_person"
+    dots = "Ugh………… honestly………… I might move to Paris. I love tea."
+    assert refusal(fact("I might move to Paris"), turn(dots))[0] == "hypothetical"
+    assert refusal(fact("I love tea", "likes", category="preference"), turn(dots)) is None
+
+
+def test_a_quotation_opened_by_a_verb_of_saying_is_the_speakers():
+    said = turn('My sister said: "I work at Google now"')
+    for evidence in ('My sister said: "I work at Google now"', "I work at Google now"):
+        assert refusal(fact(evidence, "employer", category="work"), said)[0] == "quoted", evidence
+    assert refusal(fact("I work at Google", "employer", category="work"),
+                   turn('I work at Google, "the best place on earth" as they say.')) is None
+
+
+@pytest.mark.parametrize("said, evidence", [
+    ("I no longer live in Lisbon.", "I live in Lisbon"), ("I am not vegan at all.", "I am vegan"),
+    ("I have never worked at Google.", "I have worked at Google"), ("I'm nonvegan.", "vegan"),
+    ("I don't live in Lisbon any more.", "I live in Lisbon"), ("I'm not really into jazz.", "I'm into jazz")])
+def test_words_found_only_by_dropping_a_negation_are_not_found(said, evidence):
+    assert refusal(fact(evidence), turn(said))[0] == "ungrounded"
+
+
+@pytest.mark.parametrize("said, evidence", [
+    ("I can't believe I live in Lisbon now.", "I live in Lisbon"), ("No, I live in Lisbon.", "I live in Lisbon"),
+    ("Not Porto: I live in Lisbon.", "I live in Lisbon"), ("I don't drive, but I live in Lisbon.", "live in Lisbon")])
+def test_a_negation_of_another_clause_leaves_the_words_found(said, evidence):
+    assert refusal(fact(evidence), turn(said)) is None

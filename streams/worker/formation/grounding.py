@@ -56,13 +56,20 @@ _SHOUTED = re.compile(r"\b(LOVE|ADORE|ENJOY|AMAZING|GREAT)\b")  # "I LOVE Monday
 _INJECTION = re.compile(r"(\bignore (all |the |any )?(previous|prior|above) (instructions|prompts?)\b|\bsystem prompt\b|"
                         r"<\|?(system|im_start)\|?>|\[inst\]|###\s*(instruction|system)\b|\bjailbreak\b|"
                         r"\bdeveloper mode\b)", re.IGNORECASE)
-_REPORTED = re.compile(r"\b(you|they|he|she|someone|people)\s+(said|say|says|mentioned|told me|think|thought|assumed|"
-                       r"guessed|wrote)\b", re.IGNORECASE)
 _OTHERS = ("sister", "brother", "mother", "mom", "mum", "father", "dad", "wife", "husband", "partner", "boyfriend",
            "girlfriend", "friend", "boss", "manager", "colleague", "coworker", "co-worker", "roommate", "flatmate",
            "neighbour", "neighbor", "son", "daughter", "kid", "kids", "child", "children", "cousin", "aunt", "uncle",
            "grandma", "grandmother", "grandpa", "grandfather", "niece", "nephew", "fiancé", "fiance", "fiancée",
            "teammate", "classmate", "teacher", "doctor", "parents", "family", "in-laws")
+_SOMEONE = r"(you|they|he|she|someone|people|(my|our)\s+(\w+\s+){0,2}(%s))" % "|".join(map(re.escape, _OTHERS))
+_REPORTED = re.compile(r"\b%s\s+(said|say|says|mentioned|told me|think|thought|assumed|guessed|wrote)\b" % _SOMEONE,
+                       re.IGNORECASE)
+# A quotation opened by a verb of saying ("My sister said: "I work at Google now""): the
+# quoted words are the speaker's, whoever "I" is in them.
+_SPEECH_BEFORE = re.compile(r"\b(said|says|say|told me|tells me|wrote|writes|asked|asks|texted|texts|replied|goes|went|"
+                            r"posted|tweeted|yelled|shouted)\W*$", re.IGNORECASE)
+# Words that turn what follows into its opposite ("I am not vegan", "I no longer live in Lisbon").
+_NEGATION = re.compile(r"\b(not|no|never|nor|neither|without|cannot|hardly)\b|n['’]t\b", re.IGNORECASE)
 _OTHER_SUBJECT = re.compile(
     r"^\W*((my|our)\s+(\w+\s+){0,2}(%s)\b|(he|she|they|his|her|their)\b)" % "|".join(map(re.escape, _OTHERS)),
     re.IGNORECASE)
@@ -86,6 +93,12 @@ def _quoted(text: str, at: int) -> bool:
     return any(m.start() < at < m.end() for m in _QUOTES.finditer(text))
 
 
+def _reported_quote(sentence: str, start: int, end: int) -> bool:
+    """Whether the words at ``sentence[start:end]`` take in a quotation opened by a verb of saying."""
+    return any(m.start() < end and start < m.end() and _SPEECH_BEFORE.search(sentence[:m.start()])
+               for m in _QUOTES.finditer(sentence))
+
+
 def _asks(sentence: str, evidence: str) -> bool:
     """Whether the clause of ``sentence`` holding ``evidence`` asks: the sentence is a question
     and that clause is its last, or opens like one ("where is...", "can you...")."""
@@ -96,21 +109,34 @@ def _asks(sentence: str, evidence: str) -> bool:
     return bool(_QUESTION_START.match(clause)) or (sentence.rstrip().endswith("?") and mine == clauses[-1])
 
 
-def _sentence_of(text: str, at: int) -> str:
+def _sentence_at(text: str, at: int) -> tuple[str, int]:
+    """The sentence of ``text`` holding offset ``at``, and where it starts."""
     for m in _SENTENCE.finditer(text):
         if m.start() <= at < m.end():
-            return m.group(0)
-    return text
+            return m.group(0), m.start()
+    return text, 0
+
+
+def _nfkc(text: str) -> str:
+    # Every offset the guard takes is into text normalised once: NFKC changes lengths ("½",
+    # decomposed accents), so an offset into the normalised text is not one into the raw.
+    return unicodedata.normalize("NFKC", text)
+
+
+def _span(haystack: str, needle: str) -> tuple[int, int] | None:
+    """Where ``needle``'s words are in ``haystack`` (both normalised), whole words in order,
+    case, spacing, quotes and punctuation between them aside."""
+    words = re.findall(r"\w+", needle)
+    if not words:
+        return None
+    m = re.search(r"\b" + r"\W*".join(map(re.escape, words)) + r"\b", haystack, re.IGNORECASE)
+    return m.span() if m else None
 
 
 def _find(haystack: str, needle: str) -> int:
-    """Where ``needle``'s words are in ``haystack``, in order, case, spacing, quotes and
-    punctuation between them aside (-1: nowhere)."""
-    words = re.findall(r"\w+", unicodedata.normalize("NFKC", needle))
-    if not words:
-        return -1
-    m = re.search(r"\W*".join(map(re.escape, words)), unicodedata.normalize("NFKC", haystack), re.IGNORECASE)
-    return m.start() if m else -1
+    """Where ``_span`` finds ``needle`` starts (-1: nowhere)."""
+    found = _span(haystack, needle)
+    return found[0] if found else -1
 
 
 # Words a model drops or adds when it quotes loosely ("I grew up in Kraków" for "Grew up in
@@ -120,41 +146,88 @@ _SLACK = frozenset({"i", "m", "im", "ve", "ll", "d", "re", "am", "is", "are", "w
                     "my", "me", "s", "and", "that", "to", "really", "also", "just", "so", "very"})
 
 
-def _find_loosely(haystack: str, needle: str) -> int:
+# Words left out between the evidence's may be anything but a negation: "I am vegan" is not
+# found in "I am not vegan".
+_GAP = r"\W+(?:(?!(?:not|no|never|nor|neither|without|cannot)\b)(?!\w*n['’]t\b)\w+\W+){0,5}?"
+
+
+def _span_loosely(haystack: str, needle: str) -> tuple[int, int] | None:
     """Where ``needle``'s words other than ``_SLACK`` are in ``haystack``, in order, at most five
-    words apart (-1: nowhere, or no such word to go by)."""
-    words = [w for w in re.findall(r"\w+", unicodedata.normalize("NFKC", needle)) if w.casefold() not in _SLACK]
+    words apart, none of those between a negation (None: nowhere, or no such word to go by)."""
+    words = [w for w in re.findall(r"\w+", needle) if w.casefold() not in _SLACK]
     if not words:
-        return -1
-    gap = r"\W+(?:\w+\W+){0,5}?"
-    m = re.search(r"\b" + gap.join(map(re.escape, words)) + r"\b", unicodedata.normalize("NFKC", haystack),
-                  re.IGNORECASE)
-    return m.start() if m else -1
+        return None
+    m = re.search(r"\b" + _GAP.join(map(re.escape, words)) + r"\b", haystack, re.IGNORECASE)
+    return m.span() if m else None
 
 
-def _located(text: str, evidence: str) -> int:
-    at = _find(text, evidence)
-    return at if at >= 0 else _find_loosely(text, evidence)
+def _located(text: str, evidence: str) -> tuple[int, int] | None:
+    return _span(text, evidence) or _span_loosely(text, evidence)
+
+
+_SUBJECTS = frozenset({"i", "we", "my", "our", "me"})
+
+
+def _negated_before(text: str, start: int, evidence: str) -> bool:
+    """Whether the two words before ``text[start:]`` negate it, the evidence saying nothing of it
+    ("I have never worked at Google" for "I have worked at Google"). Not before a subject: a
+    negation there belongs to another clause ("I can't believe I live in Lisbon")."""
+    if _NEGATION.search(evidence):
+        return False
+    first = re.match(r"\w+", text[start:])
+    if first and first.group(0).casefold() in _SUBJECTS:
+        return False
+    clause = re.split(r"[,;:.!?\n]|\s(?:and|but|so|because)\s", text[:start])[-1]
+    return bool(_NEGATION.search(" ".join(re.findall(r"[\w'’]+", clause)[-2:])))
+
+
+# A confirmation that takes nothing back: "Yes, born and raised!", not "Yes, but not me".
+_QUALIFIED = re.compile(r"\b(but|not|no|never|except|although|though|however|actually|wrong)\b|n['’]t\b",
+                        re.IGNORECASE)
+_FILLER = r"^\W*(?:(?:so|and|oh|ah|ok|okay|then|wait|right|hmm)\W+)*"
+# The assistant's sentence the user confirmed, in the second person: "So your sister is
+# allergic to peanuts?" is about the sister; "Would you move to Paris if you could?" supposes.
+_YOUR_OTHER_SUBJECT = re.compile(
+    _FILLER + r"(your\s+(\w+\s+){0,2}(%s)\b|(he|she|they|his|her|their)\b)" % "|".join(map(re.escape, _OTHERS)),
+    re.IGNORECASE)
+_SUPPOSED_TO_YOU = re.compile(
+    r"\b(if you\b|if only\b|what if\b|you would\b|you'd\b|would you\b|you might\b|you may\b|maybe\b|perhaps\b|"
+    r"someday\b|some day\b|one day\b|imagine\b|suppose\b|pretend\b|hypothetically\b|you wish\b|dream of\b)",
+    re.IGNORECASE)
+_FORGET = re.compile(r"\b(forget|remove|delete|erase|scratch|disregard)\b", re.IGNORECASE)
+
+
+def _confirmed(candidate: CandidateFact, said: str, reply: str, evidence: str) -> tuple[str, str] | None:
+    """The guard for words only the assistant said: kept when the user plainly confirmed a
+    sentence of the assistant's that states something of the user."""
+    found = _located(reply, evidence)
+    if found is None:
+        return "ungrounded", "the words it rests on are not in the turn"
+    if not _CONFIRM.match(said) or _QUALIFIED.search(said):
+        return "assistant_only", "only the assistant said it, and the user did not plainly confirm it"
+    sentence, _ = _sentence_at(reply, found[0])
+    if _SUPPOSED_TO_YOU.search(sentence):
+        return "hypothetical", "the user agreed to a supposition of the assistant's, not a fact"
+    if _JOKE.search(sentence):
+        return "joke", "the assistant's words the user agreed to were said in jest"
+    if candidate.category != "relationship" and _YOUR_OTHER_SUBJECT.match(sentence):
+        return "other_person", "the assistant's sentence the user confirmed is about someone else, not the user"
+    return None
 
 
 def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | None:
     """``(kind, reason)`` if ``candidate`` must not be stored as the user's fact, else None."""
     # A model may copy the turn's speaker label with the words ("USER: I live in Lisbon").
-    evidence = _LABEL.sub("", (getattr(candidate, "evidence", None) or "").strip())
+    evidence = _LABEL.sub("", _nfkc(getattr(candidate, "evidence", None) or "").strip())
     if not evidence:
         return "ungrounded", "the extractor named no words of the turn this fact rests on"
-    said = turn.user_message
-    at = _located(said, evidence)
-    if at < 0:
-        if _located(turn.assistant_message, evidence) >= 0:
-            if not _CONFIRM.match(said):
-                return "assistant_only", "only the assistant said it, and the user did not confirm it"
-            return None
-        return "ungrounded", "the words it rests on are not in the turn"
-    if candidate.negated:
-        # A retraction or a request to forget ("please forget that I live in Lisbon") asks by
-        # nature: grounded in the user's words is all it needs.
-        return None
+    said = _nfkc(turn.user_message)
+    found = _located(said, evidence)
+    if found is None:
+        return _confirmed(candidate, said, _nfkc(turn.assistant_message), evidence)
+    at = found[0]
+    if not candidate.negated and _negated_before(said, at, evidence):
+        return "ungrounded", "the turn says the opposite: the words it rests on are negated there"
     if _ECHO.search(said):
         # Memory rendered by memstream, pasted back: facts in it were stored when they were said.
         return "echo", "the turn holds memory memstream rendered, sent back as if the user said it"
@@ -162,17 +235,26 @@ def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | N
         return "prompt", "the message tries to instruct the model; nothing in it is taken as the user's word"
     if _quoted(said, at):
         return "quoted", "the words are quoted: someone else's, passed on by the user"
-    sentence = _sentence_of(said, at)
-    said_at = max(_find(sentence, candidate.value) if candidate.value else -1, _find(sentence, evidence))
+    sentence, base = _sentence_at(said, at)
+    if _reported_quote(sentence, at - base, found[1] - base):
+        return "quoted", "the words are a quotation of someone else's, passed on by the user"
+    value = _nfkc(candidate.value or "")
+    said_at = max(_find(sentence, value) if value else -1, _find(sentence, evidence))
     if said_at > 0 and _REPORTED.search(sentence[:said_at]):
         return "quoted", "the words are what someone else said or thought, reported by the user"
     if _PROMPT.search(sentence) or _PROMPT.search(evidence):
         return "prompt", "the words are instructions or a description put in the turn, not the user speaking"
-    about_user = _FIRST_PERSON.search(evidence) or _MINE.search(evidence)
-    if not about_user and (_asks(sentence, evidence) or evidence.rstrip().endswith("?")):
-        return "question", "the user asked it; a question states nothing"
-    if not about_user and (_REQUEST.match(sentence) or _REQUEST.match(evidence)):
-        return "request", "the user asked for something; a request states nothing about them"
+    if candidate.negated:
+        # A retraction or a request to forget ("please forget that I live in Lisbon") asks by
+        # nature; a question about one ("should I quit Google?") retracts nothing.
+        if _asks(sentence, evidence) and not _REQUEST.match(sentence) and not _FORGET.search(sentence):
+            return "question", "the user asked about taking it back; a question retracts nothing"
+    else:
+        about_user = _FIRST_PERSON.search(evidence) or _MINE.search(evidence)
+        if not about_user and (_asks(sentence, evidence) or evidence.rstrip().endswith("?")):
+            return "question", "the user asked it; a question states nothing"
+        if not about_user and (_REQUEST.match(sentence) or _REQUEST.match(evidence)):
+            return "request", "the user asked for something; a request states nothing about them"
     if _HYPOTHETICAL.search(sentence):
         return "hypothetical", "the user supposed it rather than said it"
     if _JOKE.search(sentence) or _SHOUTED.search(sentence):
