@@ -35,10 +35,23 @@ def _normalised(rows: Sequence[Sequence[float]], dim: int) -> np.ndarray:
     return out / np.where(norms == 0, 1.0, norms)
 
 
-def _retrying(passing, attempts: int, what: str) -> Retrying:
-    return Retrying(retry=retry_if_exception(passing), wait=wait_random_exponential(multiplier=0.5, max=20),
-                    stop=stop_after_attempt(attempts), reraise=True,
-                    before_sleep=lambda rs: log.warning("%s: %s; retrying", what, rs.outcome.exception()))
+def _asked(passing, attempts: int, what: str, call):
+    """``call()``, again after each error ``passing`` lets by, ``attempts`` times at most; a
+    passing error still there after them is ``ModelUnavailable``, which whoever embeds retries
+    (the batch waits) instead of stopping on another library's error."""
+    from memstream.llm.protocols import ModelUnavailable
+
+    try:
+        for attempt in Retrying(retry=retry_if_exception(passing), wait=wait_random_exponential(multiplier=0.5, max=20),
+                                stop=stop_after_attempt(attempts), reraise=True,
+                                before_sleep=lambda rs: log.warning("%s: %s; retrying", what,
+                                                                    type(rs.outcome.exception()).__name__)):
+            with attempt:
+                return call()
+    except Exception as exc:
+        if passing(exc):
+            raise ModelUnavailable(f"{what}: {type(exc).__name__} after {attempts} attempts") from exc
+        raise
 
 
 def windows(text: str, window: int, limit: int) -> list[tuple[int, int]]:
@@ -97,9 +110,9 @@ class OpenAIEmbedder:
 
     def _ask(self, texts: list[str]) -> list[list[float]]:
         kw = {"dimensions": self._dimensions} if self._dimensions else {}
-        for attempt in _retrying(self._passing, self._attempts, f"embeddings {self._model}"):
-            with attempt:
-                response = self._client.embeddings.create(model=self._model, input=texts, encoding_format="float", **kw)
+        create = self._client.embeddings.create
+        response = _asked(self._passing, self._attempts, f"embeddings {self._model}",
+                          lambda: create(model=self._model, input=texts, encoding_format="float", **kw))
         return [d.embedding for d in sorted(response.data, key=lambda d: d.index)]
 
     def _fitted(self, text: str, refusal: Exception) -> list[float]:
@@ -193,18 +206,17 @@ class TitanEmbedder:
 
     @staticmethod
     def _passing(exc: BaseException) -> bool:
-        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError
+        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
 
+        # HTTPClientError: a connection closed or a read timed out mid-call (not ConnectionError's kin).
         return ((isinstance(exc, ClientError) and exc.response["Error"]["Code"] in _TITAN_RETRYABLE)
-                or isinstance(exc, BotoConnectionError))
+                or isinstance(exc, (BotoConnectionError, HTTPClientError)))
 
     def _one(self, text: str) -> list[float]:
         body = json.dumps({"inputText": text[:MAX_CHARS] if text.strip() else " ", "dimensions": self.dim,
                            "normalize": True})
-        for attempt in _retrying(self._passing, self._attempts, f"embeddings {self._model}"):
-            with attempt:
-                response = self._client.invoke_model(modelId=self._model, body=body, accept="application/json",
-                                                     contentType="application/json")
+        response = _asked(self._passing, self._attempts, f"embeddings {self._model}", lambda: self._client.invoke_model(
+            modelId=self._model, body=body, accept="application/json", contentType="application/json"))
         return json.loads(response["body"].read())["embedding"]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
