@@ -100,7 +100,7 @@ class _Chat:
         except (openai.APIConnectionError, openai.InternalServerError) as exc:  # timeouts are connection errors
             raise ModelUnavailable(f"{what}: {type(exc).__name__}: {_said(exc)}") from exc
         except openai.BadRequestError as exc:
-            if TOO_LONG.search(_said(exc)):
+            if refused(exc):
                 raise ModelRefused(f"{what}: {_said(exc)}") from exc
             raise
         if response.usage is not None:
@@ -114,6 +114,22 @@ class _Chat:
             while len(self._unfit) > 1024:
                 self._unfit.popitem(last=False)
             raise
+
+
+# What services answer with a 400 when their content policy stops a prompt (OpenAI, Azure OpenAI).
+_POLICY_CODES = frozenset({"content_filter", "content_policy_violation", "invalid_prompt",
+                           "ResponsibleAIPolicyViolation"})
+_POLICY = re.compile(r"content (management )?policy|content filter", re.IGNORECASE)
+
+
+def refused(exc: openai.BadRequestError) -> bool:
+    """Whether a 400 is the service declining this turn (too long for the model, or its content
+    policy), which formation gives the turn up on, rather than a request it can never take (a
+    model name, a schema), which stops the worker."""
+    said, body = _said(exc), getattr(exc, "body", None)
+    inner = body.get("error") if isinstance(body, dict) else None
+    codes = {getattr(exc, "code", None), inner.get("code") if isinstance(inner, dict) else None}
+    return bool(TOO_LONG.search(said) or codes & _POLICY_CODES or _POLICY.search(said))
 
 
 def _passing(exc: BaseException) -> bool:

@@ -80,3 +80,28 @@ def test_a_model_s_name_for_a_slot_is_memstream_s():
     answer = FactsAnswer.model_validate({"facts": [{**FACT, "attribute": "Company"}, {**FACT, "attribute": "Favorite Book"},
                                                    {**FACT, "attribute": "sailing_club"}]})
     assert [f.attribute for f in answer.facts] == ["employer", "favourite_book", "sailing_club"]
+
+
+def _bad_request(body: dict) -> Exception:
+    import httpx
+    import openai
+
+    response = httpx.Response(400, request=httpx.Request("POST", "http://model/v1/chat/completions"))
+    inner = body.get("error", body)
+    return openai.BadRequestError(str(inner.get("message")), response=response, body=inner)
+
+
+@pytest.mark.parametrize("body, turn_refused", [
+    ({"error": {"code": "content_filter", "message": "The response was filtered due to the prompt triggering Azure "
+                "OpenAI's content management policy.", "param": "prompt", "status": 400}}, True),
+    ({"error": {"code": "invalid_prompt", "message": "Invalid prompt: your prompt was flagged as potentially "
+                "violating our usage policy."}}, True),
+    ({"error": {"code": "context_length_exceeded", "message": "This model's maximum context length is 8192 "
+                "tokens."}}, True),
+    ({"error": {"code": "model_not_found", "message": "The model `gpt-9` does not exist."}}, False),
+    ({"error": {"code": None, "message": "Invalid schema for response_format 'facts'."}}, False),
+])
+def test_a_400_for_the_turn_gives_the_turn_up_and_one_for_the_request_stops_the_worker(body, turn_refused):
+    from memstream.llm.openai_compat import refused
+
+    assert refused(_bad_request(body)) is turn_refused
