@@ -178,3 +178,41 @@ async def abandoned(model) -> None:
     while getattr(model, "abandoning", None) is None:
         await asyncio.sleep(0.005)
     await model.abandoning
+
+
+async def test_a_reflection_request_the_models_service_keeps_failing_is_dead_lettered_and_stops_nothing():
+    """One cluster answered, the other failing each time: the request is given up like a turn
+    (nothing of it recorded, dead-lettered with why), not raised at the worker, which would stop
+    on it at every restart."""
+    import uuid
+
+    from memstream.llm.offline_reflection import OfflineReflector
+    from memstream.schemas import ReflectRequested, ReflectionCluster
+    from memstream.schemas.events import new_event_id
+
+    class FailsOnKayaks(OfflineReflector):
+        async def reflect(self, memories):
+            if any("kayak" in m for m in memories):
+                raise ModelUnavailable("for the test")
+            return await super().reflect(memories)
+
+    said = [turn(i, f"I like {what}.", "ana") for i, what in enumerate(["hiking", "camping", "kayaking", "rowing"])]
+    learned, _, _ = formation(OfflineExtractor(), turn_model=False, attempts=2)
+    learned.turns.pool = NoRowsYet()
+    made = await learned.decide(decode_turns(said, "formation")[0], MemoryView("m"), GraphView(None))
+    facts = [d.fact_id for _, d in made if type(d).__name__ == "FactAdded"]
+    assert len(facts) == 4
+    asked = ReflectRequested(event_id=new_event_id(), user_id="ana", occurred_at=datetime(2026, 1, 2, tzinfo=timezone.utc),
+                             actor="operator", sweep_id=uuid.uuid4(), policy="reflect-v3", clusters=[
+                                 ReflectionCluster(sources=facts[:2], observations=2),
+                                 ReflectionCluster(sources=facts[2:], observations=2)])
+    fatal: list = []
+    f, produced, letters = formation(OfflineExtractor(), turn_model=False, attempts=2, reflector=FailsOnKayaks(),
+                                     on_fatal=fatal.append)
+    f.turns.pool = NoRowsYet()
+    request = Record("events", 0, len(said), b"ana", encode(asked), (), 1_700_000_000_000)
+    await asyncio.wait_for(f.process([*said, request]), 20)
+    assert fatal == [] and not any(type(d).__name__ == "ReflectionRecorded" for d in produced.decisions)
+    assert sum(type(d).__name__ == "FactAdded" for d in produced.decisions) == 4  # the turns are formed
+    [(record, stage, reason)] = letters.letters
+    assert record.offset == len(said) and stage == "formation" and "the model refused it" in reason

@@ -256,9 +256,11 @@ class Formation:
                                                         part.epoch, attempt)
             except ModelRefused as exc:
                 # Its half-made decisions were on forks, dropped: the turn can be given up anywhere.
-                if not isinstance(event, TurnRecorded):
-                    raise
-                part.made[i], why = self.turns.given_up(r, event, (await part.embedded)[part.where[i]], exc)
+                if isinstance(event, TurnRecorded):
+                    part.made[i], why = self.turns.given_up(r, event, (await part.embedded)[part.where[i]], exc)
+                else:  # a request (a reflection sweep's): it makes nothing, dead-lettered with why
+                    log.warning("the model refused %s at %s: %s", type(event).__name__, r.where, exc)
+                    part.made[i], why = [], f"the model refused it, nothing of it recorded: {exc}"
             if why is not None:
                 part.refused[i] = why
             for d in part.made[i]:
