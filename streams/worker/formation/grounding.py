@@ -146,19 +146,45 @@ _SLACK = frozenset({"i", "m", "im", "ve", "ll", "d", "re", "am", "is", "are", "w
                     "my", "me", "s", "and", "that", "to", "really", "also", "just", "so", "very"})
 
 
-# Words left out between the evidence's may be anything but a negation: "I am vegan" is not
-# found in "I am not vegan".
-_GAP = r"\W+(?:(?!(?:not|no|never|nor|neither|without|cannot)\b)(?!\w*n['’]t\b)\w+\W+){0,5}?"
+_NEGATING = frozenset({"not", "no", "never", "nor", "neither", "without", "cannot"})
+# Bounds on a loose match, whatever the turn repeats: evidence of more words must be quoted
+# exactly (a model's quote is a phrase, not a page), and at most this many places a match may
+# have reached are followed (the first; one past them may be missed, and refused: the safe way).
+MAX_LOOSE_WORDS, MAX_LOOSE_ENDS = 48, 256
+
+
+def _negating(text: str, token: re.Match) -> bool:
+    word = token.group(0).casefold()
+    # "don't" is the words "don" and "t": the "t" after "n'" negates.
+    return word in _NEGATING or (word == "t" and text[max(0, token.start() - 2):token.start()].casefold() in
+                                 ("n'", "n’"))
 
 
 def _span_loosely(haystack: str, needle: str) -> tuple[int, int] | None:
-    """Where ``needle``'s words other than ``_SLACK`` are in ``haystack``, in order, at most five
-    words apart, none of those between a negation (None: nowhere, or no such word to go by)."""
-    words = [w for w in re.findall(r"\w+", needle) if w.casefold() not in _SLACK]
-    if not words:
+    """Where ``needle``'s words other than ``_SLACK`` are in ``haystack``, whole words in order,
+    at most five words apart, none of those between a negation ("I am vegan" is not in "I am not
+    vegan") (None: nowhere, or no such word to go by). Word by word, each step looking at most
+    six words on: linear in the text, whatever words repeat in it."""
+    words = [w.casefold() for w in re.findall(r"\w+", needle) if w.casefold() not in _SLACK]
+    if not words or len(words) > MAX_LOOSE_WORDS:
         return None
-    m = re.search(r"\b" + _GAP.join(map(re.escape, words)) + r"\b", haystack, re.IGNORECASE)
-    return m.span() if m else None
+    tokens = list(re.finditer(r"\w+", haystack))
+    said = [t.group(0).casefold() for t in tokens]
+    # Where a match of the words so far can end, with the earliest start of one that ends there.
+    if not (ends := {i: i for i, w in enumerate(said) if w == words[0]}):
+        return None
+    for word in words[1:]:
+        nxt: dict[int, int] = {}
+        for end, start in list(ends.items())[:MAX_LOOSE_ENDS]:
+            for g in range(end + 1, min(end + 7, len(tokens))):
+                if said[g] == word:
+                    nxt[g] = min(nxt.get(g, start), start)
+                elif _negating(haystack, tokens[g]):
+                    break
+        if not (ends := nxt):
+            return None
+    end, start = min(ends.items(), key=lambda e: (e[1], e[0]))
+    return tokens[start].start(), tokens[end].end()
 
 
 def _located(text: str, evidence: str) -> tuple[int, int] | None:
