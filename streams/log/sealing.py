@@ -26,6 +26,7 @@ from memstream.schemas.codec import MALFORMED, decode_decision, decode_event
 from memstream.schemas.errors import InvalidEvent
 from memstream.keys.data_keys import DataKeys, NotSealed, Shredded, generation_of
 from memstream.streams.log.records import SHREDDED, Record
+from memstream.streams.log.screening import expected_partition
 
 log = logging.getLogger("memstream.sealing")
 
@@ -78,6 +79,9 @@ class RecordSealer:
 
     def __init__(self, keys: DataKeys | None, *, seal: bool = True):
         self.keys, self._sealing = keys, seal and keys is not None
+        # The events topic's partition count, where this sealer opens it: a forget there counts
+        # only on its user's own partition (screening dead-letters it anywhere else).
+        self.partitions: int | None = None
         # user -> the last key generation the log has ended, most recently ended last
         self._ended: OrderedDict[str, int] = OrderedDict()
         self._since: tuple[float | None, float] | None = None  # (sealing since, when asked)
@@ -117,7 +121,7 @@ class RecordSealer:
                 continue
             if env.sealed is None:
                 if env.type in _FORGETS:
-                    self._note_forget(env.type, r.value)
+                    await self._note_forget(env.type, r)
                 elif self._sealing and env.type not in _PLAIN and env.user_id != SYSTEM_USER \
                         and await self._written_while_sealing(r.timestamp_ms):
                     self._plain_seen()
@@ -166,15 +170,26 @@ class RecordSealer:
             return dataclasses.replace(r, sealing=f"a sealed record that does not open: {exc}")
         return dataclasses.replace(r, value=value, sealed_value=r.value, generation=generation)
 
-    def _note_forget(self, type_name: str, value: bytes) -> None:
+    async def _note_forget(self, type_name: str, r: Record) -> None:
+        """A user's forget read on the log ends their key's generation for what follows it. Only
+        one the steps will apply: under its user's own key and partition (screening
+        dead-letters the rest, which must end nobody's key), and only the generation the key
+        store stamps it with, whatever a client wrote in it."""
         try:
-            record = decode_event(value) if type_name == _FORGETS[0] else decode_decision(value)
+            record = decode_event(r.value) if type_name == _FORGETS[0] else decode_decision(r.value)
         except InvalidEvent:
             return
-        if getattr(record, "kind", "user") == "user" and record.generation:
-            self._end(record.user_id, record.generation)
+        if getattr(record, "kind", "user") != "user" or r.key != record.user_id.encode():
+            return
+        generation = record.generation
+        if isinstance(record, UserForgotten):
+            if self.partitions is not None and expected_partition(r.key, self.partitions) != r.partition:
+                return
+            generation = await self.stamp(record, r.timestamp_ms / 1000)
+        if generation:
+            self._end(record.user_id, generation)
             if self.keys is not None:
-                self.keys.drop(record.user_id, record.generation)
+                self.keys.drop(record.user_id, generation)
 
     async def destroy(self, user_id: str, generation: int | None) -> None:
         """Destroy ``user_id``'s key ``generation`` and older ones (None: all): once a forget of

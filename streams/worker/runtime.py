@@ -101,7 +101,7 @@ class Runtime:
             # A record on another partition than Kafka's default partitioner gives its user is
             # dead-lettered (screening): that needs the events topic's partition count.
             partitions = len(await partitions_of(self.offsets, s.events_topic)) or None
-            self.partitions = partitions
+            self.partitions = self.sealers[s.events_topic].partitions = partitions
             if self.role == "formation":
                 m = self.metrics
                 embedder = TimedEmbedder(await asyncio.to_thread(embedder_for, s), m)

@@ -120,6 +120,33 @@ async def test_a_forget_sealed_again_after_the_user_came_back_still_ends_only_it
     assert opened.sealing is None
 
 
+async def test_a_forget_screening_refuses_or_one_claiming_a_later_key_ends_no_one_s_key(keys):
+    """A plain forget written to the events topic by hand, under another user's key or on a
+    partition not its user's, is dead-lettered by screening: opening it must not end the named
+    user's key first (their every later record would be skipped as shredded). One naming a
+    generation past the user's ends only the one the key store stamps."""
+    from memstream.streams.log.screening import expected_partition
+
+    writer = RecordSealer(keys)
+    said = await writer.seal(turn("vic", "I live in Lisbon"))
+    forged = msgspec.json.encode(forgotten("vic", generation=999))
+    other = msgspec.json.encode(forgotten("vic", generation=999))
+    wrong = next(p for p in range(4) if p != expected_partition(b"vic", 4))
+    reader = RecordSealer(keys)
+    reader.partitions = 4
+    opened = await reader.open([Record("ev", 0, 0, b"mallory", forged, (), 0),  # under another key
+                                Record("ev", wrong, 1, b"vic", other, (), 0),  # on another partition
+                                Record("ev", expected_partition(b"vic", 4), 2, b"vic", said, (), 0)])
+    assert opened[2].sealing is None and decode_event(opened[2].value).user_message == "I live in Lisbon"
+    assert len(screen(opened[:2], "formation", 4)[1]) == 2  # both dead-lettered, as they were
+    inflated = forgotten("vic", generation=999)
+    await writer.destroy("vic", await writer.stamp(inflated))  # it ended generation 1, and only that
+    comeback = await writer.seal(turn("vic", "I am back"))
+    again = RecordSealer(keys)
+    opened = await again.open(on_log([msgspec.json.encode(inflated), comeback]))
+    assert opened[1].sealing is None and decode_event(opened[1].value).user_message == "I am back"
+
+
 async def test_what_derives_from_a_forgotten_record_is_never_sealed_under_a_newer_key(keys):
     sealer = RecordSealer(keys)
     [source] = await sealer.open(on_log([await sealer.seal(turn("ana", "old secret"))]))
