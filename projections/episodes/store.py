@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import asyncpg
@@ -52,6 +52,7 @@ class EpisodeStore:
                     await swept(conn, forget)
                     continue
                 if forget.kind == "user":
+                    forgotten.erased.append(forget.user_id)
                     held = await conn.execute("DELETE FROM episodes WHERE user_id = $1", forget.user_id)
                     await conn.execute("DELETE FROM episode_passages WHERE user_id = $1", forget.user_id)
                     await conn.execute("DELETE FROM forgotten_episodes WHERE user_id = $1", forget.user_id)
@@ -93,8 +94,11 @@ _FORGET = ("DELETE FROM episodes WHERE user_id = $1 AND episode_id = $2 "
 @dataclass
 class Forgotten:
     episodes: list  # the deleted rows (episode_id, user_id, conversation_id, occurred_at, messages)
-    users: list[str]
+    users: list[str]  # forgotten users who had episodes here (Tier 0's keys to look for)
     kept_out: set  # (user_id, episode_id) of rows not recorded: their turn was forgotten before
+    # Every forgotten user, episodes or not: a kept schema may hold rows of a user with none
+    # here (only commands, or every turn forgotten one by one since the switch).
+    erased: list[str] = field(default_factory=list)
 
 
 async def _insert(conn, rows: Sequence[EpisodeRow]) -> set:

@@ -131,7 +131,7 @@ class EpisodesProjection:
                 positions = {**next_offsets(records), **events_covered(d for r, d in decided if unapplied(r))}
 
                 async def erase() -> None:  # what a forget removes beyond this schema's rows
-                    await kept_schemas.forget_users(conn, self._schema, forgotten.users)
+                    await kept_schemas.forget_users(conn, self._schema, forgotten.erased)
                     if self._redis is not None and (forgotten.episodes or forgotten.users):
                         await _erased("tier 0", session_cache.forget(self._redis, self._schema, epoch_now,
                                                                      forgotten.episodes, forgotten.users), abandoned)
@@ -149,6 +149,7 @@ class EpisodesProjection:
                         gone = await self._store.apply_batch(conn, [row], {})
                         forgotten.episodes.extend(gone.episodes)
                         forgotten.users.extend(gone.users)
+                        forgotten.erased.extend(gone.erased)
                         forgotten.kept_out.update(gone.kept_out)
 
                     async def finish() -> None:  # erased before the letters go: a retry sends them again

@@ -261,19 +261,28 @@ async def test_a_key_store_backup_from_before_a_forget_restored_after_a_rotation
 async def test_a_schema_a_switch_kept_for_an_undo_takes_a_later_forget_too(settings, conn, workers):
     w = workers()
     await w.wait_assigned()
-    await append_and_wait(settings, conn, [turn("kept", "I live in Faro.", 0), turn("neighbour", "I live in Tui.", 1)])
+    await append_and_wait(settings, conn, [turn("kept", "I live in Faro.", 0), turn("neighbour", "I live in Tui.", 1),
+                                           turn("ghost", "I live in Vigo.", 2)])
     old = f"{settings.postgres_schema}_old_1"  # as `memstream switch` keeps the schema that was live
     await conn.execute(f'CREATE SCHEMA "{old}"')
     try:
         for table in ("episodes", "memory_facts"):
             await conn.execute(f'CREATE TABLE "{old}".{table} AS SELECT * FROM {table}')
+        # "ghost" has no episode in the live schema (every turn forgotten one by one since the
+        # switch, or only commands ever): the kept schema still holds theirs.
+        await conn.execute("DELETE FROM episodes WHERE user_id = 'ghost'")
         async with TurnLog(settings) as log:
-            await log.append(UserForgotten(event_id=new_event_id(), user_id="kept", occurred_at=datetime.now(timezone.utc),
-                                           actor="user", reason="user_request"))
+            for user in ("kept", "ghost"):
+                await log.append(UserForgotten(event_id=new_event_id(), user_id=user,
+                                               occurred_at=datetime.now(timezone.utc), actor="user",
+                                               reason="user_request"))
         await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM episodes WHERE user_id = 'kept'"),
                          what="the forget applied")
+        await wait_until(lambda: conn.fetchval(f'SELECT count(*) = 0 FROM "{old}".episodes WHERE user_id = $1',
+                                               "ghost"), what="the forget of a user with no live episode")
         for table in ("episodes", "memory_facts"):
-            assert await conn.fetchval(f'SELECT count(*) FROM "{old}".{table} WHERE user_id = $1', "kept") == 0
+            for user in ("kept", "ghost"):
+                assert await conn.fetchval(f'SELECT count(*) FROM "{old}".{table} WHERE user_id = $1', user) == 0
             assert await conn.fetchval(f'SELECT count(*) FROM "{old}".{table} WHERE user_id = $1', "neighbour") > 0
     finally:
         await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
