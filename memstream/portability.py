@@ -79,6 +79,9 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
     check_user(user_id)
     on_progress = on_progress or (lambda done, total: None)
     key = user_id.encode()
+    # Before the log is read: an import compares it with the user's last forget, and one said
+    # while this export reads must make the archive older than it.
+    exported_at = datetime.now(timezone.utc)
     pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
     try:
         sealer = await sealer_for(settings, pool)
@@ -92,19 +95,29 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
     finally:
         await pool.close()
     left_out = {"forgotten": 0, "not_theirs": 0}
+    # What the user said before their last forget is not theirs to take along, though it may
+    # still open: formation has not destroyed its key yet, or it was written before sealing.
+    said_before: set = set()
 
-    def kept(msgs, decode) -> list:
+    def kept(msgs, decode, before) -> list:
         out = []
         for m in msgs:
-            if (why := _left_out(decode, m, user_id)) is None:
+            if (why := _left_out(decode, m, user_id)) is None and before(m):
+                why = "forgotten"
+                said_before.add(getattr(decode(m.value), "event_id", None))
+            if why is None:
                 out.append(m)
             else:
                 left_out[why] += 1
         return out
 
-    events, decisions = kept(events, decode_event), kept(decisions, decode_decision)
+    cut = _last_forget(events, decode_event)
+    events = kept(events, decode_event, lambda m: m.offset < cut)
+    cut = _last_forget(decisions, decode_decision)
+    decisions = kept(decisions, decode_decision,
+                     lambda m: m.offset < cut or decode_decision(m.value).source_event_id in said_before)
     header = {"format": FORMAT, "version": VERSION, "user_id": user_id,
-              "exported_at": datetime.now(timezone.utc).isoformat(), "events_topic": settings.events_topic,
+              "exported_at": exported_at.isoformat(), "events_topic": settings.events_topic,
               "decisions_topic": settings.decisions_topic, "events": len(events), "decisions": len(decisions),
               "left_out": left_out}
     # The archive is the user's words in plaintext: readable by its owner only, like the keys
@@ -124,6 +137,18 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
     log.info("exported %d events and %d decisions of a user to %s (%d not theirs left out)", len(events),
              len(decisions), path, header["left_out"]["not_theirs"])
     return header
+
+
+def _last_forget(msgs, decode) -> int:
+    """The offset of the last whole-user forget among ``msgs`` (-1: none)."""
+    for m in reversed(msgs):
+        if m.sealing is None:
+            try:
+                if ends_user(decode(m.value or b"")):
+                    return m.offset
+            except InvalidEvent:
+                pass
+    return -1
 
 
 def _left_out(decode, m, user_id: str) -> str | None:

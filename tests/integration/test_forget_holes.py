@@ -287,3 +287,26 @@ async def test_a_schema_a_switch_kept_for_an_undo_takes_a_later_forget_too(setti
     finally:
         await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
         w.stop()
+
+
+async def test_an_export_before_formation_ends_a_forgotten_users_key_takes_nothing_said_before_the_forget(
+        settings, conn, workers, tmp_path):
+    """The forget is on the log, its key not destroyed yet (formation is down): what the user
+    said before it still opens, but is not theirs to take along; and the archive is dated before
+    the log was read, so an import sees it older than any forget said meanwhile."""
+    from memstream.portability import read_archive
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("xf", "I live in Lisbon.", 0)])
+    w.stop()
+    said = datetime.now(timezone.utc)
+    async with TurnLog(settings) as log:
+        await log.append(UserForgotten(event_id=new_event_id(), user_id="xf", occurred_at=said, actor="user"))
+        await log.append(turn("xf", "I am back, and I live in Faro.", 1))
+    header = await export_user(settings, "xf", tmp_path / "xf.jsonl")
+    _, events, decisions = read_archive(tmp_path / "xf.jsonl")
+    assert [e["record"]["user_message"] for e in events] == ["I am back, and I live in Faro."]
+    assert decisions == [] and "Lisbon" not in (tmp_path / "xf.jsonl").read_text()
+    assert header["left_out"]["forgotten"] >= 3  # the turn, its decisions, the forget
+    assert datetime.fromisoformat(header["exported_at"]) > said
