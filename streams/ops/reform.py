@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
@@ -23,7 +24,7 @@ from memstream.llm.clients import llm_clients, reflection_client
 from memstream.schemas.errors import MemstreamError, Refused
 from memstream.embedding import embedder_for
 from memstream.projections import db
-from memstream.schemas import FactDecision, GraphDecision, InvalidEvent, decode_decision
+from memstream.schemas import FactDecision, GraphDecision, InvalidEvent, decode_decision, decode_event
 from memstream.keys import Shredded, data_keys
 from memstream.streams.worker.formation.graph import GraphView
 from memstream.streams.worker.formation.pipeline import Formation, decode_turns
@@ -33,6 +34,7 @@ from memstream.streams.log.kafka_util import drain, groupless_consumer, partitio
 from memstream.streams.log import reform_marks
 from memstream.streams.log.producer import idempotent_producer
 from memstream.streams.log.records import Record
+from memstream.streams.log.screening import imported
 from memstream.streams.log.sealing import RecordSealer
 from memstream.streams.log.topics import FOREVER
 
@@ -136,18 +138,46 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                                   sealer=sealer, turn_extractor=turn, concurrency=settings.formation_concurrency,
                                   reflector=reflector, episodes=pool)
 
-            async def form(batch: list[Record]) -> None:
-                batch = await sealer.open(batch)
-                turns, letters = decode_turns(batch, "reform", len(partitions))
+            # An imported event is not formed: its decisions came with it, from the user's export.
+            # Those of the events formed again below are copied in their place.
+            came_with = await _imported_decisions(c, RecordSealer(sealer.keys), events, decisions, start, high)
+
+            async def decided(segment: list[Record]) -> list[tuple[Record, object]]:
+                turns, letters = decode_turns(segment, "reform", len(partitions))
                 undecodable = len(letters)
                 counts["skipped"] += undecodable
                 made = await formation.decide(turns, view, graph, letters=letters)
                 counts["refused"] += len(letters) - undecodable
+                return made
+
+            async def form(batch: list[Record]) -> None:
+                batch = await sealer.open(batch)
+                made, copied, segment = [], {}, []
+                for r in [*batch, None]:
+                    event_id = _imported_id(r)
+                    if r is not None and event_id is None:
+                        segment.append(r)
+                        continue
+                    made += await decided(segment) if segment else []
+                    segment = []
+                    for dr, d in came_with.pop(event_id, []):
+                        try:
+                            if isinstance(d, FactDecision):
+                                view.apply(d)
+                            elif isinstance(d, GraphDecision):
+                                await graph.ensure_user(d.user_id)
+                                graph.apply(d)
+                        except Refused:  # dead-lettered live (it names what its user does not hold): so here
+                            counts["uncopied"] += 1
+                            continue
+                        made.append((r, d))
+                        copied[id(d)] = dr.sealed_value if dr.sealed_value is not None else await sealer.seal(d)
                 made += nothing_decided(batch, made)
+                counts["copied"] += len(copied)
                 futures = []
                 for r, d in made:
                     try:
-                        value = await sealer.seal(d, r.generation)
+                        value = copied.get(id(d)) or await sealer.seal(d, r.generation)
                     except Shredded:
                         continue  # the user was forgotten while this reform ran
                     futures.append(await producer.send(topic, value, key=r.key, partition=r.partition))
@@ -173,6 +203,53 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
         await pool.close()
     log.info(report.render())
     return report
+
+
+def _imported_id(r: Record | None):
+    """The event id of ``r`` if it is an imported event that opened, else None."""
+    if r is None or r.sealing is not None or not imported(r):
+        return None
+    try:
+        return decode_event(r.value or b"").event_id
+    except InvalidEvent:
+        return None  # dead-lettered, as live
+
+
+async def _imported_decisions(c, sealer: RecordSealer, events: list[TopicPartition], decisions: list[TopicPartition],
+                              start: dict, high: dict) -> dict:
+    """The decisions on the live topic of the imported events from ``start`` on, by event id, in
+    log order (opened by a ``sealer`` of their own: a forget met here says nothing of where the
+    events being formed stand)."""
+    ids: set = set()
+
+    async def note(batch: list[Record]) -> None:
+        for r in await sealer.open([r for r in batch if imported(r)]):
+            try:
+                ids.add(decode_event(r.value or b"").event_id)
+            except InvalidEvent:
+                pass  # shredded, or dead-lettered live
+
+    c.assign(events)
+    for tp in events:
+        c.seek(tp, start[tp])
+    await drain(c, events, high, note)
+    held: dict = defaultdict(list)
+    if not ids:
+        return held
+
+    async def keep(batch: list[Record]) -> None:
+        for r in await sealer.open(batch):
+            try:
+                d = decode_decision(r.value or b"")
+            except InvalidEvent:
+                continue
+            if d.source_event_id in ids:
+                held[d.source_event_id].append((r, d))
+
+    c.assign(decisions)
+    await c.seek_to_beginning(*decisions)
+    await drain(c, decisions, high, keep)
+    return held
 
 
 async def _create_version_topic(settings: Settings, topic: str, partitions: int, consumer, pool) -> None:

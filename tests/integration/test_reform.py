@@ -97,3 +97,44 @@ async def test_a_reform_stopped_partway_is_refused_by_replay_and_named_by_the_ne
     whole = await reform(settings, extractor="offline", topic=settings.decisions_topic + ".whole")
     row = await conn.fetchrow("SELECT finished_at, report FROM reforms WHERE topic = $1", whole.topic)
     assert row["finished_at"] is not None and json.loads(row["report"])["reformed_events"] == len(SCRIPT)
+
+
+async def test_a_reform_keeps_an_imported_users_memory_and_forms_their_later_turns_on_it(settings, conn, dsn, workers,
+                                                                                        tmp_path):
+    """An imported event is not formed (its decisions came with it): formation forms the user's
+    next turn on the imported memory once it is applied, and a reform copies the imported
+    decisions in their events' place, so the new version holds it and what the user said after."""
+    from datetime import datetime, timezone
+
+    from memstream.portability import export_user, import_user
+    from memstream.schemas import UserForgotten
+    from memstream.schemas.events import new_event_id
+    from memstream.streams.log.producer import TurnLog
+
+    from .conftest import wait_until
+
+    w = workers()
+    await w.wait_assigned()
+    await append_and_wait(settings, conn, [turn("imp", "I live in Lisbon and work as a nurse at Santa Maria.", 0),
+                                           turn("imp", "I like jazz.", 60), turn("loc", "I live in Oslo.", 120)])
+    await export_user(settings, "imp", tmp_path / "imp.jsonl")
+    async with TurnLog(settings) as log:  # gone here, and brought back from the archive (as if moved in)
+        await log.append(UserForgotten(event_id=new_event_id(), user_id="imp", occurred_at=datetime.now(timezone.utc),
+                                       actor="user"))
+    await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM memory_facts WHERE user_id = 'imp'"),
+                     what="imp forgotten")
+    await import_user(settings, tmp_path / "imp.jsonl", force=True)
+    # At once: formation must wait for the imported decisions to be applied, not form on what it held.
+    await append_and_wait(settings, conn, [turn("imp", "I moved to Berlin last month.", 180)])
+    assert await conn.fetchval("SELECT count(*) FROM memory_facts WHERE user_id = 'imp' AND value = 'Lisbon' "
+                               "AND status = 'superseded'") == 1  # formed on the imported memory
+    w.stop()
+    side = f"{settings.postgres_schema}_imp"
+    try:
+        report = await reform(settings, extractor="offline", topic=settings.decisions_topic + ".imp")
+        assert report.copied_decisions > 0
+        await replay(settings, dsn, side, ["episodes", "facts"], topic=settings.decisions_topic + ".imp")
+        for table in TABLES["facts"] + TABLES["episodes"]:
+            assert await diff_counts(conn, settings.postgres_schema, side, table) == (0, 0), table
+    finally:
+        await drop_schema(dsn, side)

@@ -42,6 +42,11 @@ class ProjectionBarrier:
         key = (partition, user_id)
         self._by_user[key] = max(self._by_user.get(key, 0), next_offset)
 
+    async def imported(self, partition: int, user_id: str) -> None:
+        """The user's next wait also waits for every decision on the partition now: an import
+        appended theirs, which formation did not produce."""
+        self.produced(partition, await self._end_offset(partition), user_id)
+
     def forget(self, partitions) -> None:
         for p in partitions:
             self._whole.discard(p)

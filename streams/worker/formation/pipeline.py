@@ -99,6 +99,7 @@ class Formation:
         self._tasks: set[asyncio.Task] = set()
         self._recording: set[asyncio.Future] = set()
         self._views: collections.OrderedDict[str, _Views] = collections.OrderedDict()
+        self._imported: set[str] = set()  # users whose views lack what an import appended since
         self._unfinished: collections.Counter[str] = collections.Counter()
         self._failed: BaseException | None = None
         self._ranked = 0
@@ -119,6 +120,7 @@ class Formation:
         goes to ``on_fatal``."""
         self._raise_failed()
         turns, letters = decode_turns(records, self.name, self._partitions)
+        self._imported.update(r.key.decode(errors="replace") for r in records if imported(r) and r.key)
         partitions = list(dict.fromkeys(r.partition for r in records))
         left = len(partitions)
 
@@ -154,6 +156,7 @@ class Formation:
         self._tails.clear()
         self._finishing.clear()
         self._views.clear()
+        self._imported.clear()  # whoever forms these partitions next waits for all of them
         self._unfinished.clear()
         self.turns.clear()  # what it held of users this worker may no longer form
         self._in_flight = 0
@@ -272,8 +275,13 @@ class Formation:
         return True
 
     async def _views_for(self, partition: int, user: str, before: "_Tail | None") -> "_Views":
-        views = self._views.pop(user, None)
-        if views is not None and (views.settle or len(views.facts.rows) > VIEW_ROWS or views.graph.grown > VIEW_ROWS):
+        views, imported_ = self._views.pop(user, None), user in self._imported
+        if imported_:  # the import appended their decisions before this turn came
+            self._imported.discard(user)
+            if self._barrier is not None:
+                await retried("formation's barrier", lambda: self._barrier.imported(partition, user))
+        if views is not None and (imported_ or views.settle or len(views.facts.rows) > VIEW_ROWS
+                                  or views.graph.grown > VIEW_ROWS):
             # Read afresh once the store holds what the views overlay: after a forget of some of
             # it, or once they have grown (a busy user's are seldom idle enough to be dropped).
             if before is not None:  # their last part not recorded yet
