@@ -35,12 +35,15 @@ def _normalised(rows: Sequence[Sequence[float]], dim: int) -> np.ndarray:
     return out / np.where(norms == 0, 1.0, norms)
 
 
+class EmbeddingUnavailable(ConnectionError):
+    """The embedding service still failed past the embedder's attempts. A connection error, so
+    whoever embeds retries it as any store's (the batch waits) instead of stopping on another
+    library's error."""
+
+
 def _asked(passing, attempts: int, what: str, call):
     """``call()``, again after each error ``passing`` lets by, ``attempts`` times at most; a
-    passing error still there after them is ``ModelUnavailable``, which whoever embeds retries
-    (the batch waits) instead of stopping on another library's error."""
-    from memstream.llm.protocols import ModelUnavailable
-
+    passing error still there after them is ``EmbeddingUnavailable``."""
     try:
         for attempt in Retrying(retry=retry_if_exception(passing), wait=wait_random_exponential(multiplier=0.5, max=20),
                                 stop=stop_after_attempt(attempts), reraise=True,
@@ -50,7 +53,7 @@ def _asked(passing, attempts: int, what: str, call):
                 return call()
     except Exception as exc:
         if passing(exc):
-            raise ModelUnavailable(f"{what}: {type(exc).__name__} after {attempts} attempts") from exc
+            raise EmbeddingUnavailable(f"{what}: {type(exc).__name__} after {attempts} attempts") from exc
         raise
 
 

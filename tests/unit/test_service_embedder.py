@@ -71,11 +71,10 @@ def test_each_services_refusal_for_length_is_read_as_one(refusal):
 
 
 def test_a_service_still_down_after_its_attempts_is_unavailable_which_the_pipeline_retries():
-    from memstream.embedding.remote import OpenAIEmbedder
-    from memstream.llm.protocols import ModelUnavailable
-    from memstream.schemas.errors import Retryable
+    from memstream.embedding.remote import EmbeddingUnavailable, OpenAIEmbedder
+    from memstream.streams.log.errors import Transient, as_retryable
 
     down = OpenAIEmbedder("http://127.0.0.1:1/v1", None, "minilm", dimensions=384, attempts=2, timeout_s=1.0)
-    with pytest.raises(ModelUnavailable, match="APIConnectionError after 2 attempts") as raised:
+    with pytest.raises(EmbeddingUnavailable, match="APIConnectionError after 2 attempts") as raised:
         down.embed(["I live in Lisbon."])
-    assert isinstance(raised.value, Retryable)  # the batch waits: `retried` asks again, the worker goes on
+    assert isinstance(as_retryable(raised.value), Transient)  # the batch waits: `retried` asks again, the worker goes on

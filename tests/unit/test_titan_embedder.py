@@ -59,16 +59,16 @@ def test_throttling_is_retried_and_a_refused_request_is_raised_as_it_is():
 def test_throttling_past_the_attempts_and_a_dropped_connection_are_passing_not_fatal():
     from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
 
-    from memstream.llm.protocols import ModelUnavailable
-    from memstream.schemas.errors import Retryable
+    from memstream.embedding.remote import EmbeddingUnavailable
+    from memstream.streams.log.errors import Transient, as_retryable
 
     c = client()
     e = TitanEmbedder(c, dimensions=256, attempts=2)
     for _ in range(2):
         c.stub.add_client_error("invoke_model", "ThrottlingException", "slow down")
-    with c.stub, pytest.raises(ModelUnavailable, match="ThrottlingException after 2 attempts") as raised:
+    with c.stub, pytest.raises(EmbeddingUnavailable, match="ThrottlingException after 2 attempts") as raised:
         e.embed(["hi"])
-    assert isinstance(raised.value, Retryable)  # the batch waits instead of the worker stopping
+    assert isinstance(as_retryable(raised.value), Transient)  # the batch waits instead of the worker stopping
     assert TitanEmbedder._passing(ConnectionClosedError(endpoint_url="https://bedrock"))
     assert TitanEmbedder._passing(ReadTimeoutError(endpoint_url="https://bedrock"))
 
