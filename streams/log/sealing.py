@@ -53,6 +53,15 @@ def is_sealed(value: bytes | None) -> bool:
         return False
 
 
+def sealed_generation(value: bytes | None) -> int | None:
+    """The key generation ``value`` is sealed under (None: not a sealed record)."""
+    try:
+        env = _envelope.decode(value or b"")
+    except MALFORMED:
+        return None
+    return None if env.sealed is None else generation_of(env.sealed)
+
+
 async def sealer_for(settings, pool) -> "RecordSealer":
     """The sealer of ``settings``' deployment: its data keys in ``pool``'s database."""
     from memstream.keys import data_keys

@@ -24,7 +24,8 @@ from memstream.schemas.errors import InvalidArgument
 from memstream.streams.log.kafka_util import drain, groupless_consumer, partitions_of
 from memstream.streams.log.producer import idempotent_producer
 from memstream.streams.log.records import Record
-from memstream.streams.log.sealing import is_sealed, sealer_for
+from memstream.keys import Shredded
+from memstream.streams.log.sealing import is_sealed, sealed_generation, sealer_for
 
 
 @dataclass
@@ -116,7 +117,13 @@ async def retry(settings, name: str, fixed: Path | None = None) -> dict:
                     raise InvalidArgument(f"letter {name}: the decision does not decode: {exc}") from None
                 if decision.user_id != user:
                     raise InvalidArgument(f"letter {name} is keyed by {user!r}; the decision names {decision.user_id!r}")
-                value = await sealer.seal(decision)
+                # Under the key the letter was sealed under, as formation seals a decision under its
+                # turn's: a forget said before the decision was written ends it, not the user's next.
+                try:
+                    value = await sealer.seal(decision, sealed_generation(r.value))
+                except Shredded:
+                    raise InvalidArgument(f"letter {name}: the key it was sealed under is destroyed (its user was "
+                                          "forgotten); retrying it would bring back what they asked to forget") from None
         elif topic in events or topic == settings.ingress_topic:
             target = settings.events_topic if is_sealed(value) else settings.ingress_topic
             partition = None  # by key: the user's partition

@@ -64,3 +64,46 @@ async def test_a_broken_plain_turn_is_listed_shown_and_once_fixed_appended_again
         await control.forget_user(log, "dl-user")
     again = cli(settings, "dead-letters", "retry", letter["name"], "--fixed", str(fixed))
     assert again.returncode == 1 and "forgotten" in again.stderr, again.stderr
+
+
+async def test_a_fixed_decision_is_sealed_under_its_letters_key_and_refused_once_that_key_is_destroyed(
+        settings, dsn, tmp_path):
+    """A decision formation wrote, lagging, after its user's forget was said, then dead-lettered:
+    fixed and retried, it must not be sealed under the key of the user's next life, where no
+    forget would reach it."""
+    import time
+    import uuid
+
+    from memstream.projections.db import create_pool
+    from memstream.schemas import FactReinforced, TurnRecorded
+    from memstream.schemas.codec import encode
+    from memstream.schemas.errors import InvalidArgument
+    from memstream.streams.log.sealing import sealer_for
+    from memstream.streams.ops.dead_letters import retry
+
+    from .test_delivery import _decided
+
+    pool = await create_pool(dsn, settings.postgres_schema, min_size=0, max_size=1)
+    try:
+        sealer = await sealer_for(settings, pool)
+        decision = FactReinforced(**_decided(settings, 0, "dx", "fact:0"), extractor="test", resolver="test",
+                                  reason="test", confidence=1.0, explicit=True, target=uuid.uuid4())
+        first_life = await sealer.seal(decision)
+        await sealer.destroy("dx", 1)  # their forget applied: that key is gone
+        await sealer.seal(TurnRecorded.new(user_id="dx", conversation_id="c", user_message="I am back",
+                                           assistant_message="ok"))  # a key of their next life
+    finally:
+        await pool.close()
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(settings.dead_letter_topic, first_life, key=b"dx", headers=[
+            ("memstream.reason", b"refused, for the test"), ("memstream.stage", b"facts"),
+            ("memstream.source", f"{settings.decisions_topic}/0/7".encode()),
+            ("memstream.appended-at", str(int(time.time() * 1000)).encode())])
+    finally:
+        await producer.stop()
+    fixed = tmp_path / "fixed.json"
+    fixed.write_bytes(encode(decision))
+    with pytest.raises(InvalidArgument, match="sealed under is destroyed"):
+        await retry(settings, f"{meta.partition}/{meta.offset}", fixed)
