@@ -31,7 +31,7 @@ from memstream.schemas import EpisodeRecorded, EpisodesSwept, InvalidEvent, Memo
 from memstream.keys import data_keys
 from memstream.streams.log.kafka_util import drain, groupless_consumer
 from memstream.streams.log.records import next_offsets
-from memstream.streams.ops.replay import ReplayError, from_the_beginning
+from memstream.streams.ops.replay import ReplayError, from_the_beginning, refuse_unfinished
 from memstream.streams.log.sealing import RecordSealer
 from memstream.streams.worker import switch_lock
 
@@ -178,6 +178,7 @@ async def rebuild_episodes(settings: Settings, dsn: str, into: str, *, topic: st
                            on_progress=None) -> RebuildReport:
     """Rebuild the episodes projection of ``topic`` (default: the live decisions topic) into the
     fresh schema ``into``; ``on_progress(done, total)`` is told the records read."""
+    await refuse_unfinished(settings, dsn, topic)
     async with switch_lock.building(dsn, into):
         return await _rebuild_episodes(settings, dsn, into, topic, on_progress)
 

@@ -102,17 +102,23 @@ async def replay(settings: Settings, dsn: str, into: str, projections: list[str]
         raise ReplayError("refusing to replay into the live schema; pick a fresh one")
     if into == settings.keys_schema:
         raise ReplayError("refusing to replay into the key store's schema; pick a fresh one")
-    if topic:
-        live = await db.create_pool(dsn, settings.postgres_schema, min_size=0, max_size=1)
-        try:
-            begun = await reform_marks.unfinished(live, settings.postgres_schema, topic)
-        finally:
-            await live.close()
-        if begun is not None:
-            raise ReplayError(f"topic {topic} holds what a reform started {begun.isoformat()} left unfinished: its "
-                              "projections would miss whatever it never formed; run the reform again into a new topic")
+    await refuse_unfinished(settings, dsn, topic)
     async with switch_lock.building(dsn, into):
         return await _replay_into(settings, dsn, into, projections, topic, batch_size, on_progress)
+
+
+async def refuse_unfinished(settings: Settings, dsn: str, topic: str | None) -> None:
+    """Refuses ``topic`` (a decisions version) when a reform into it never finished."""
+    if not topic:
+        return
+    live = await db.create_pool(dsn, settings.postgres_schema, min_size=0, max_size=1)
+    try:
+        begun = await reform_marks.unfinished(live, settings.postgres_schema, topic)
+    finally:
+        await live.close()
+    if begun is not None:
+        raise ReplayError(f"topic {topic} holds what a reform started {begun.isoformat()} left unfinished: its "
+                          "projections would miss whatever it never formed; run the reform again into a new topic")
 
 
 async def _replay_into(settings: Settings, dsn: str, into: str, projections: list[str], topic: str | None,

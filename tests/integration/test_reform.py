@@ -91,6 +91,10 @@ async def test_a_reform_stopped_partway_is_refused_by_replay_and_named_by_the_ne
         await reform(settings, extractor="offline", topic=topic, on_progress=crash)
     with pytest.raises(ReplayError, match="left unfinished"):
         await replay(settings, dsn, into, ["facts"], topic=topic)
+    from memstream.streams.ops.rebuild import rebuild_episodes
+
+    with pytest.raises(ReplayError, match="left unfinished"):  # `replay episodes --bulk` too
+        await rebuild_episodes(settings, dsn, into, topic=topic)
     assert await schemas_named(dsn, into) == set()  # refused before anything was built
     with pytest.raises(ReformError, match="left unfinished; delete the topic"):
         await reform(settings, extractor="offline", topic=topic)
