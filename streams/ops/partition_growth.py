@@ -50,7 +50,9 @@ log = logging.getLogger("memstream.partitions")
 
 MOVED_FROM = "memstream.moved-from"
 FENCE = {"max.message.bytes": "0"}
-IDENTITY_COMMANDS = frozenset({"PersonIdentitySet", "ExpertIdentityUpserted", "ExpertIdentityDeleted"})
+# Host records the commands projection keeps the offset of (the latest statement wins; a use is
+# counted once): where each landed on the new topics is recorded, and their rows mapped to it.
+OFFSET_KEPT = frozenset({"PersonIdentitySet", "ExpertIdentityUpserted", "ExpertIdentityDeleted", "MemoriesUsed"})
 SMALL_TAIL = 1000  # records left after a copy round: fence now, the pause is short
 MAX_ROUNDS = 5
 LAG_BEFORE_FENCE = 100  # records the workers have left on the old topics when they are fenced (at best)
@@ -112,9 +114,9 @@ class _Copy:
         return expected_partition(key, self.to)
 
     def identity(self, r, old_partition: int) -> bool:
-        """An identity command the commands projection applied (one on its key's partition)."""
+        """A record of ``OFFSET_KEPT`` the commands projection applied (one on its key's partition)."""
         return (r.key is not None and expected_partition(r.key, self.n) == old_partition
-                and _type(r.value) in IDENTITY_COMMANDS)
+                and _type(r.value) in OFFSET_KEPT)
 
     def load(self, state: dict) -> None:
         mine = state.get(self.src, {})
@@ -426,3 +428,8 @@ async def _cut_over(pool, settings: Settings, live: Settings, move, to: int, new
                            live.events_topic)
         await conn.execute("UPDATE expert_identities t SET source_offset = m.new_offset " + mapped.format("$2::text"),
                            live.events_topic, SYSTEM_USER)  # the host-wide key's
+        for uses in ("fact_uses", "episode_uses"):  # else a use on the new topics (lower offsets) is not counted
+            await conn.execute(f"UPDATE {uses} t SET source_offset = m.new_offset " + mapped.format("t.user_id"),
+                               live.events_topic)
+        # Needed for the mapping only: its digests of user ids go with it.
+        await conn.execute(f'DELETE FROM "{keys}".log_moved_offsets WHERE from_topic = $1', live.events_topic)

@@ -28,7 +28,9 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
         settings, conn, dsn, workers, forbid_llm_and_embedder, monkeypatch, caplog):
     from memstream.projections.compare import TABLES, diff_counts
     from memstream.projections.db import create_pool, drop_schema
-    from memstream.schemas import PersonIdentitySet, TurnRecorded
+    import uuid
+
+    from memstream.schemas import MemoriesUsed, PersonIdentitySet, TurnRecorded
     from memstream.schemas.events import new_event_id
     from memstream.keys import data_keys
     from memstream.streams.log.kafka_util import drain, groupless_consumer, partitions_of
@@ -47,6 +49,7 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
     await w.wait_assigned()
     sent: dict[str, list[int]] = defaultdict(list)  # user -> sequence numbers, in append order
     stop = asyncio.Event()
+    used = uuid.uuid4()  # a fact the host says it used, before the move and after it
     stored = [0]  # episodes the workers have stored, looked at on a connection of its own
 
     async def watch_stored() -> None:
@@ -102,6 +105,7 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
         # (identity statements are ordered by their offset: the move maps them onto the new partition).
         await log.append(PersonIdentitySet(event_id=new_event_id(), user_id="g-user-0",
                                            attributes={"name": "Before"}, occurred_at=BASE))
+        await log.append(MemoriesUsed(event_id=new_event_id(), user_id="g-user-0", fact_ids=[used], occurred_at=BASE))
         # A first run dies after writing a batch and before recording it: the second resumes.
         checkpoint, calls = partition_growth._Copy._checkpoint, [0]
 
@@ -120,6 +124,8 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
         await asyncio.sleep(2)
         await log.append(PersonIdentitySet(event_id=new_event_id(), user_id="g-user-0",
                                            attributes={"name": "After"}, occurred_at=BASE))
+        # Counted, though its offset on the new partition is below the one the first use had on the old.
+        await log.append(MemoriesUsed(event_id=new_event_id(), user_id="g-user-0", fact_ids=[used], occurred_at=BASE))
         await asyncio.sleep(1)
         stop.set()
         await asyncio.gather(*flows)
@@ -164,6 +170,9 @@ async def test_the_log_grows_from_4_to_8_partitions_while_turns_flow_keeping_eac
     # The restatement wins (its offset on the new partition is past the mapped one of the first).
     await wait_until(lambda: conn.fetchval("SELECT attributes->>'name' = 'After' FROM person_identities "
                                            "WHERE user_id = 'g-user-0'"), timeout=60, what="the restated identity")
+    await wait_until(lambda: conn.fetchval("SELECT uses = 2 FROM fact_uses WHERE user_id = 'g-user-0' AND fact_id = $1",
+                                           used), timeout=60, what="both uses counted")
+    assert await conn.fetchval(f'SELECT count(*) FROM "{settings.keys_schema}".log_moved_offsets') == 0
 
     # Each user's turns on the new events topic: every one of them, in the order appended.
     pool = await create_pool(dsn, settings.postgres_schema, min_size=0, max_size=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from memstream.streams.log.screening import expected_partition
-from memstream.streams.ops.partition_growth import IDENTITY_COMMANDS, MOVED_FROM, _Copy, _moved_from, _type
+from memstream.streams.ops.partition_growth import OFFSET_KEPT, MOVED_FROM, _Copy, _moved_from, _type
 
 
 def test_each_new_partition_takes_the_users_of_exactly_one_old_partition_on_their_murmur2_partition():
@@ -27,6 +27,6 @@ def test_a_record_that_was_not_on_its_keys_partition_stays_off_it_so_a_replay_re
 def test_a_copied_record_names_its_old_place_and_identity_commands_are_recognised_sealed_or_plain():
     assert _moved_from([("x", b"1"), (MOVED_FROM, b"3/1207")]) == (3, 1207)
     sealed = json.dumps({"type": "PersonIdentitySet", "schema_version": 1, "user_id": "u", "sealed": "AAAA"}).encode()
-    assert _type(sealed) in IDENTITY_COMMANDS
+    assert _type(sealed) in OFFSET_KEPT
     assert _type(b'{"type": "TurnRecorded", "user_message": "hi"}') == "TurnRecorded"
     assert _type(b"not json") == "" and _type(None) == ""
