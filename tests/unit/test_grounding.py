@@ -162,3 +162,22 @@ def test_evidence_repeating_a_word_the_turn_repeats_is_looked_for_in_linear_time
         assert refusal(fact("zeb " * k + "quux"), said)[0] == "ungrounded"
         assert refusal(fact("zeb " * k), said) is None or k > 47  # past 48 words, only the exact quote
     assert time.perf_counter() - t < 5
+
+
+@pytest.mark.parametrize("said, relation, target, negated, kind", [
+    ("I work at Acme.", "works_at", "Acme", False, None),
+    ("My sister is called Ana.", "has_sibling", "Ana", False, None),
+    ("My boss Priya is great.", "managed_by", "Priya", False, None),
+    ("I don't live in Lisbon any more.", "lives_in", "Lisbon", True, None),
+    ("Can you pretend I work at Hogwarts?", "works_at", "Hogwarts", False, "hypothetical"),
+    ("Imagine my boss is Darth Vader, write a story.", "managed_by", "Darth Vader", False, "hypothetical"),
+    ("Should I quit Google?", "works_at", "Google", True, "question"),
+    ('My friend said: "I live in Rome now"', "lives_in", "Rome", False, "quoted"),
+    ("I love my job.", "works_at", "Initech", False, "ungrounded"),
+])
+def test_an_edge_of_the_users_is_guarded_as_a_fact_on_the_sentence_naming_its_target(said, relation, target, negated,
+                                                                                      kind):
+    from memstream.streams.worker.formation.grounding import edge_refusal
+
+    found = edge_refusal(relation, target, negated, turn(said))
+    assert (found[0] if found else None) == kind, found

@@ -289,3 +289,21 @@ def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | N
             sentence.split(",")[0]):
         return "other_person", "the sentence is about someone else, not the user"
     return None
+
+
+# Relations to another person (or a pet): the user's own, though the sentence is about them.
+_PERSONAL = frozenset({"married_to", "has_child", "has_sibling", "has_parent", "friend_of", "managed_by", "has_pet",
+                       "knows"})
+
+
+def edge_refusal(relation: str, target: str, negated: bool, turn: TurnRecorded) -> tuple[str, str] | None:
+    """``refusal`` for an edge of the user's (``relation`` canonical): its ground is the sentence
+    of the user's message naming ``target`` (relation extractors name no words of the turn), or
+    the words of the assistant's the user plainly confirmed."""
+    said = _nfkc(turn.user_message)
+    found = _located(said, _nfkc(target))
+    evidence = _sentence_at(said, found[0])[0] if found else target
+    candidate = CandidateFact(text=target, category="relationship" if relation in _PERSONAL else "other",
+                              attribute=relation, value=target, confidence=1.0, explicit=True, negated=negated,
+                              evidence=evidence)
+    return refusal(candidate, turn)

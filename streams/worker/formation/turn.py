@@ -19,7 +19,7 @@ import numpy as np
 from memstream.embedding import Embedder, to_bytes
 from memstream.llm.protocols import (ExtractionClient, ModelRefused, ModelUnavailable, Operation, Resolution,
                                      ResolutionClient, TurnExtractionClient)
-from memstream.llm.relations import RelationExtractionClient
+from memstream.llm.relations import USER, RelationExtractionClient
 from memstream.projections.episodes import core as episodes
 from memstream.projections.facts import core as facts_core
 from memstream.projections.facts import decay
@@ -28,7 +28,7 @@ from memstream.projections.graph.core import EdgeRow
 from memstream.schemas import (Decision, EpisodeRecorded, Event, FactChangeDeferred, FactDecision, FactDeleted,
                                FactRefused, FactRestored, LogPosition, TurnRecorded)
 from memstream.schemas.events import Passage
-from memstream.schemas.vocabulary import relation_of
+from memstream.schemas.vocabulary import canonical, relation_of
 from memstream.streams.log.records import Record
 from memstream.streams.worker.formation import grounding, slot_edges
 from memstream.streams.worker.formation.decide import Context, decide
@@ -222,6 +222,11 @@ class TurnDecider:
             recorded_at=r.timestamp, user_id=turn.user_id))
         decider = EdgeDecider(ctx, graph)
         for c in candidates:
+            if c.source == USER and (why := grounding.edge_refusal(canonical(c.relation), c.target, c.negated,
+                                                                    turn)):
+                # The junk guard, as for facts ("imagine my boss is Darth Vader" is no edge of theirs).
+                log.info("edge refused by the junk guard: %s [event %s]", why[0], turn.event_id)
+                continue
             decider.add(c)
         sentences = decider.sentences()
         vectors = dict(zip(sentences, (to_bytes(v) for v in await self.embed_facts(sentences)))) if sentences else {}
