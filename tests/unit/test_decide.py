@@ -114,9 +114,13 @@ def test_a_retraction_the_resolver_calls_already_known_deletes_the_fact_instead_
 
 def test_a_retraction_the_resolver_pins_on_another_fact_changes_nothing():
     state, near_fact = _state_with("Lives in Lisbon", "location", "home", "Lisbon")
-    d = decide(CTX, 1, negated("Lives in Oslo", "location", "home", "Oslo"), VEC,
-               Resolution(Operation.NOOP, near_fact.fact_id, "similar"), [near_fact], state)
-    assert d is None
+    for op in (Operation.NOOP, Operation.DELETE):  # not even a delete the resolver asks for
+        d = decide(CTX, 1, negated("Lives in Oslo", "location", "home", "Oslo"), VEC,
+                   Resolution(op, near_fact.fact_id, "similar"), [near_fact], state)
+        assert d is None, op
+        d = decide(CTX, 1, negated("Works at Lisbon Labs", "work", "employer", "Lisbon Labs"), VEC,
+                   Resolution(op, near_fact.fact_id, "similar"), [near_fact], state)
+        assert d is None, op
 
 
 def test_an_explicit_retraction_of_a_constraint_passes_the_gate():

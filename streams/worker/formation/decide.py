@@ -54,15 +54,16 @@ def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolu
         # The resolver named a fact it was not shown: do not act on a guess.
         op, target = Operation.ADD, None
         resolution = Resolution(op, None, f"resolver named an unknown target; treated as new ({resolution.reason})")
-    if cand.negated and target is not None and op in (Operation.NOOP, Operation.UPDATE):
+    if cand.negated and target is not None and op is not Operation.ADD:
         # A retraction ("forget that I live in Lisbon") never reinforces or rewrites a fact: it
-        # deletes the one it names, or nothing.
+        # deletes the one it names, or nothing (not a neighbour the resolver pointed at).
         named = rows[user, target]
         if named.attribute != cand.attribute or (cand.value and named.value.casefold() != cand.value.casefold()):
             return None
-        resolution = Resolution(Operation.DELETE, target,
-                                f"user retracts {named.text!r} (resolver said {op.value}: {resolution.reason})")
-        op = Operation.DELETE
+        if op is not Operation.DELETE:
+            resolution = Resolution(Operation.DELETE, target,
+                                    f"user retracts {named.text!r} (resolver said {op.value}: {resolution.reason})")
+            op = Operation.DELETE
     if op is Operation.ADD:
         # A near-duplicate is the same kind of fact said again ("Likes jazz" / "Loves jazz"),
         # not a different kind that happens to read alike ("trip to Berlin" / "move to Berlin").
