@@ -354,8 +354,6 @@ class _DecisionProjection:
                         await self.before_commit(conn, decisions, self.merged(results))
 
                     await _one_by_one(conn, self._dead, self.name, decisions, exc, apply=one, finish=finish)
-                    result = self.merged(results)
-            await self.after_commit(conn, result)
 
     def item(self, r: Record, d):
         """What the store applies for ``d`` (decoded from ``r``)."""
@@ -378,10 +376,8 @@ class _DecisionProjection:
         return None
 
     async def before_commit(self, conn, items, result) -> None:
-        """What must hold before the position passes ``items`` (a forget's erasure from a cache)."""
-
-    async def after_commit(self, conn, result) -> None:
-        """Derived caches, after the transaction (best effort: the read path falls back)."""
+        """Under the claim, before the position passes ``items``: a forget's erasure from a cache,
+        and the caches derived from ``result`` (so a dropped worker's write never lands last)."""
 
 
 class FactsProjection(_DecisionProjection):
@@ -397,23 +393,24 @@ class FactsProjection(_DecisionProjection):
         return {user: profile for profiles in results for user, profile in profiles.items()}
 
     async def before_commit(self, conn, items, profiles) -> None:
-        # A batch with a forget: every profile it changed (emptied, or without a forgotten fact),
-        # the forgetting users' keys of other epochs gone first (a switch's leftovers).
+        # Under the claim, as Tier 0: a worker dropped from its group after committing must not
+        # write its profiles after its successor wrote newer ones (they carry no TTL). A batch
+        # with a forget: every profile it changed (emptied, or without a forgotten fact), the
+        # forgetting users' keys of other epochs gone first (a switch's leftovers), or no commit.
+        if self._redis is None:
+            return
         forgetting = {d.user_id for _, d in items if isinstance(d, MemoryForgotten)}
         now = await self.cache.read(conn)
-        if self._redis is not None and forgetting:
+        if forgetting:
             if stale := cache_keys.older(self._schema, now, "t1", forgetting):
                 await _erased("tier 1", self._redis.delete(*stale), self._abandoned)
             await _erased("tier 1", profile_store.cache(self._redis, self._schema, now, profiles or {}),
                           self._abandoned)
-
-    async def after_commit(self, conn, profiles) -> None:
-        if self._redis is None or not profiles:
-            return
-        try:
-            await profile_store.cache(self._redis, self._schema, self.cache.value, profiles)
-        except Exception:
-            log.exception("tier 1 cache update failed for %d profiles", len(profiles))
+        elif profiles:
+            try:  # best effort: the read path falls back to Postgres
+                await profile_store.cache(self._redis, self._schema, now, profiles)
+            except Exception as exc:
+                log.warning("tier 1 cache update failed for %d profiles: %s", len(profiles), type(exc).__name__)
 
 
 class CommandsProjection(_DecisionProjection):
