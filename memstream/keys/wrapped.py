@@ -178,7 +178,7 @@ class MemoryWrappedKeys:
                 if (after is None or (u, g) > after) and (k != kek_id or (u, g) in self._by_user)][:limit]
 
     async def rewrapped(self, key: WrappedKey, kek_id: str, wrapped: bytes) -> bool:
-        if self._keys.get((key.user, key.generation)) != (key.kek_id, key.wrapped):
+        if self._keys.get((key.user, key.generation)) != (key.kek_id, key.wrapped) or kek_id in self._refused:
             return False
         self._keys[key.user, key.generation] = kek_id, wrapped
         self._by_user.discard((key.user, key.generation))
@@ -383,10 +383,13 @@ class PostgresWrappedKeys:
                 for r in rows]
 
     async def rewrapped(self, key: WrappedKey, kek_id: str, wrapped: bytes) -> bool:
+        # Never under a KEK a rotation is retiring: a process that still sees the old one (a
+        # lagging file system, KMS's alias) would leave a key behind the rotation's scan.
         return await self._pool.execute(
             f"UPDATE {self._k}.data_keys SET kek_id = $3, wrapped = $4, bound_to_user = false WHERE user_key = $1 "
-            "AND generation = $2 AND kek_id = $5 AND wrapped = $6", key.user, key.generation, kek_id, wrapped,
-            key.kek_id, key.wrapped) == "UPDATE 1"
+            "AND generation = $2 AND kek_id = $5 AND wrapped = $6 "
+            f"AND NOT EXISTS (SELECT FROM {self._k}.refused_keks WHERE kek_id = $3)", key.user, key.generation,
+            kek_id, wrapped, key.kek_id, key.wrapped) == "UPDATE 1"
 
     async def rewrap_secret(self, old_kek_id: str, kek_id: str, wrapped: bytes) -> bool:
         return await self._pool.execute(f"UPDATE {self._k}.secrets SET kek_id = $2, wrapped = $3 WHERE name = 'digest' "

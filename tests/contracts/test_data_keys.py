@@ -212,6 +212,20 @@ class DataKeysContract:
         assert await keys.stamp("bo", b"0" * 16) == 1
 
 
+    async def test_no_key_is_wrapped_again_under_a_kek_a_rotation_refused(self, tmp_path):
+        """A process binding a legacy key to the digest wraps it under the KEK it sees; one that
+        still sees the old KEK mid-rotation must not land its wrap between the rotation's scan
+        and its own: the old KEK is retired after the scan, and the key would open no more."""
+        keys = await self.keys(tmp_path)
+        await keys.seal("ana", b"x", "f")
+        [key] = await keys.store.stale("a-newer-kek", 10)
+        first = keys.kek.kek_id
+        await keys.store.refuse([first])
+        new_kek, wrapped = keys.kek.wrap(b"k" * 32, "bound")
+        assert new_kek == first and await keys.store.rewrapped(key, first, wrapped) is False
+        assert [k.kek_id for k in await keys.store.stale("a-newer-kek", 10)] == [first]  # as it was
+
+
     async def test_a_process_that_only_seals_lets_go_of_a_forgotten_key(self, tmp_path):
         """A host never reads the forget that ends a key: it lets go of the key once the store
         names a newer one, and of any key it has not used for a while."""
