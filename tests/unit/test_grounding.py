@@ -101,6 +101,14 @@ def test_a_retraction_is_checked_like_any_candidate_but_for_asking():
     assert retraction("My sister isn't vegetarian any more.", "isn't vegetarian any more", "constraint") == \
         "other_person"
     assert retraction("If I didn't live in Lisbon I'd have a garden.", "I didn't live in Lisbon") == "hypothetical"
+    for polite in ("I'd like you to forget that I live in Lisbon.", "I would like you to delete that I live in Lisbon.",
+                   "Maybe just forget that I live in Lisbon."):
+        assert retraction(polite, "forget that I live in Lisbon" if "forget" in polite else "I live in Lisbon") is None
+    assert retraction("I don't live in Lisbon anymore lol", "I don't live in Lisbon anymore") is None
+    assert retraction("I don't live in Lisbon anymore, just kidding", "I don't live in Lisbon anymore") == "joke"
+    assert retraction("I'm not sure if you remember, but I don't live in Lisbon anymore.",
+                      "I don't live in Lisbon anymore") is None
+    assert retraction("Please forget that my sister lives in Oslo.", "my sister lives in Oslo") == "other_person"
 
 
 def test_a_confirmation_takes_in_only_a_plain_yes_to_something_of_the_users():

@@ -51,6 +51,8 @@ _JOKE = re.compile(r"(\bjust kidding\b|\bjk\b|\blol\b|\blmao\b|\bhaha\w*|\byeah,
                    r"\bnot really\b|/s\b|😂|🙃|😜|"
                    # "Oh great, I love sweating through my shirt": delight opened by "oh" is mostly irony
                    r"^\W*oh\b[^.!?]{0,30}\b(love|adore|enjoy|can't wait|favourite|favorite)\b)", re.IGNORECASE)
+# What takes a retraction back: not a "lol" after "I don't live there any more".
+_KIDDING = re.compile(r"\bjust kidding\b|\bjk\b|\byeah,? right\b|\bas if\b|/s\b|😜", re.IGNORECASE)
 _SHOUTED = re.compile(r"\b(LOVE|ADORE|ENJOY|AMAZING|GREAT)\b")  # "I LOVE Monday meetings"
 # Prompt injection anywhere in the message puts every fact of it in doubt.
 _INJECTION = re.compile(r"(\bignore (all |the |any )?(previous|prior|above) (instructions|prompts?)\b|\bsystem prompt\b|"
@@ -93,9 +95,18 @@ def _quoted(text: str, at: int) -> bool:
     return any(m.start() < at < m.end() for m in _QUOTES.finditer(text))
 
 
+def _since_but(sentence: str, at: int) -> str:
+    """``sentence`` from the last "but" (or ";") before offset ``at``."""
+    cut = 0
+    for m in re.finditer(r"\bbut\b|;", sentence[:at], re.IGNORECASE):
+        cut = m.end()
+    return sentence[cut:]
+
+
 def _reported_quote(sentence: str, start: int, end: int) -> bool:
-    """Whether the words at ``sentence[start:end]`` take in a quotation opened by a verb of saying."""
-    return any(m.start() < end and start < m.end() and _SPEECH_BEFORE.search(sentence[:m.start()])
+    """Whether the words at ``sentence[start:end]`` take in a quotation opened by a verb of saying
+    (the few words before each quotation looked at, not the whole sentence again: linear)."""
+    return any(m.start() < end and start < m.end() and _SPEECH_BEFORE.search(sentence[max(0, m.start() - 40):m.start()])
                for m in _QUOTES.finditer(sentence))
 
 
@@ -123,10 +134,15 @@ def _nfkc(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
 
+MAX_EXACT_WORDS = 200
+
+
 def _span(haystack: str, needle: str) -> tuple[int, int] | None:
     """Where ``needle``'s words are in ``haystack`` (both normalised), whole words in order,
     case, spacing, quotes and punctuation between them aside."""
-    words = re.findall(r"\w+", needle)
+    # Where evidence begins is all the checks need: a page quoted whole is looked for by its start
+    # (a pattern of every word of it takes longer to build than to run).
+    words = re.findall(r"\w+", needle)[:MAX_EXACT_WORDS]
     if not words:
         return None
     m = re.search(r"\b" + r"\W*".join(map(re.escape, words)) + r"\b", haystack, re.IGNORECASE)
@@ -270,10 +286,15 @@ def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | N
         return "quoted", "the words are what someone else said or thought, reported by the user"
     if _PROMPT.search(sentence) or _PROMPT.search(evidence):
         return "prompt", "the words are instructions or a description put in the turn, not the user speaking"
+    asked_to_forget = bool(_REQUEST.match(sentence) or _FORGET.search(sentence))
     if candidate.negated:
-        # A retraction or a request to forget ("please forget that I live in Lisbon") asks by
-        # nature; a question about one ("should I quit Google?") retracts nothing.
-        if _asks(sentence, evidence) and not _REQUEST.match(sentence) and not _FORGET.search(sentence):
+        # A retraction or a request to forget ("please forget that I live in Lisbon", "I'd like
+        # you to delete that...") asks by nature, politely as it may; a question about one
+        # ("should I quit Google?") retracts nothing.
+        if asked_to_forget:  # of the user's own, not "forget that my sister lives in Oslo"
+            other = candidate.category != "relationship" and _OTHER_SUBJECT.match(evidence)
+            return ("other_person", "the retraction is about someone else, not the user") if other else None
+        if _asks(sentence, evidence):
             return "question", "the user asked about taking it back; a question retracts nothing"
     else:
         about_user = _FIRST_PERSON.search(evidence) or _MINE.search(evidence)
@@ -281,9 +302,11 @@ def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | N
             return "question", "the user asked it; a question states nothing"
         if not about_user and (_REQUEST.match(sentence) or _REQUEST.match(evidence)):
             return "request", "the user asked for something; a request states nothing about them"
-    if _HYPOTHETICAL.search(sentence):
+    # A hedge governs what follows it, up to a "but" ("I'm not sure if you remember, but I live
+    # in Lisbon now" says it).
+    if _HYPOTHETICAL.search(_since_but(sentence, at - base)):
         return "hypothetical", "the user supposed it rather than said it"
-    if _JOKE.search(sentence) or _SHOUTED.search(sentence):
+    if (_KIDDING if candidate.negated else _JOKE).search(sentence) or _SHOUTED.search(sentence):
         return "joke", "the user said it in jest"
     if candidate.category != "relationship" and _OTHER_SUBJECT.match(sentence) and not _FIRST_PERSON.search(
             sentence.split(",")[0]):
