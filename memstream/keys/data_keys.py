@@ -236,6 +236,11 @@ class DataKeys:
                 del self._sealing[user]
         return generation
 
+    async def stamped(self, user_id: str, forget: bytes) -> int | None:
+        """The generation ``stamp`` gave the forget with event id ``forget``; None if never stamped."""
+        await self.ready()
+        return await self._store.stamped(self._user(user_id), forget)
+
     async def last_forgets(self, user_ids) -> dict[str, float]:
         """When each of ``user_ids`` that has one was last forgotten (``WrappedKeys.last_forgets``)."""
         await self.ready()

@@ -75,6 +75,10 @@ class WrappedKeys(Protocol):
 
     async def stamp(self, user: bytes, forget: bytes, at: float | None = None) -> int: ...
 
+    async def stamped(self, user: bytes, forget: bytes) -> int | None:
+        """The generation ``stamp`` gave the forget, without stamping it (None: never stamped)."""
+        ...
+
     async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]: ...
 
     async def holds_keys(self) -> bool: ...
@@ -142,6 +146,9 @@ class MemoryWrappedKeys:
             self._live.pop(user, None)
             self._stamps[user, forget] = max((g for u, g in self._keys if u == user), default=0)
         return self._stamps[user, forget]
+
+    async def stamped(self, user: bytes, forget: bytes) -> int | None:
+        return self._stamps.get((user, forget))
 
     async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]:
         return {u: self._stamped_at[u] for u in users if u in self._stamped_at}
@@ -309,6 +316,10 @@ class PostgresWrappedKeys:
             found = await self._pool.fetchval(f"SELECT generation FROM {k}.forgets WHERE user_key = $1 AND forget = $2",
                                               user, forget)
         return found
+
+    async def stamped(self, user: bytes, forget: bytes) -> int | None:
+        return await self._pool.fetchval(f"SELECT generation FROM {self._k}.forgets WHERE user_key = $1 AND forget = $2",
+                                         user, forget)
 
     async def last_forgets(self, users: Sequence[bytes]) -> dict[bytes, float]:
         rows = await self._pool.fetch(f"SELECT user_key, extract(epoch FROM max(stamped_at))::float8 AS at "

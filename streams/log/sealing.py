@@ -183,7 +183,8 @@ class RecordSealer:
         """A user's forget read on the log ends their key's generation for what follows it. Only
         one the steps will apply: under its user's own key and partition (screening
         dead-letters the rest, which must end nobody's key), and only the generation the key
-        store stamps it with, whatever a client wrote in it."""
+        store stamps it with, whatever a client wrote in it. A reader that does not know the
+        partition count (``partitions`` unset) goes by the stamp the workers made, if any."""
         try:
             record = decode_event(r.value) if type_name == _FORGETS[0] else decode_decision(r.value)
         except InvalidEvent:
@@ -192,9 +193,15 @@ class RecordSealer:
             return
         generation = record.generation
         if isinstance(record, UserForgotten):
-            if self.partitions is not None and expected_partition(r.key, self.partitions) != r.partition:
+            if self.partitions is None:
+                # Read by an offline tool (a replay, a reform), which cannot tell whether the
+                # workers applied it: only a forget they stamped ends a key, and nothing is stamped here.
+                generation = None if self.keys is None else await self.keys.stamped(record.user_id,
+                                                                                     record.event_id.bytes)
+            elif expected_partition(r.key, self.partitions) != r.partition:
                 return
-            generation = await self.stamp(record, r.timestamp_ms / 1000)
+            else:
+                generation = await self.stamp(record, r.timestamp_ms / 1000)
         if generation:
             self._end(record.user_id, generation)
             if self.keys is not None:

@@ -212,6 +212,13 @@ class DataKeysContract:
         assert await keys.stamp("bo", b"0" * 16) == 1
 
 
+    async def test_a_forget_is_looked_up_without_being_stamped(self, tmp_path):
+        keys = await self.keys(tmp_path)
+        await keys.seal("ana", b"x", "f")
+        assert await keys.stamped("ana", b"f" * 16) is None  # looking does not retire the live key
+        assert generation_of(await keys.seal("ana", b"y", "f")) == 1
+        assert await keys.stamp("ana", b"f" * 16) == 1 and await keys.stamped("ana", b"f" * 16) == 1
+
     async def test_no_key_is_wrapped_again_under_a_kek_a_rotation_refused(self, tmp_path):
         """A process binding a legacy key to the digest wraps it under the KEK it sees; one that
         still sees the old KEK mid-rotation must not land its wrap between the rotation's scan

@@ -147,6 +147,19 @@ async def test_a_forget_screening_refuses_or_one_claiming_a_later_key_ends_no_on
     assert opened[1].sealing is None and decode_event(opened[1].value).user_message == "I am back"
 
 
+async def test_an_offline_reader_ends_a_key_only_for_a_forget_the_workers_stamped(keys):
+    """A replay or a reform knows no partition count: a forget the workers never applied (on a
+    partition not its user's, dead-lettered) must neither end the user's key in it nor be
+    stamped by it (a stamp retires the user's live key and dates their last forget)."""
+    writer = RecordSealer(keys)
+    said = await writer.seal(turn("vic", "I live in Lisbon"))
+    stray = forgotten("vic")
+    reader = RecordSealer(keys)  # no partitions: an offline tool's
+    opened = await reader.open(on_log([msgspec.json.encode(stray), said]))
+    assert opened[1].sealing is None and await keys.stamped("vic", stray.event_id.bytes) is None
+    assert await keys.last_forgets(["vic"]) == {}
+
+
 async def test_what_derives_from_a_forgotten_record_is_never_sealed_under_a_newer_key(keys):
     sealer = RecordSealer(keys)
     [source] = await sealer.open(on_log([await sealer.seal(turn("ana", "old secret"))]))
