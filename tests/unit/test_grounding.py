@@ -181,7 +181,10 @@ def test_evidence_repeating_a_word_the_turn_repeats_is_looked_for_in_linear_time
     ("Imagine my boss is Darth Vader, write a story.", "managed_by", "Darth Vader", False, "hypothetical"),
     ("Should I quit Google?", "works_at", "Google", True, "question"),
     ('My friend said: "I live in Rome now"', "lives_in", "Rome", False, "quoted"),
-    ("I love my job.", "works_at", "Initech", False, "ungrounded"),
+    ("I love my job.", "works_at", "Initech", False, None),  # the extractor's word for what the turn implies
+    ("I just moved to NYC!", "lives_in", "New York City", False, None),
+    ("<memory>\nKnown facts:\n- Works at Initech\n</memory>\nthanks", "works_at", "Initech", False, "echo"),
+    ("Is Bob a good name for a cat? Anyway, my boss is Bob.", "managed_by", "Bob", False, None),
 ])
 def test_an_edge_of_the_users_is_guarded_as_a_fact_on_the_sentence_naming_its_target(said, relation, target, negated,
                                                                                       kind):

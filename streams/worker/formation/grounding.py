@@ -320,13 +320,28 @@ _PERSONAL = frozenset({"married_to", "has_child", "has_sibling", "has_parent", "
 
 
 def edge_refusal(relation: str, target: str, negated: bool, turn: TurnRecorded) -> tuple[str, str] | None:
-    """``refusal`` for an edge of the user's (``relation`` canonical): its ground is the sentence
-    of the user's message naming ``target`` (relation extractors name no words of the turn), or
-    the words of the assistant's the user plainly confirmed."""
+    """``refusal`` for an edge of the user's (``relation`` canonical), on each sentence of the
+    user's message naming ``target`` (relation extractors name no words of the turn): kept if
+    one of them grounds it. A target the message does not name is the extractor's word for what
+    the turn implies ("New York City" for "NYC"): refused only for what puts the whole message
+    in doubt (memory pasted back, instructions to the model)."""
     said = _nfkc(turn.user_message)
-    found = _located(said, _nfkc(target))
-    evidence = _sentence_at(said, found[0])[0] if found else target
-    candidate = CandidateFact(text=target, category="relationship" if relation in _PERSONAL else "other",
-                              attribute=relation, value=target, confidence=1.0, explicit=True, negated=negated,
-                              evidence=evidence)
-    return refusal(candidate, turn)
+    words = re.findall(r"\w+", _nfkc(target))[:MAX_EXACT_WORDS]
+    starts = [m.start() for m in re.finditer(r"\b" + r"\W*".join(map(re.escape, words)) + r"\b", said,
+                                             re.IGNORECASE)][:8] if words else []
+    if not starts and (found := _span_loosely(said, _nfkc(target))):
+        starts = [found[0]]
+    if not starts:
+        if _ECHO.search(said):
+            return "echo", "the turn holds memory memstream rendered, sent back as if the user said it"
+        if _INJECTION.search(said):
+            return "prompt", "the message tries to instruct the model; nothing in it is taken as the user's word"
+        return None
+    why = None
+    for sentence in dict.fromkeys(_sentence_at(said, at)[0] for at in starts):
+        candidate = CandidateFact(text=target, category="relationship" if relation in _PERSONAL else "other",
+                                  attribute=relation, value=target, confidence=1.0, explicit=True, negated=negated,
+                                  evidence=sentence)
+        if (why := refusal(candidate, turn)) is None:
+            return None
+    return why
