@@ -76,7 +76,6 @@ def test_a_user_forget_forgets_their_reflections_once_with_the_user():
     ("Likes hiking and camping outdoors.", None),
     ("Keeps coming back to one theme: likes hiking; likes camping.", None),
     ("Likes hiking with Maria.", "names someone"),
-    ("Maria likes hiking in the outdoors.", "names someone"),
     ("The user likes hiking in the outdoors.", None),
     ("Enjoys hiking and camping outdoors.", None),
     ("Hikes 20 km every weekend.", "number"),

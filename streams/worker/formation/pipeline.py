@@ -19,7 +19,7 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Awaitable, Callable, NamedTuple, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import asyncpg
 
@@ -39,6 +39,7 @@ from memstream.streams.worker.formation.barrier import ProjectionBarrier
 from memstream.streams.worker.formation.control import ControlRequests, RequestRefused
 from memstream.streams.worker.formation.recording import Recorder
 from memstream.streams.worker.formation.graph import GraphView
+from memstream.streams.worker.formation.parts import NO_TAIL, Part, Tail, Views, by_user, pieces
 from memstream.streams.worker.formation.turn import _RANK, TurnDecider, episode_text, together
 from memstream.streams.worker.formation.views import FactView, MemoryView, PostgresView
 
@@ -94,12 +95,12 @@ class Formation:
         # last finish, and the views of users whose decisions the projections may not hold yet.
         self._in_flight, self._max_in_flight = 0, in_flight
         self._room = asyncio.Condition()
-        self._tails: dict[str, _Tail] = {}
+        self._tails: dict[str, Tail] = {}
         self._finishing: dict[int, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self._recording: set[asyncio.Future] = set()
-        self._views: collections.OrderedDict[str, _Views] = collections.OrderedDict()
-        self._imported: set[str] = set()  # users whose views lack what an import appended since
+        self._views: collections.OrderedDict[str, Views] = collections.OrderedDict()
+        self._imported: dict[str, list[int]] = {}  # user -> offsets of their imported events not yet waited for
         self._unfinished: collections.Counter[str] = collections.Counter()
         self._failed: BaseException | None = None
         self._ranked = 0
@@ -120,9 +121,12 @@ class Formation:
         goes to ``on_fatal``."""
         self._raise_failed()
         turns, letters = decode_turns(records, self.name, self._partitions)
-        self._imported.update(r.key.decode(errors="replace") for r in records if imported(r) and r.key)
-        partitions = list(dict.fromkeys(r.partition for r in records))
-        left = len(partitions)
+        for r in records:
+            if imported(r) and r.key:
+                self._imported.setdefault(r.key.decode(errors="replace"), []).append(r.offset)
+        parts = [piece for p in dict.fromkeys(r.partition for r in records)
+                 for piece in pieces([r for r in records if r.partition == p])]
+        left = len(parts)
 
         def one_recorded() -> None:
             nonlocal left
@@ -130,11 +134,11 @@ class Formation:
             if not left and recorded is not None:
                 recorded()
 
-        for partition in partitions:
-            self._start(_Part([r for r in records if r.partition == partition],
-                              [(r, e) for r, e in turns if r.partition == partition],
-                              [x for x in letters if x[0].partition == partition], one_recorded, self._epoch))
-        if not partitions and recorded is not None:
+        for piece in parts:
+            held = {id(r) for r in piece}
+            self._start(Part(piece, [(r, e) for r, e in turns if id(r) in held],
+                             [x for x in letters if id(x[0]) in held], one_recorded, self._epoch))
+        if not parts and recorded is not None:
             recorded()
         async with self._room:
             await self._room.wait_for(lambda: self._in_flight < self._max_in_flight or self._failed is not None)
@@ -198,7 +202,7 @@ class Formation:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _start(self, part: "_Part") -> None:
+    def _start(self, part: Part) -> None:
         embedding, part.where = self._episodes(part.turns)
         part.embedded = self._spawn(embedding)
         for i, _ in enumerate(part.turns):
@@ -209,7 +213,7 @@ class Formation:
             # once, beside the user's earlier turns (only resolving them must wait).
             for i in part.where:
                 part.extracted[i] = self._spawn(self._extract(part.turns[i][1], part.ranks[i], part.epoch))
-        users = _by_user(part.turns)
+        users = by_user(part.turns)
         p = part.records[0].partition
         part.finish = self._spawn(self._finish(part, self._finishing.get(p)))
         self._finishing[p] = part.finish
@@ -218,7 +222,7 @@ class Formation:
             self._unfinished[user] += 1
             before = self._tails.get(user)
             task = self._spawn(self._chain(part, user, indices, before))
-            self._tails[user] = _Tail(task, part)  # until the part is recorded
+            self._tails[user] = Tail(task, part)  # until the part is recorded
             part.chains.append(task)
         part.users = list(users)
         self._in_flight += len(part.records)
@@ -233,7 +237,7 @@ class Formation:
         return (retried("embedding episodes", embed) if said else asyncio.sleep(0, [])), {
             i: n for n, (i, _) in enumerate(said)}
 
-    async def _chain(self, part: "_Part", user: str, indices: list[int], before: "_Tail | None") -> bool:
+    async def _chain(self, part: Part, user: str, indices: list[int], before: "Tail | None") -> bool:
         # One user's turns and requests of this batch, after their previous batch's; True once formed.
         if before is not None:
             await asyncio.wait([before.chain])
@@ -241,7 +245,7 @@ class Formation:
                 return False  # abandoned, or fatal: its partition records nothing from here on
         if self._failed is not None or part.epoch != self._epoch:
             return False
-        views = await self._views_for(part.records[0].partition, user, before)
+        views = await self._views_for(part.records[0].partition, user, before, part.turns[indices[0]][0].offset)
         for i in indices:
             r, event = part.turns[i]
             _RANK.set(part.ranks[i])
@@ -274,10 +278,15 @@ class Formation:
                     views.settle = True  # what it forgot stays in the store until it is recorded and applied
         return True
 
-    async def _views_for(self, partition: int, user: str, before: "_Tail | None") -> "_Views":
-        views, imported_ = self._views.pop(user, None), user in self._imported
-        if imported_:  # the import appended their decisions before this turn came
-            self._imported.discard(user)
+    async def _views_for(self, partition: int, user: str, before: "Tail | None", first: int) -> Views:
+        # ``first``: the offset of the chain's first turn. One after an import of the user's
+        # (parts end at one) waits for what the import appended, and reads it afresh.
+        views, since = self._views.pop(user, None), self._imported.get(user, [])
+        if imported_ := any(at < first for at in since):
+            if not (later := [at for at in since if at > first]):
+                del self._imported[user]
+            else:
+                self._imported[user] = later
             if self._barrier is not None:
                 await retried("formation's barrier", lambda: self._barrier.imported(partition, user))
         if views is not None and (imported_ or views.settle or len(views.facts.rows) > VIEW_ROWS
@@ -293,7 +302,7 @@ class Formation:
         if views is None:
             if self._barrier is not None:
                 await retried("formation's barrier", lambda: self._barrier.wait(partition, {user}))
-            views = _Views(PostgresView(self.turns.pool, self._embedder.model_id), GraphView(self.turns.load_graph))
+            views = Views(PostgresView(self.turns.pool, self._embedder.model_id), GraphView(self.turns.load_graph))
         self._views[user] = views
         while len(self._views) > VIEWS_KEPT:  # the least recent that nothing in flight needs
             idle = next((u for u in self._views if not self._unfinished[u]), None)
@@ -302,7 +311,7 @@ class Formation:
             del self._views[idle]
         return views
 
-    async def _finish(self, part: "_Part", before: asyncio.Task | None) -> bool:
+    async def _finish(self, part: Part, before: asyncio.Task | None) -> bool:
         # A partition's batches are recorded one after another, in log order; True once recorded.
         try:
             if before is not None:
@@ -335,7 +344,7 @@ class Formation:
                 self._unfinished[user] -= 1
                 if not self._unfinished[user]:
                     del self._unfinished[user]
-                if self._tails.get(user, _NO_TAIL).part is part:
+                if self._tails.get(user, NO_TAIL).part is part:
                     del self._tails[user]
             self._in_flight -= len(part.records)
             self._timed(time.perf_counter() - part.started)
@@ -380,7 +389,7 @@ class Formation:
         # Users are independent (per-user order is the only order formation owes): their turns
         # wait on the model side by side. The decisions leave in the batch's order all the same.
         try:
-            await together(*(in_order(indices) for indices in _by_user(turns).values()))
+            await together(*(in_order(indices) for indices in by_user(turns).values()))
         finally:
             if not embedded.done():
                 embedded.cancel()
@@ -454,47 +463,3 @@ VIEWS_KEPT = 2_000  # users whose views formation keeps between their turns (a d
 RECORDING_GRACE_S = 30.0  # a revoke waits this long for batches being recorded, then the worker stops
 
 VIEW_ROWS = 1_000  # a user's fact view past this many rows, or graph view grown by as many, is read afresh
-
-
-class _Views:
-    """One user's facts and graph as formation has decided them so far."""
-
-    def __init__(self, facts: FactView, graph: GraphView):
-        self.facts, self.graph = facts, graph
-        self.settle = False  # read afresh once what they overlay is recorded and applied
-
-
-class _Tail(NamedTuple):
-    """A user's last chain, and the part it is in."""
-    chain: asyncio.Task
-    part: "_Part"
-
-
-_NO_TAIL = _Tail(None, None)
-
-
-class _Part:
-    """One partition's records of a started batch, in flight."""
-
-    def __init__(self, records: list[Record], turns: list[tuple[Record, Event]], letters: list,
-                 recorded: Callable[[], None], epoch: int):
-        self.records, self.turns, self.letters, self.recorded, self.epoch = records, turns, letters, recorded, epoch
-        self.finish: asyncio.Task
-        self.made: list[list[Decision]] = [[] for _ in turns]
-        self.refused: dict[int, str] = {}
-        self.chains: list[asyncio.Task] = []
-        self.users: list[str] = []
-        self.embedded: asyncio.Future
-        self.where: dict[int, int] = {}
-        self.extracted: dict[int, asyncio.Task] = {}  # turn index -> its extraction, asked for when the batch starts
-        self.ranks: dict[int, int] = {}  # turn index -> its place among the turns started
-        self.started = time.perf_counter()
-
-
-def _by_user(turns: list[tuple[Record, Event]]) -> dict[str, list[int]]:
-    """Each user's turns and requests (indices into ``turns``), in order."""
-    users: dict[str, list[int]] = {}
-    for i, (_, event) in enumerate(turns):
-        users.setdefault(event.user_id, []).append(i)
-    return users
-
