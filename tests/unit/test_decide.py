@@ -112,6 +112,13 @@ def test_a_retraction_the_resolver_calls_already_known_deletes_the_fact_instead_
         assert isinstance(d, FactDeleted) and d.target == near_fact.fact_id and "retracts" in d.reason
 
 
+def test_a_retraction_names_its_fact_in_other_words_of_the_same_slot():
+    state, near_fact = _state_with("Lives in Lisbon", "location", "home", "Lisbon, Portugal")
+    d = decide(CTX, 1, negated("Lives in Lisbon", "location", "current_city", "Lisbon"), VEC,
+               Resolution(Operation.DELETE, near_fact.fact_id, "forget"), [near_fact], state)
+    assert isinstance(d, FactDeleted) and d.target == near_fact.fact_id
+
+
 def test_a_retraction_the_resolver_pins_on_another_fact_changes_nothing():
     state, near_fact = _state_with("Lives in Lisbon", "location", "home", "Lisbon")
     for op in (Operation.NOOP, Operation.DELETE):  # not even a delete the resolver asks for

@@ -15,6 +15,7 @@ import numpy as np
 from memstream.embedding import to_bytes
 from memstream.llm.protocols import GATED_CATEGORIES, CandidateFact, ExistingFact, Operation, Resolution
 from memstream.projections.facts.core import FactRow, Key, deferral_key
+from memstream.schemas.vocabulary import fact_attribute
 from memstream.schemas import (Decision, FactAdded, FactChangeDeferred, FactDeleted, FactReinforced,
                                FactUpdated, LogPosition, TurnRecorded)
 
@@ -32,6 +33,15 @@ class Context:
     resolver: str
     embedding_model: str
     gate_observations: int = 3  # an inferred change to a gated fact needs this many observations
+
+
+def _names(row: FactRow, cand: CandidateFact) -> bool:
+    """Whether a retraction names ``row``: its slot (in memstream's words: "current_city" is "home"),
+    and its value if it gives one ("Lisbon" names "Lisbon, Portugal")."""
+    if fact_attribute(row.attribute) != fact_attribute(cand.attribute):
+        return False
+    said, held = (cand.value or "").casefold().strip(), row.value.casefold()
+    return not said or said in held or held in said
 
 
 def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolution: Resolution,
@@ -58,7 +68,7 @@ def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolu
         # A retraction ("forget that I live in Lisbon") never reinforces or rewrites a fact: it
         # deletes the one it names, or nothing (not a neighbour the resolver pointed at).
         named = rows[user, target]
-        if named.attribute != cand.attribute or (cand.value and named.value.casefold() != cand.value.casefold()):
+        if not _names(named, cand):
             return None
         if op is not Operation.DELETE:
             resolution = Resolution(Operation.DELETE, target,
