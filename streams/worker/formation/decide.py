@@ -5,6 +5,7 @@ it may target; the output is at most one decision. No clock, no I/O.
 """
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,8 +41,8 @@ def _names(row: FactRow, cand: CandidateFact) -> bool:
     and its value if it gives one ("Lisbon" names "Lisbon, Portugal")."""
     if fact_attribute(row.attribute) != fact_attribute(cand.attribute):
         return False
-    said, held = (cand.value or "").casefold().strip(), row.value.casefold()
-    return not said or said in held or held in said
+    said, held = (cand.value or "").casefold().strip(), row.value.casefold().strip()
+    return not said or any(re.search(rf"\b{re.escape(a)}\b", b) for a, b in ((said, held), (held, said)) if a)
 
 
 def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolution: Resolution,
