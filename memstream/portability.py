@@ -111,9 +111,9 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
                 left_out[why] += 1
         return out
 
-    cut = _last_forget(events, decode_event)
+    cut = _last_forget(events, decode_event, user_id)
     events = kept(events, decode_event, lambda m: m.offset < cut)
-    cut = _last_forget(decisions, decode_decision)
+    cut = _last_forget(decisions, decode_decision, user_id)
     decisions = kept(decisions, decode_decision,
                      lambda m: m.offset < cut or decode_decision(m.value).source_event_id in said_before)
     header = {"format": FORMAT, "version": VERSION, "user_id": user_id,
@@ -139,12 +139,13 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
     return header
 
 
-def _last_forget(msgs, decode) -> int:
-    """The offset of the last whole-user forget among ``msgs`` (-1: none)."""
+def _last_forget(msgs, decode, user_id: str) -> int:
+    """The offset of the last whole-user forget of ``user_id`` among ``msgs`` (-1: none); one
+    naming another user under their key is dead-lettered where it was met, and ends nothing."""
     for m in reversed(msgs):
         if m.sealing is None:
             try:
-                if ends_user(decode(m.value or b"")):
+                if ends_user(record := decode(m.value or b"")) and record.user_id == user_id:
                     return m.offset
             except InvalidEvent:
                 pass
