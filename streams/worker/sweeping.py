@@ -156,12 +156,17 @@ def requests(found: Plan, actor: str = "operator") -> list[DecaySwept]:
 def archivals(request: DecaySwept, rows: Mapping[Key, FactRow], common: dict) -> list[FactArchived]:
     """What ``request`` archives of the facts in ``rows`` (keyed as the facts core keys them):
     each fact it names that is still the current version the sweep weighed — not observed again
-    since, not ended, not archived already; its strength is not the one recorded otherwise.
+    since, not ended, not archived already, of the kind (the decay rate) it weighed; its strength
+    is not the one recorded otherwise.
     ``common``: the decisions' envelope (source event, position, time, user)."""
     out = []
     for n, f in enumerate(request.facts):
         row = rows.get((request.user_id, f.fact_id))
         if row is None or not row.current or row.observation_count != f.observations:
+            continue
+        # A fact of another kind than the one weighed (a reform's extractor may give its id to
+        # another candidate of the turn): never one that does not decay, nor one of another rate.
+        if not decay.decays(row.category, row.attribute) or decay.rate(row.category, row.attribute) != f.rate:
             continue
         out.append(FactArchived(
             **common, decision_id=uuid.uuid5(request.event_id, f"archived:{n}"), extractor=f"decay:{request.policy}",

@@ -74,3 +74,30 @@ def test_a_facts_idle_time_runs_from_when_it_was_said_never_after_it_was_logged(
     core.fold(state, [backfilled])
     again = msgspec.structs.replace(items.reinforced(said), said_at=said.recorded_at - timedelta(days=900))
     assert core.fold(state, [again])[("ana", said.fact_id)].last_said_at == said.recorded_at - timedelta(days=700)
+
+
+def test_a_sweep_archives_only_a_fact_of_the_kind_it_weighed():
+    """A reform's extractor may give a weighed fact's id (its place in its turn) to another
+    candidate: a sweep request re-decided then must not archive one that never decays."""
+    from datetime import datetime, timezone
+
+    from memstream.schemas import DecaySwept, LogPosition, SweptFact
+    from memstream.schemas.events import new_event_id
+    from memstream.streams.worker.sweeping import archivals
+
+    jazz, allergy = items.added("ana", "likes", "jazz"), items.added("bo", "allergy", "peanuts", category="constraint")
+    state = {}
+    core.fold(state, [jazz, allergy])
+    at = datetime(2027, 1, 1, tzinfo=timezone.utc)
+    weighed = decay.rate("preference", "likes")
+
+    def swept(user, fact_id):
+        return DecaySwept(event_id=new_event_id(), user_id=user, occurred_at=at, actor="operator", sweep_id=uuid.uuid4(),
+                          policy=decay.POLICY, facts=[SweptFact(fact_id=fact_id, strength=0.1, observations=1, uses=0,
+                                                                idle_days=900, rate=weighed)])
+
+    def common(user):
+        return dict(source_event_id=uuid.uuid4(), source=LogPosition("e", 0, 1), recorded_at=at, user_id=user)
+
+    assert [a.target for a in archivals(swept("ana", jazz.fact_id), state, common("ana"))] == [jazz.fact_id]
+    assert archivals(swept("bo", allergy.fact_id), state, common("bo")) == []  # a constraint: never decays
