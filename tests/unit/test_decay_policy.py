@@ -101,3 +101,15 @@ def test_a_sweep_archives_only_a_fact_of_the_kind_it_weighed():
 
     assert [a.target for a in archivals(swept("ana", jazz.fact_id), state, common("ana"))] == [jazz.fact_id]
     assert archivals(swept("bo", allergy.fact_id), state, common("bo")) == []  # a constraint: never decays
+
+
+def test_a_sweep_looks_ahead_only_in_a_dry_run():
+    from datetime import datetime, timedelta, timezone
+
+    from memstream.schemas.errors import InvalidArgument
+    from memstream.streams.ops.sweep import _as_of
+
+    ahead, past = datetime.now(timezone.utc) + timedelta(days=365), datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert _as_of(ahead, dry_run=True) == ahead and _as_of(past, dry_run=False) == past
+    with pytest.raises(InvalidArgument, match="only a --dry-run may look ahead"):
+        _as_of(ahead, dry_run=False)
