@@ -20,6 +20,7 @@ replay applies the reflections without a sweep, a clock or a model.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -70,9 +71,11 @@ WHERE occurred_at BETWEEN $2 AND $3 AND ($1::text IS NULL OR user_id = $1)
   AND user_message ~ '{_WORDS}'
 ORDER BY user_id, recorded_at, source_event_id
 """
+# Not the archived ones: a reflection that faded while its sources are still said is drawn again
+# (the new one replaces it).
 _REFLECTED = """
 SELECT user_id, derived_from, derived_from_turns, recorded_at FROM memory_facts
-WHERE category = 'reflection' AND status IN ('current', 'archived') AND ($1::text IS NULL OR user_id = $1)
+WHERE category = 'reflection' AND status = 'current' AND ($1::text IS NULL OR user_id = $1)
 """
 
 
@@ -151,7 +154,7 @@ def cluster(vectors: Sequence[np.ndarray], similarity: float) -> list[list[int]]
 
 
 async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: str | None = None,
-               kept: Callable[[str], bool] | None = None) -> Plan:
+               kept: Callable[[str], bool] | None = None, listing: bool = True) -> Plan:
     """The clusters of every user's recent memories embedded by ``model`` (of ``user_id``, or of
     the users ``kept`` accepts) as of ``at``."""
     found = Plan(sweep_id=uuid.uuid4(), swept_at=at)
@@ -180,6 +183,18 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
         for r in await conn.fetch(_REFLECTED, user_id):
             reflected[r["user_id"]].append((frozenset((*r["derived_from"], *r["derived_from_turns"])),
                                             r["recorded_at"]))
+    # Off the event loop: clustering a heavy user's memories takes seconds, and the worker's
+    # heartbeats to its group run on that loop.
+    found.clusters = await asyncio.to_thread(_clusters, memories, reflected, settings)
+    if found.clusters and listing:
+        found.texts = await _texts(conn, found.clusters)
+    return found
+
+
+def _clusters(memories: dict[str, list[_Memory]], reflected: dict, settings: Settings
+              ) -> dict[str, list[ReflectionCluster]]:
+    """Each user's clusters worth a reflection, at most ``MAX_CLUSTERS``, the most observed first."""
+    out = {}
     for user, rows in memories.items():
         rows.sort(key=lambda m: (m.recorded_at, m.is_turn, m.id))
         said = [m.words for m in rows if m.is_turn]
@@ -199,11 +214,8 @@ async def plan(conn, settings: Settings, *, at: datetime, model: str, user_id: s
             asked.append(ReflectionCluster(sources=[m.id for m in facts], turns=[m.id for m in turns],
                                            observations=observations))
         if asked:
-            found.clusters[user] = sorted(asked, key=lambda c: (-c.observations, str([*c.sources, *c.turns][0])))[
-                :MAX_CLUSTERS]
-    if found.clusters:
-        found.texts = await _texts(conn, found.clusters)
-    return found
+            out[user] = sorted(asked, key=lambda c: (-c.observations, str([*c.sources, *c.turns][0])))[:MAX_CLUSTERS]
+    return out
 
 
 async def _texts(conn, clusters: dict[str, list[ReflectionCluster]]) -> dict[tuple[str, uuid.UUID], str]:
@@ -244,7 +256,8 @@ def requests(found: Plan, actor: str = "operator") -> list[ReflectRequested]:
 
 
 async def sweep(settings: Settings, pool, *, at: datetime, model: str, user_id: str | None = None,
-                mine: Sequence[int] | None = None, dry_run: bool = False, on_progress=None) -> Plan:
+                mine: Sequence[int] | None = None, dry_run: bool = False, on_progress=None,
+                listing: bool = True) -> Plan:
     """A reflection sweep as of ``at``: of ``user_id``, of the users of the events partitions
     ``mine`` (a formation worker's), or of everyone; unless ``dry_run``, its requests appended and
     the sweep recorded for each partition it swept (``memstream status``)."""
@@ -252,7 +265,7 @@ async def sweep(settings: Settings, pool, *, at: datetime, model: str, user_id: 
 
     kept = await users_of(settings, mine)
     async with pool.acquire() as conn:
-        found = await plan(conn, settings, at=at, model=model, user_id=user_id, kept=kept)
+        found = await plan(conn, settings, at=at, model=model, user_id=user_id, kept=kept, listing=listing)
     log.info("reflection sweep %s: %d facts and %d turns read, %d clusters of %d users%s", found.sweep_id,
              found.facts_read, found.turns_read, found.asking, len(found.clusters), " (dry run)" if dry_run else "")
     if dry_run:

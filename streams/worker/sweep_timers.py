@@ -19,10 +19,10 @@ async def sweep(runtime, kind: str) -> None:
     if not mine or getattr(runtime, "pool", None) is None or runtime.embedding_model is None:
         return
     at = datetime.now(timezone.utc)
-    if kind == "decay":
-        await sweeping.sweep(settings, runtime.pool, at=at, mine=mine)
+    if kind == "decay":  # listing nothing: no one reads a timer's sweep, so no words of anyone's are read
+        await sweeping.sweep(settings, runtime.pool, at=at, mine=mine, listing=False)
     else:
-        await reflecting.sweep(settings, runtime.pool, at=at, model=runtime.embedding_model, mine=mine)
+        await reflecting.sweep(settings, runtime.pool, at=at, model=runtime.embedding_model, mine=mine, listing=False)
 
 
 def sweep_on_timer(app, runtime, kind: str, every: float) -> None:

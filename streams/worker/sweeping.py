@@ -44,14 +44,15 @@ ORDER BY f.user_id, f.recorded_at, f.fact_id
 
 # The episodes to move between the vector indexes: hot ones said (occurred, or recorded if that
 # is earlier: a turn dated in the future is not kept hot by its date) and used before $2, and
-# cold ones used since they cooled.
+# cold ones used since $2 — not since they cooled: a use dated before a sweep may be counted
+# after it (the commands projection lagging), and would never warm its episode.
 _EPISODES = """
 SELECT e.user_id, e.episode_id, e.cooled_at IS NULL AS hot
 FROM episodes e LEFT JOIN episode_uses u ON u.user_id = e.user_id AND u.episode_id = e.episode_id
 WHERE ($1::text IS NULL OR e.user_id = $1)
   AND CASE WHEN e.cooled_at IS NULL
            THEN least(e.occurred_at, e.recorded_at) < $2 AND (u.last_used_at IS NULL OR u.last_used_at < $2)
-           ELSE u.last_used_at >= e.cooled_at END
+           ELSE u.last_used_at >= $2 END
 ORDER BY e.user_id, e.occurred_at, e.episode_id
 """
 
@@ -102,10 +103,10 @@ class Plan:
 
 
 async def plan(conn, *, at: datetime, threshold: float, cold_after_days: float = 0.0, user_id: str | None = None,
-               kept: Callable[[str], bool] | None = None) -> Plan:
+               kept: Callable[[str], bool] | None = None, listing: bool = True) -> Plan:
     """Weigh every current fact (of ``user_id``, or everyone's; of the users ``kept`` accepts) as
     of ``at``, and find the episodes not said or used in ``cold_after_days`` (0: none) and the
-    cold ones used since they cooled."""
+    cold ones used within them. ``listing``: read what the weak facts say, for an operator."""
     found = Plan(sweep_id=uuid.uuid4(), swept_at=at, threshold=threshold, cold_after_days=cold_after_days)
     weak: dict[str, list[SweptFact]] = defaultdict(list)
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
@@ -123,7 +124,7 @@ async def plan(conn, *, at: datetime, threshold: float, cold_after_days: float =
                 weak[r["user_id"]].append(SweptFact(fact_id=r["fact_id"], strength=round(w.strength, 4),
                                                     observations=r["observation_count"], uses=r["uses"],
                                                     idle_days=round(w.idle_days, 2), rate=w.rate))
-    if weak:
+    if weak and listing:
         # By user and id: two users' turns given one event id gave their facts one id.
         rows = await conn.fetch("SELECT f.user_id, f.fact_id, f.text FROM memory_facts f JOIN unnest($1::text[], "
                                 "$2::uuid[]) AS w(user_id, fact_id) USING (user_id, fact_id)",
@@ -188,14 +189,17 @@ def moved(request: DecaySwept, common: dict) -> list[EpisodesSwept]:
 
 
 async def sweep(settings: Settings, pool, *, at: datetime, user_id: str | None = None,
-                mine: Sequence[int] | None = None, dry_run: bool = False, on_progress=None) -> Plan:
+                mine: Sequence[int] | None = None, dry_run: bool = False, on_progress=None,
+                listing: bool = True) -> Plan:
     """A decay sweep as of ``at``: of ``user_id``, of the users of the events partitions ``mine``
     (a formation worker's), or of everyone; unless ``dry_run``, its requests appended and the
-    sweep recorded for each partition it swept (``memstream status``)."""
+    sweep recorded for each partition it swept (``memstream status``). ``listing``: with what
+    the facts it found say (an operator's sweep; a worker's timer reads no words of anyone's)."""
     kept = await users_of(settings, mine)
     async with pool.acquire() as conn:
         found = await plan(conn, at=at, threshold=settings.decay_threshold,
-                           cold_after_days=settings.episode_cold_after_days, user_id=user_id, kept=kept)
+                           cold_after_days=settings.episode_cold_after_days, user_id=user_id, kept=kept,
+                           listing=listing)
     log.info("decay sweep %s: %d facts weighed, %d of %d users below %.2f; episodes %d cooling, %d warming%s",
              found.sweep_id, found.facts_weighed, found.archiving, len(found.weak), found.threshold, found.cooling,
              found.warming, " (dry run)" if dry_run else "")

@@ -118,8 +118,9 @@ async def reflections(request: ReflectRequested, overlay: FactView, reflector: R
         if not cluster.sources and request.policy in UNTESTED_TURNS:
             continue  # turns alone, of a sweep that did not ask them for a topic
         drawn = _drawn(overlay, user, {r.fact_id for r in facts}, {t.turn_id for t in turns})
-        if drawn and all(at <= max(x.recorded_at for x in drawn)
-                         for at in [*(r.recorded_at for r in facts), *(t.recorded_at for t in turns)]):
+        held = [x for x in drawn if x.current]  # one archived since is drawn again, and replaced
+        if held and all(at <= max(x.recorded_at for x in held)
+                        for at in [*(r.recorded_at for r in facts), *(t.recorded_at for t in turns)]):
             continue  # reflected on already, and no memory joined the cluster since
         texts = [r.text for r in facts] + [t.text[:MAX_TURN_CHARS] for t in turns]
         answer = await _asked(ask, reflector, texts)
