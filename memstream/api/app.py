@@ -271,7 +271,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         after = None if body.after is None else await logged(body.after, "after")
         return await state["reader"].read(user_id, body.conversation_id, body.message, after=after, k=body.k,
                                           k_facts=body.k_facts, k_edges=body.k_edges, as_of=body.as_of,
-                                          wait_timeout=body.wait_timeout)
+                                          wait_timeout=body.wait_timeout, include_archived=body.include_archived)
 
     @app.post("/v1/users/{user_id}/search", response_model=SearchResult, tags=["read"],
               dependencies=[Depends(reading)])

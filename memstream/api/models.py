@@ -49,6 +49,7 @@ class ContextIn(BaseModel):
     as_of: AsOf | None = None
     after: Position | None = Field(None, description="read your writes: a position an append returned")
     wait_timeout: float = Field(5.0, ge=0, le=30)
+    include_archived: bool = Field(False, description="let facts a decay sweep archived compete too")
 
 
 class SearchIn(BaseModel):

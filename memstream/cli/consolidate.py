@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime, timedelta, timezone
 
 import click
 
 from memstream.progress import progress
 from memstream.cli.base import log_settings, main, resolve_dsn
+from memstream.schemas.errors import InvalidArgument
 
 _TIMES = click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"])
+FUTURE_SLACK = timedelta(minutes=1)  # clocks of two hosts disagree by this much at most
+
+
+def sweep_time(at: datetime | None, dry_run: bool) -> datetime | None:
+    """``--as-of`` (UTC if no offset; None: now); a time to come only with ``--dry-run``: recorded
+    on the log, a sweep dated years ahead would archive what is not weak yet and keep cooled
+    episodes cold until then."""
+    if at is not None and at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    if at is not None and at > datetime.now(timezone.utc) + FUTURE_SLACK and not dry_run:
+        raise InvalidArgument(f"--as-of {at.isoformat()} is to come: only a --dry-run may look ahead")
+    return at
 
 
 @main.group("sweep")
@@ -18,15 +32,12 @@ def sweep_group() -> None:
     """Consolidation sweeps: decisions recorded on the users' logs, replayed, never run again."""
 
 
-def _swept(ctx: click.Context, kind: str, run, user_id: str | None, dry_run: bool, as_of, as_json: bool):
+def _swept(ctx: click.Context, kind: str, run, user_id: str | None, dry_run: bool, at, as_json: bool):
     """Run one sweep with a progress bar; its report, or None once printed as JSON."""
-    from datetime import timezone
-
     s = log_settings(ctx)
-    if as_of is not None and as_of.tzinfo is None:
-        as_of = as_of.replace(tzinfo=timezone.utc)
+    at = sweep_time(at, dry_run)
     with progress(f"sweep {kind}", unit="users") as on_progress:
-        found = asyncio.run(run(s, resolve_dsn(s), user_id=user_id, dry_run=dry_run, at=as_of,
+        found = asyncio.run(run(s, resolve_dsn(s), user_id=user_id, dry_run=dry_run, at=at,
                                 on_progress=on_progress))
     report = found.as_dict()
     if as_json:

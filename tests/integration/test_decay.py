@@ -31,7 +31,7 @@ LATER = BASE + timedelta(days=3 * 365)  # the sweep's own time: three years on
 
 
 async def test_a_sweep_archives_faded_facts_a_mention_restores_them_and_a_replay_agrees(
-        settings, conn, dsn, workers, forbid_llm_and_embedder):
+        settings, conn, dsn, workers, forbid_llm_and_embedder, tmp_path):
     w = workers()
     await w.wait_assigned()
     await append_and_wait(settings, conn, [
@@ -86,6 +86,21 @@ async def test_a_sweep_archives_faded_facts_a_mention_restores_them_and_a_replay
                                        "fact_id) WHERE f.status = 'archived'")
         asked = await reader.read("dee", "c1", "what puzzles and games do I like, sudoku?", include_archived=True)
         assert [f.archived for f in asked.facts if "sudoku" in f.text] == [True]
+        import httpx
+
+        from memstream.api.app import create_app
+        from memstream.api.keys import ApiKeys
+
+        from .conftest import served
+
+        keys = ApiKeys(tmp_path / "api-keys.json")
+        key = keys.create("ops")
+        async with served(create_app(settings, keys=keys, dsn=dsn, embedder=default_embedder())) as url, \
+                httpx.AsyncClient(base_url=url, timeout=30) as client:  # over HTTP alike
+            got = await client.post("/v1/users/dee/context", headers={"Authorization": f"Bearer {key}"}, json={
+                "conversation_id": "c1", "message": "what puzzles and games do I like, sudoku?",
+                "include_archived": True})
+        assert [f["archived"] for f in got.json()["facts"] if "sudoku" in f["text"]] == [True], got.text
         page = await reader.memories("dee", "archived")
         assert sorted(f.text for f in page.items) == ["Likes kayaking", "Likes sudoku"]
         [version] = await reader.fact_history("dee", facts["dee", "sudoku"])

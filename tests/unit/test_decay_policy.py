@@ -107,9 +107,10 @@ def test_a_sweep_looks_ahead_only_in_a_dry_run():
     from datetime import datetime, timedelta, timezone
 
     from memstream.schemas.errors import InvalidArgument
-    from memstream.streams.ops.sweep import _as_of
+    from memstream.cli.consolidate import sweep_time
 
     ahead, past = datetime.now(timezone.utc) + timedelta(days=365), datetime(2026, 1, 1, tzinfo=timezone.utc)
-    assert _as_of(ahead, dry_run=True) == ahead and _as_of(past, dry_run=False) == past
+    assert sweep_time(ahead, dry_run=True) == ahead and sweep_time(past, dry_run=False) == past
+    assert sweep_time(None, dry_run=False) is None and sweep_time(datetime(2026, 1, 1), True) == past  # UTC if no offset
     with pytest.raises(InvalidArgument, match="only a --dry-run may look ahead"):
-        _as_of(ahead, dry_run=False)
+        sweep_time(ahead, dry_run=False)
