@@ -183,8 +183,11 @@ def test_evidence_repeating_a_word_the_turn_repeats_is_looked_for_in_linear_time
     ('My friend said: "I live in Rome now"', "lives_in", "Rome", False, "quoted"),
     ("I love my job.", "works_at", "Initech", False, None),  # the extractor's word for what the turn implies
     ("I just moved to NYC!", "lives_in", "New York City", False, None),
+    ("What if I moved to NYC?", "lives_in", "New York City", False, "hypothetical"),
     ("<memory>\nKnown facts:\n- Works at Initech\n</memory>\nthanks", "works_at", "Initech", False, "echo"),
-    ("Is Bob a good name for a cat? Anyway, my boss is Bob.", "managed_by", "Bob", False, None),
+    ("Should I quit Google? Google is big.", "works_at", "Google", True, "question"),  # each naming sentence counts
+    ("My brother works at Google. Google has good food.", "works_at", "Google", False, "other_person"),
+    ("!!!", "works_at", "...", False, "ungrounded"),
 ])
 def test_an_edge_of_the_users_is_guarded_as_a_fact_on_the_sentence_naming_its_target(said, relation, target, negated,
                                                                                       kind):
@@ -192,3 +195,46 @@ def test_an_edge_of_the_users_is_guarded_as_a_fact_on_the_sentence_naming_its_ta
 
     found = edge_refusal(relation, target, negated, turn(said))
     assert (found[0] if found else None) == kind, found
+
+
+def test_an_edge_only_the_assistant_named_needs_a_plain_yes():
+    from memstream.streams.worker.formation.grounding import edge_refusal
+
+    assert edge_refusal("lives_in", "Paris", False, turn("Sounds good.", "You should move to Paris."))[0] == \
+        "assistant_only"
+    assert edge_refusal("works_at", "Initech", True, turn("Should I quit?", "How is work at Initech?"))[0] == \
+        "assistant_only"
+    assert edge_refusal("lives_in", "Hilo", False, turn("Yes, born and raised!", "So you live in Hilo?")) is None
+
+
+@pytest.mark.parametrize("said, evidence, negated, kind", [
+    ("If I move to Porto next year, forget that I live in Lisbon.", "forget that I live in Lisbon", True,
+     "hypothetical"),
+    ("What if I asked you to forget that I live in Lisbon?", "forget that I live in Lisbon", True, "hypothetical"),
+    ("Please forget that I live in Lisbon, jk", "forget that I live in Lisbon", True, "joke"),
+    ("Oh sure, I totally don't live in Lisbon anymore 😂", "I totally don't live in Lisbon anymore", True, "joke"),
+    ("I might delete my account since I may not live in Lisbon much longer", "I may not live in Lisbon", True,
+     "hypothetical"),
+    ("Suppose I live in Paris but work in Berlin.", "work in Berlin", False, "hypothetical"),
+    ("I live in Lisbon, but if I could I'd live in Paris.", "I live in Lisbon", False, None),
+    ("I'm vegan; maybe that matters.", "I'm vegan", False, None),
+])
+def test_a_supposition_governs_its_sentence_a_hedge_its_part_and_a_request_to_forget_is_no_shield(
+        said, evidence, negated, kind):
+    found = refusal(fact(evidence, negated=negated), turn(said))
+    assert (found[0] if found else None) == kind, found
+
+
+def test_a_message_of_unclosed_quotes_or_repeated_words_is_read_in_linear_time():
+    import time
+
+    from memstream.streams.worker.formation.grounding import edge_refusal
+
+    bombs = [turn("“" * 40_000 + " ".join(f"I work at Initech {i}." for i in range(8))),
+             turn("a " * 50_000 + "b"), turn('I live in Lisbon and ' + 'I like "hello there friend" and ' * 3000)]
+    t = time.perf_counter()
+    for said in bombs:
+        refusal(fact("a " * 199 + "b"), said)
+        refusal(fact("I live in Lisbon"), said)
+        edge_refusal("works_at", "Initech", False, said)
+    assert time.perf_counter() - t < 5  # seconds each before, whatever this machine

@@ -24,8 +24,10 @@ is visible in the user's history. Model-agnostic by construction: it reads the t
 """
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
+from typing import NamedTuple
 
 from memstream.llm.protocols import CandidateFact
 from memstream.schemas import TurnRecorded
@@ -52,7 +54,8 @@ _JOKE = re.compile(r"(\bjust kidding\b|\bjk\b|\blol\b|\blmao\b|\bhaha\w*|\byeah,
                    # "Oh great, I love sweating through my shirt": delight opened by "oh" is mostly irony
                    r"^\W*oh\b[^.!?]{0,30}\b(love|adore|enjoy|can't wait|favourite|favorite)\b)", re.IGNORECASE)
 # What takes a retraction back: not a "lol" after "I don't live there any more".
-_KIDDING = re.compile(r"\bjust kidding\b|\bjk\b|\byeah,? right\b|\bas if\b|/s\b|😜", re.IGNORECASE)
+_KIDDING = re.compile(r"\bjust kidding\b|\bjk\b|\byeah,? right\b|\boh,? sure\b|\bas if\b|/s\b|😂|🙃|😜|"
+                      r"^\W*oh\b[^.!?]{0,30}\b(love|adore|enjoy|can't wait|favourite|favorite)\b", re.IGNORECASE)
 _SHOUTED = re.compile(r"\b(LOVE|ADORE|ENJOY|AMAZING|GREAT)\b")  # "I LOVE Monday meetings"
 # Prompt injection anywhere in the message puts every fact of it in doubt.
 _INJECTION = re.compile(r"(\bignore (all |the |any )?(previous|prior|above) (instructions|prompts?)\b|\bsystem prompt\b|"
@@ -88,26 +91,40 @@ _ECHO = re.compile(r"(<memory>|</memory>|^\s*(known facts|profile|relationships|
 _LABEL = re.compile(r"^\W*(user|assistant)\s*:\s*", re.IGNORECASE)
 _MINE = re.compile(r"\b(my|our|mine|ours|we|we're|we've|us)\b", re.IGNORECASE)
 _CLAUSE = re.compile(r"[,;:]|\s(?:and|but|so|because)\s", re.IGNORECASE)
-_QUOTES = re.compile(r"\"[^\"]{8,}\"|“[^”]{8,}”|(?<![A-Za-z])'[^']{8,}'(?![A-Za-z])|‘[^’]{8,}’")
+# An opening mark stops at the next opening one: a message of unclosed marks is read once, not
+# once per mark.
+_QUOTES = re.compile(r"\"[^\"]{8,}\"|“[^“”]{8,}”|(?<![A-Za-z])'[^']{8,}'(?![A-Za-z])|‘[^‘’]{8,}’")
+
+
+@functools.lru_cache(maxsize=16)
+def _quote_spans(text: str) -> tuple[tuple[int, int, bool], ...]:
+    """Each quotation of ``text``: where it is, and whether a verb of saying opens it (read once
+    per message however many candidates of it are checked)."""
+    return tuple((m.start(), m.end(), bool(_SPEECH_BEFORE.search(text[max(0, m.start() - 40):m.start()])))
+                 for m in _QUOTES.finditer(text))
 
 
 def _quoted(text: str, at: int) -> bool:
-    return any(m.start() < at < m.end() for m in _QUOTES.finditer(text))
+    return any(a < at < b for a, b, _ in _quote_spans(text))
 
 
-def _since_but(sentence: str, at: int) -> str:
-    """``sentence`` from the last "but" (or ";") before offset ``at``."""
-    cut = 0
-    for m in re.finditer(r"\bbut\b|;", sentence[:at], re.IGNORECASE):
-        cut = m.end()
-    return sentence[cut:]
+# A supposition governs a whole sentence ("Suppose I live in Paris but work in Berlin"); a hedge,
+# only its own part of it ("I'm not sure if you remember, but I live in Lisbon now").
+_SUPPOSING = re.compile(r"(?:^|[,;:(]\s*|\b(?:and|so|then)\s+)\W*if\b|\b(?:what if|suppose|supposing|imagine|pretend|"
+                        r"hypothetically)\b", re.IGNORECASE)
 
 
-def _reported_quote(sentence: str, start: int, end: int) -> bool:
-    """Whether the words at ``sentence[start:end]`` take in a quotation opened by a verb of saying
-    (the few words before each quotation looked at, not the whole sentence again: linear)."""
-    return any(m.start() < end and start < m.end() and _SPEECH_BEFORE.search(sentence[max(0, m.start() - 40):m.start()])
-               for m in _QUOTES.finditer(sentence))
+def _hedged(sentence: str, at: int) -> bool:
+    """Whether what ``sentence`` says at offset ``at`` is supposed rather than said."""
+    cuts = [m for m in re.finditer(r"\bbut\b|;", sentence, re.IGNORECASE)]
+    start = max((m.end() for m in cuts if m.end() <= at), default=0)
+    end = min((m.start() for m in cuts if m.start() > at), default=len(sentence))
+    return bool(_HYPOTHETICAL.search(sentence[start:end]) or _SUPPOSING.search(sentence[:start]))
+
+
+def _reported_quote(said: str, start: int, end: int) -> bool:
+    """Whether the words at ``said[start:end]`` take in a quotation opened by a verb of saying."""
+    return any(a < end and start < b and saying for a, b, saying in _quote_spans(said))
 
 
 def _asks(sentence: str, evidence: str) -> bool:
@@ -120,12 +137,19 @@ def _asks(sentence: str, evidence: str) -> bool:
     return bool(_QUESTION_START.match(clause)) or (sentence.rstrip().endswith("?") and mine == clauses[-1])
 
 
+SENTENCE_CHARS = 2_000  # of a run-on "sentence" (a pasted page), the part around the words read
+
+
 def _sentence_at(text: str, at: int) -> tuple[str, int]:
-    """The sentence of ``text`` holding offset ``at``, and where it starts."""
+    """The sentence of ``text`` holding offset ``at`` (at most ``SENTENCE_CHARS`` either side of
+    it: the checks read what is near the words), and where that starts."""
+    start, end = 0, len(text)
     for m in _SENTENCE.finditer(text):
         if m.start() <= at < m.end():
-            return m.group(0), m.start()
-    return text, 0
+            start, end = m.start(), m.end()
+            break
+    start, end = max(start, at - SENTENCE_CHARS), min(end, at + SENTENCE_CHARS)
+    return text[start:end], start
 
 
 def _nfkc(text: str) -> str:
@@ -134,19 +158,38 @@ def _nfkc(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
 
-MAX_EXACT_WORDS = 200
+class _Words(NamedTuple):
+    """A text's words: where each is, casefolded, and joined by single spaces to search in."""
+    at: tuple[re.Match, ...]
+    said: tuple[str, ...]
+    joined: str
+
+
+@functools.lru_cache(maxsize=32)
+def _words(text: str) -> _Words:
+    at = tuple(re.finditer(r"\w+", text))
+    said = tuple(m.group(0).casefold() for m in at)
+    return _Words(at, said, " " + " ".join(said) + " ")
+
+
+def _spans(haystack: str, needle: str, limit: int = 1) -> list[tuple[int, int]]:
+    """Where ``needle``'s words are in ``haystack`` (both normalised), whole words in order, case,
+    spacing, quotes and punctuation between them aside: at most ``limit`` places, first first. A
+    search of one string in another, linear however long the quote or often its words repeat."""
+    words = [w.casefold() for w in re.findall(r"\w+", needle)]
+    if not words:
+        return []
+    text, wanted, out, at = _words(haystack), " " + " ".join(words) + " ", [], 0
+    while len(out) < limit and (at := text.joined.find(wanted, at)) >= 0:
+        first = text.joined.count(" ", 0, at + 1) - 1  # words before it
+        out.append((text.at[first].start(), text.at[first + len(words) - 1].end()))
+        at += 1
+    return out
 
 
 def _span(haystack: str, needle: str) -> tuple[int, int] | None:
-    """Where ``needle``'s words are in ``haystack`` (both normalised), whole words in order,
-    case, spacing, quotes and punctuation between them aside."""
-    # Where evidence begins is all the checks need: a page quoted whole is looked for by its start
-    # (a pattern of every word of it takes longer to build than to run).
-    words = re.findall(r"\w+", needle)[:MAX_EXACT_WORDS]
-    if not words:
-        return None
-    m = re.search(r"\b" + r"\W*".join(map(re.escape, words)) + r"\b", haystack, re.IGNORECASE)
-    return m.span() if m else None
+    """The first of ``_spans``."""
+    return next(iter(_spans(haystack, needle)), None)
 
 
 def _find(haystack: str, needle: str) -> int:
@@ -184,8 +227,7 @@ def _span_loosely(haystack: str, needle: str) -> tuple[int, int] | None:
     words = [w.casefold() for w in re.findall(r"\w+", needle) if w.casefold() not in _SLACK]
     if not words or len(words) > MAX_LOOSE_WORDS:
         return None
-    tokens = list(re.finditer(r"\w+", haystack))
-    said = [t.group(0).casefold() for t in tokens]
+    tokens, said, _ = _words(haystack)
     # Where a match of the words so far can end, with the earliest start of one that ends there.
     if not (ends := {i: i for i, w in enumerate(said) if w == words[0]}):
         return None
@@ -278,7 +320,7 @@ def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | N
     if _quoted(said, at):
         return "quoted", "the words are quoted: someone else's, passed on by the user"
     sentence, base = _sentence_at(said, at)
-    if _reported_quote(sentence, at - base, found[1] - base):
+    if _reported_quote(said, at, found[1]):
         return "quoted", "the words are a quotation of someone else's, passed on by the user"
     value = _nfkc(candidate.value or "")
     said_at = max(_find(sentence, value) if value else -1, _find(sentence, evidence))
@@ -291,10 +333,17 @@ def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | N
         # A retraction or a request to forget ("please forget that I live in Lisbon", "I'd like
         # you to delete that...") asks by nature, politely as it may; a question about one
         # ("should I quit Google?") retracts nothing.
-        if asked_to_forget:  # of the user's own, not "forget that my sister lives in Oslo"
-            other = candidate.category != "relationship" and _OTHER_SUBJECT.match(evidence)
-            return ("other_person", "the retraction is about someone else, not the user") if other else None
-        if _asks(sentence, evidence):
+        if asked_to_forget:
+            # Polite as it may be ("I'd like you to forget..."): only a supposition before the
+            # request, or a hedge in what it asks to forget, makes it one.
+            verb = _FORGET.search(sentence)
+            asked = sentence[verb.start():] if verb else sentence
+            if _SUPPOSING.search(sentence[:verb.start()] if verb else "") or _HYPOTHETICAL.search(
+                    asked[len(verb.group(0)):] if verb else asked[1:]):
+                return "hypothetical", "the user supposed taking it back rather than took it back"
+            if candidate.category != "relationship" and _OTHER_SUBJECT.match(evidence):
+                return "other_person", "the retraction is about someone else, not the user"
+        elif _asks(sentence, evidence):
             return "question", "the user asked about taking it back; a question retracts nothing"
     else:
         about_user = _FIRST_PERSON.search(evidence) or _MINE.search(evidence)
@@ -302,9 +351,7 @@ def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | N
             return "question", "the user asked it; a question states nothing"
         if not about_user and (_REQUEST.match(sentence) or _REQUEST.match(evidence)):
             return "request", "the user asked for something; a request states nothing about them"
-    # A hedge governs what follows it, up to a "but" ("I'm not sure if you remember, but I live
-    # in Lisbon now" says it).
-    if _HYPOTHETICAL.search(_since_but(sentence, at - base)):
+    if not (candidate.negated and asked_to_forget) and _hedged(sentence, at - base):
         return "hypothetical", "the user supposed it rather than said it"
     if (_KIDDING if candidate.negated else _JOKE).search(sentence) or _SHOUTED.search(sentence):
         return "joke", "the user said it in jest"
@@ -320,28 +367,30 @@ _PERSONAL = frozenset({"married_to", "has_child", "has_sibling", "has_parent", "
 
 
 def edge_refusal(relation: str, target: str, negated: bool, turn: TurnRecorded) -> tuple[str, str] | None:
-    """``refusal`` for an edge of the user's (``relation`` canonical), on each sentence of the
-    user's message naming ``target`` (relation extractors name no words of the turn): kept if
-    one of them grounds it. A target the message does not name is the extractor's word for what
-    the turn implies ("New York City" for "NYC"): refused only for what puts the whole message
-    in doubt (memory pasted back, instructions to the model)."""
-    said = _nfkc(turn.user_message)
-    words = re.findall(r"\w+", _nfkc(target))[:MAX_EXACT_WORDS]
-    starts = [m.start() for m in re.finditer(r"\b" + r"\W*".join(map(re.escape, words)) + r"\b", said,
-                                             re.IGNORECASE)][:8] if words else []
-    if not starts and (found := _span_loosely(said, _nfkc(target))):
+    """``refusal`` for an edge of the user's (``relation`` canonical); relation extractors name
+    no words of the turn, so its ground is where the turn names ``target``: every sentence of the
+    user's message naming it (one that asks, supposes, jokes or speaks of someone else refuses
+    it), or else the assistant's words the user plainly confirmed. A target the turn does not
+    name is the extractor's word for what it implies ("New York City" for "NYC"): kept if a
+    sentence of the user's message grounds something of theirs."""
+    if not re.search(r"\w", target):
+        return "ungrounded", "the edge names no target"
+    said, named = _nfkc(turn.user_message), _nfkc(target)
+    starts = [a for a, _ in _spans(said, named, limit=8)]
+    if not starts and (found := _span_loosely(said, named)):
         starts = [found[0]]
-    if not starts:
-        if _ECHO.search(said):
-            return "echo", "the turn holds memory memstream rendered, sent back as if the user said it"
-        if _INJECTION.search(said):
-            return "prompt", "the message tries to instruct the model; nothing in it is taken as the user's word"
+
+    def grounded(evidence: str) -> tuple[str, str] | None:
+        return refusal(CandidateFact(text=target, category="relationship" if relation in _PERSONAL else "other",
+                                     attribute=relation, value=target, confidence=1.0, explicit=True,
+                                     negated=negated, evidence=evidence), turn)
+
+    if starts:
+        for sentence in dict.fromkeys(_sentence_at(said, at)[0] for at in starts):
+            if (why := grounded(sentence)) is not None:
+                return why
         return None
-    why = None
-    for sentence in dict.fromkeys(_sentence_at(said, at)[0] for at in starts):
-        candidate = CandidateFact(text=target, category="relationship" if relation in _PERSONAL else "other",
-                                  attribute=relation, value=target, confidence=1.0, explicit=True, negated=negated,
-                                  evidence=sentence)
-        if (why := refusal(candidate, turn)) is None:
-            return None
-    return why
+    if _located(_nfkc(turn.assistant_message), named):
+        return grounded(target)  # the assistant's: kept only once the user plainly confirmed it
+    whys = [grounded(m.group(0)) for m in _SENTENCE.finditer(said) if re.search(r"\w", m.group(0))][:16]
+    return None if any(why is None for why in whys) else (whys[0] if whys else ("ungrounded", "the turn is empty"))
