@@ -38,11 +38,12 @@ class Context:
 
 def _names(row: FactRow, cand: CandidateFact) -> bool:
     """Whether a retraction names ``row``: its slot (in memstream's words: "current_city" is "home"),
-    and its value if it gives one ("Lisbon" names "Lisbon, Portugal")."""
+    and its value if it gives one, whole words of it ("Lisbon" names "Lisbon, Portugal")."""
     if fact_attribute(row.attribute) != fact_attribute(cand.attribute):
         return False
     said, held = (cand.value or "").casefold().strip(), row.value.casefold().strip()
-    return not said or any(re.search(rf"\b{re.escape(a)}\b", b) for a, b in ((said, held), (held, said)) if a)
+    # Less said than held, not more: "green tea" does not name "tea"; "C++" names "C++".
+    return not said or said == held or re.search(rf"(?<!\w){re.escape(said)}(?!\w)", held) is not None
 
 
 def decide(ctx: Context, n: int, cand: CandidateFact, vector: np.ndarray, resolution: Resolution,
