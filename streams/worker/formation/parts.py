@@ -57,11 +57,12 @@ def by_user(turns: list[tuple[Record, Event]]) -> dict[str, list[int]]:
 
 
 def pieces(records: list[Record]) -> list[list[Record]]:
-    """``records`` (one partition's, in order) cut after each imported event: a user's chain never
-    runs across one, so the turns after it are formed on views read once the import is applied."""
+    """``records`` (one partition's, in order) cut after each run of imported events: a user's
+    chain never runs across one, so the turns after it are formed on views read once the import
+    is applied (and an import of thousands of events is one part, not thousands)."""
     out: list[list[Record]] = [[]]
-    for r in records:
+    for r, after in zip(records, [*records[1:], None]):
         out[-1].append(r)
-        if imported(r):
+        if imported(r) and (after is None or not imported(after)):
             out.append([])
     return [p for p in out if p]
