@@ -45,14 +45,15 @@ ORDER BY f.user_id, f.recorded_at, f.fact_id
 # The episodes to move between the vector indexes: hot ones said (occurred, or recorded if that
 # is earlier: a turn dated in the future is not kept hot by its date) and used before $2, and
 # cold ones used since $2 — not since they cooled: a use dated before a sweep may be counted
-# after it (the commands projection lagging), and would never warm its episode.
+# after it (the commands projection lagging), and would never warm its episode. Cooling off ($3
+# false): none go cold, and those cooled before come back once used since.
 _EPISODES = """
 SELECT e.user_id, e.episode_id, e.cooled_at IS NULL AS hot
 FROM episodes e LEFT JOIN episode_uses u ON u.user_id = e.user_id AND u.episode_id = e.episode_id
 WHERE ($1::text IS NULL OR e.user_id = $1)
   AND CASE WHEN e.cooled_at IS NULL
-           THEN least(e.occurred_at, e.recorded_at) < $2 AND (u.last_used_at IS NULL OR u.last_used_at < $2)
-           ELSE u.last_used_at >= $2 END
+           THEN $3 AND least(e.occurred_at, e.recorded_at) < $2 AND (u.last_used_at IS NULL OR u.last_used_at < $2)
+           ELSE u.last_used_at >= CASE WHEN $3 THEN $2 ELSE e.cooled_at END END
 ORDER BY e.user_id, e.occurred_at, e.episode_id
 """
 
@@ -134,7 +135,7 @@ async def plan(conn, *, at: datetime, threshold: float, cold_after_days: float =
     # Cooling off (0 days): none go cold, and those an earlier sweep cooled still come back when used.
     before = at - timedelta(days=cold_after_days) if cold_after_days > 0 else datetime.min.replace(tzinfo=timezone.utc)
     async with conn.transaction(readonly=True):
-        async for r in conn.cursor(_EPISODES, user_id, before, prefetch=5000):
+        async for r in conn.cursor(_EPISODES, user_id, before, cold_after_days > 0, prefetch=5000):
             if kept is None or kept(r["user_id"]):
                 (found.cooled if r["hot"] else found.warmed).setdefault(r["user_id"], []).append(r["episode_id"])
     return found
