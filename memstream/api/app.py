@@ -23,9 +23,8 @@ import fastapi_offline
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memstream.api.keys import ApiKeys, Principal
@@ -373,7 +372,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
             state["live"], state["live_failed"] = (found, time.monotonic()), False
             return found
 
-    @app.get("/v1/users/{user_id}/export", tags=["memories"], response_class=FileResponse)
+    @app.get("/v1/users/{user_id}/export", tags=["memories"], response_class=StreamingResponse)
     async def export(user_id: str = Depends(user), who: Principal = Depends(caller)):
         """The user's log (events and decisions, opened) as a versioned JSONL archive; one at a
         time per tenant (429 while one runs), so no tenant holds every export's turn."""
@@ -389,13 +388,20 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         try:
             async with state["exports"]:
                 await portability.export_user(await live(), user_id, folder / "export.jsonl")
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
+            # Off the disk before a byte is sent: the open file is all that holds the plaintext,
+            # whatever becomes of the response (a refused Range header, a client gone).
+            archive = open(folder / "export.jsonl", "rb")  # closed once streamed (or dropped)
         finally:
+            shutil.rmtree(folder, ignore_errors=True)
             state["exporting"].discard(whose)
-        return FileResponse(folder / "export.jsonl", media_type="application/x-ndjson", filename="export.jsonl",
-                            background=BackgroundTask(shutil.rmtree, folder, ignore_errors=True))
+
+        def streamed():
+            with archive:
+                while chunk := archive.read(1 << 20):
+                    yield chunk
+
+        return StreamingResponse(streamed(), media_type="application/x-ndjson",
+                                 headers={"Content-Disposition": 'attachment; filename="export.jsonl"'})
 
     @app.get("/v1/status", tags=["operations"], dependencies=[Depends(operator)])
     async def status():

@@ -121,9 +121,18 @@ async def test_every_route_for_a_tenants_user_and_nothing_for_another_tenants(ap
             ("get", "/v1/users/acme:ana/memories?cursor=" + base64.urlsafe_b64encode(b"[" * 5000).decode(), None, 400)):
         got = await client.request(method, path, headers=acme, **({"json": body} if body is not None else {}))
         assert got.status_code == status, (path, body, got.text)
+    import glob
+    import tempfile
+
+    left_before = set(glob.glob(f"{tempfile.gettempdir()}/memstream-export-*"))
     exported = await client.get("/v1/users/acme:ana/export", headers=acme)
     assert exported.status_code == 200 and json.loads(exported.text.splitlines()[0])["user_id"] == "acme:ana"
     assert exported.headers["cache-control"] == "no-store"  # a person's memory: no browser or proxy keeps it
+    # A Range header the server refuses must not leave the opened archive on its disk (a forget
+    # could not reach it there): the archive is off the disk before a byte is sent.
+    ranged = await client.get("/v1/users/acme:ana/export", headers={**acme, "Range": "bytes=foo"})
+    assert ranged.status_code == 200 and ranged.text.splitlines()[1:] == exported.text.splitlines()[1:]
+    assert set(glob.glob(f"{tempfile.gettempdir()}/memstream-export-*")) == left_before
 
     # Another tenant's key, and no key: refused before anything is read or appended.
     globex = auth(keys["globex"])
