@@ -48,6 +48,7 @@ log = logging.getLogger("memstream.api")
 LIVE_LOG_FRESH_S = 1.0  # a move of the log to more partitions is seen by then
 LIVE_LOG_AGAIN_S = 0.1  # a request naming a topic not the held one asks again, but no oftener
 LIVE_LOG_LOOKUP_S = 2.0  # past this the held topics serve (a Postgres that stopped answering)
+READY_FRESH_S = 1.0  # /readyz asks the stores again after this
 
 
 def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | None = None,
@@ -174,14 +175,22 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         """Liveness: the process serves requests (whatever the stores do: a restart fixes none of them)."""
         return {"ok": True}
 
+    probing = asyncio.Lock()
+
     @app.get("/readyz", include_in_schema=False)
     async def readyz():
         """Readiness: Postgres (reads) and Kafka (appends) answer now; 503 otherwise. Redis is
-        reported, not required: reads go on without it."""
-        stores, log_ok = await asyncio.gather(state["reader"].probe(), state["log"].reachable())
-        checks = {**stores, "kafka": log_ok}
-        ready = bool(checks["postgres"] and checks["kafka"])
-        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+        reported, not required: reads go on without it. Asked of the stores once a second at
+        most, by one request at a time: it needs no key, and each probe takes a connection of
+        the pool every tenant's reads share."""
+        async with probing:
+            held = state.get("ready")
+            if held is None or time.monotonic() - held[1] > READY_FRESH_S:
+                stores, log_ok = await asyncio.gather(state["reader"].probe(), state["log"].reachable())
+                checks = {**stores, "kafka": log_ok}
+                state["ready"] = held = ({"ready": bool(checks["postgres"] and checks["kafka"]), "checks": checks},
+                                         time.monotonic())
+        return JSONResponse(held[0], status_code=200 if held[0]["ready"] else 503)
 
     @app.get("/inspector", include_in_schema=False)
     async def inspector():
@@ -383,6 +392,8 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         whose = who.tenant or who.name
         if whose in state["exporting"]:
             raise Problem(429, "Too many requests", "an export of yours is running: retry once it is done")
+        if state["exports"].locked():  # refused, not queued: a queue would hold the client for every export before it
+            raise Problem(429, "Too many requests", "as many exports as this server runs at once are running: retry")
         state["exporting"].add(whose)
         folder = Path(tempfile.mkdtemp(prefix="memstream-export-"))  # 0700: the archive is opened plaintext
         try:
