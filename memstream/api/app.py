@@ -29,10 +29,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memstream.api.keys import ApiKeys, Principal
 from memstream.api.middleware import (API_HEADERS, MAX_BODY_BYTES, PAGE_HEADERS, STATIC, UNAUTHORIZED, USER_ID,
-                                      BoundedBodies, KeyFirst, Problem, SecurityHeaders, UserSegment, presented_key,
+                                      BoundedBodies, KeyFirst, Problem, SecurityHeaders, Unexpected, UserSegment,
+                                      presented_key,
                                       problem_response)
 from memstream.api.middleware import RedactedAccessLog  # noqa: F401  (the CLI imports it from here)
-from memstream.api.middleware import route_of
 from memstream.api.models import (TYPED_ROUTES, Appended, CaughtUp, CaughtUpIn, ContextIn, CorrectIn, ForgetIn, Me,
                                   Position, SearchIn, TurnIn, appended_at)
 from memstream.config import Settings
@@ -88,6 +88,7 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
     app.add_middleware(SecurityHeaders, prefix="/inspector", headers=PAGE_HEADERS)
     app.add_middleware(SecurityHeaders, prefix="/v1/", headers=API_HEADERS)
     app.add_middleware(UserSegment)  # added last: runs first, so every check sees the user it names
+    app.add_middleware(Unexpected)  # outside the rest: what they raise is answered too
 
     @app.exception_handler(Problem)
     async def problem(request, exc: Problem):
@@ -103,17 +104,6 @@ def create_app(settings: Settings, *, keys: ApiKeys | None = None, dsn: str | No
         if isinstance(exc.__cause__, Problem):  # FastAPI wraps what reading the body raised (a body too large)
             return problem_response(exc.__cause__.status, exc.__cause__.title, exc.__cause__.detail)
         return problem_response(exc.status_code, "Not found" if exc.status_code == 404 else "HTTP error", str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def unexpected(request, exc: Exception):
-        from memstream.schemas.errors import Retryable
-        from memstream.streams.log.errors import as_retryable
-
-        if isinstance(as_retryable(exc), Retryable):  # a store down (Postgres, Kafka, a socket), not a bug
-            log.warning("a store is unavailable: %r", exc)
-            return problem_response(503, "Unavailable", "a store memstream needs did not answer; retry")
-        log.exception("unexpected error on %s %s", request.method, route_of(request.url.path))
-        return problem_response(500, "Internal error", "an unexpected error; it is logged")
 
     @app.exception_handler(Limited)
     async def limited(request, exc: Limited):

@@ -10,6 +10,7 @@ from urllib.parse import quote, unquote
 
 from fastapi.responses import JSONResponse
 
+log = logging.getLogger("memstream.api")
 UNAUTHORIZED = "send a memstream API key: Authorization: Bearer <key>"
 MAX_BODY_BYTES = 256 * 1024
 STATIC = Path(__file__).parent / "static"
@@ -141,6 +142,43 @@ USER_ID = "memstream.user_id"
 # A user's routes, whatever the user id holds (a decoded "%2F" is a slash in the path).
 _USER_IN_PATH = re.compile(r"^/v1/users/.+?((?:/(?:graph|turns|events|context|search|memories|forget|export|"
                            r"facts/[^/]+/(?:history|correct|episodes)))?)$", re.DOTALL)
+
+
+class Unexpected:
+    """What no handler took, answered here: a store that did not answer as 503, anything else as
+    500, each logged once. (A handler for ``Exception`` answers too, but the server's error
+    middleware raises it again after, and uvicorn logs a traceback at ERROR for every 503 of an
+    outage.)"""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:  # a response under way cannot become another
+                raise
+            from memstream.schemas.errors import Retryable
+            from memstream.streams.log.errors import as_retryable
+
+            if isinstance(as_retryable(exc), Retryable):  # a store down (Postgres, Kafka, a socket), not a bug
+                log.warning("a store is unavailable: %s", type(exc).__name__)
+                response = problem_response(503, "Unavailable", "a store memstream needs did not answer; retry")
+            else:
+                log.error("unexpected error on %s %s", scope.get("method"), route_of(_route_path(scope)),
+                          exc_info=exc)
+                response = problem_response(500, "Internal error", "an unexpected error; it is logged")
+            await response(scope, receive, send)
 
 
 def route_of(path: str) -> str:

@@ -357,3 +357,29 @@ async def test_a_stalled_topic_lookup_holds_a_request_two_seconds_at_most_and_ne
         assert status == 503 and api_app.LIVE_LOG_LOOKUP_S <= took < api_app.LIVE_LOG_LOOKUP_S + 3
         assert [s for s, _ in queued] == [503] * 4 + [200] * 4
         assert time.perf_counter() - t < 2 * api_app.LIVE_LOG_LOOKUP_S  # none waited a look-up of its own
+
+
+async def test_a_store_down_is_a_503_logged_once_as_a_warning_and_a_bug_a_500_logged_once(api, caplog, monkeypatch):
+    """Not a traceback at ERROR from the server for every request of an outage: the server's error
+    middleware raises again what a handler for ``Exception`` answered."""
+    import logging
+
+    client, keys = api
+    calls = {"n": 0}
+
+    async def failing(*args, **kwargs):
+        calls["n"] += 1
+        raise ConnectionRefusedError("postgres went away") if calls["n"] == 1 else ValueError("a bug")
+
+    from memstream.read_client.reader import MemoryReader
+
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(MemoryReader, "read", failing)
+    body = {"conversation_id": "c1", "message": "where do I live?"}
+    down = await client.post("/v1/users/acme:ana/context", headers=auth(keys["acme"]), json=body)
+    bug = await client.post("/v1/users/acme:ana/context", headers=auth(keys["acme"]), json=body)
+    assert (down.status_code, down.json()["title"]) == (503, "Unavailable")
+    assert (bug.status_code, bug.json()["title"]) == (500, "Internal error")
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.name for r in errors] == ["memstream.api"], [(r.name, r.getMessage()) for r in errors]
+    assert any(r.levelno == logging.WARNING and "store is unavailable" in r.getMessage() for r in caplog.records)

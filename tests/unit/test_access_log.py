@@ -4,7 +4,8 @@ import logging
 import asyncpg
 import pytest
 
-from memstream.api.app import RedactedAccessLog, route_of
+from memstream.api.app import RedactedAccessLog
+from memstream.api.middleware import route_of
 
 
 @pytest.mark.parametrize("path, kept", [
