@@ -10,7 +10,9 @@ revoking; the operator's actions are logged on ``memstream.api``.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import hashlib
 import json
 import logging
@@ -72,6 +74,16 @@ class ApiKeys:
     def _load(self) -> dict:
         return copy.deepcopy(self._keys())
 
+    @contextlib.contextmanager
+    def _changing(self):
+        """The file's keys, to change and save under a lock of its own: a create and a revoke in
+        two processes at once each read, change and write the file, and the last write won (a
+        revoked key came back)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield self._load()
+
     def _save(self, keys: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".api-keys-")
@@ -88,10 +100,10 @@ class ApiKeys:
         if expires_at is not None and (expires_at.tzinfo is None or expires_at <= datetime.now(timezone.utc)):
             raise InvalidArgument("expires_at must be a time in the future, with its offset")
         key = PREFIX + secrets.token_urlsafe(32)
-        keys = self._load()
-        keys[_digest(key)] = {"name": name, "tenant": tenant, "created_at": datetime.now(timezone.utc).isoformat(),
-                              "expires_at": expires_at.isoformat() if expires_at else None, "revoked_at": None}
-        self._save(keys)
+        with self._changing() as keys:
+            keys[_digest(key)] = {"name": name, "tenant": tenant, "created_at": datetime.now(timezone.utc).isoformat(),
+                                  "expires_at": expires_at.isoformat() if expires_at else None, "revoked_at": None}
+            self._save(keys)
         log.info("api key %s (%r, %s) created%s", _digest(key)[:ID_CHARS], name,
                  f"tenant {tenant}" if tenant else "operator", f", expires {expires_at.isoformat()}" if expires_at else "")
         return key
@@ -107,15 +119,15 @@ class ApiKeys:
 
     def revoke(self, key_id: str) -> dict:
         """End the key whose id is ``key_id`` (as ``list`` shows it), at once; returns it as listed."""
-        keys = self._load()
-        found = [d for d in keys if d.startswith(key_id)] if len(key_id) >= 8 else []
-        if len(found) != 1:
-            raise InvalidArgument(f"no key {key_id!r}" if not found else f"{key_id!r} names {len(found)} keys")
-        entry = keys[found[0]]
-        if entry.get("revoked_at") is None:
-            entry["revoked_at"] = datetime.now(timezone.utc).isoformat()
-            self._save(keys)
-            log.info("api key %s (%r) revoked", found[0][:ID_CHARS], entry["name"])
+        with self._changing() as keys:
+            found = [d for d in keys if d.startswith(key_id)] if len(key_id) >= 8 else []
+            if len(found) != 1:
+                raise InvalidArgument(f"no key {key_id!r}" if not found else f"{key_id!r} names {len(found)} keys")
+            entry = keys[found[0]]
+            if entry.get("revoked_at") is None:
+                entry["revoked_at"] = datetime.now(timezone.utc).isoformat()
+                self._save(keys)
+                log.info("api key %s (%r) revoked", found[0][:ID_CHARS], entry["name"])
         return next(k for k in self.list() if k["id"] == found[0][:ID_CHARS])
 
     def session_key(self, name: str, *, tenant: str | None = None) -> str:

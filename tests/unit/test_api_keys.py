@@ -42,3 +42,30 @@ def test_a_session_key_signs_in_for_its_process_only_and_is_written_nowhere(tmp_
     link = keys.session_key("demo inspector")
     assert keys.principal(link).operator and not (tmp_path / "k.json").exists()
     assert ApiKeys(tmp_path / "k.json").principal(link) is None  # another process: refused
+
+
+def test_keys_made_and_revoked_by_several_processes_at_once_are_all_kept(tmp_path):
+    """Each process reads, changes and writes the file: without a lock the last write won, and
+    a revoked key came back or a made one was lost."""
+    import multiprocessing
+
+    made = ApiKeys(tmp_path / "k.json")
+    ids = [made.list()[-1]["id"] for _ in range(4) if made.create("old")]
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_revoke, args=(tmp_path / "k.json", i)) for i in ids] + \
+        [ctx.Process(target=_create, args=(tmp_path / "k.json", n)) for n in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(30)
+    listed = ApiKeys(tmp_path / "k.json").list()
+    assert sorted(k["name"] for k in listed) == ["new-0", "new-1", "new-2", "new-3"] + ["old"] * 4
+    assert all(not k["active"] for k in listed if k["name"] == "old")
+
+
+def _revoke(path, key_id):
+    ApiKeys(path).revoke(key_id)
+
+
+def _create(path, n):
+    ApiKeys(path).create(f"new-{n}")
