@@ -63,7 +63,11 @@ function stillOpen(opened) {
 
 function fromHash() {
   const params = new URLSearchParams(location.hash.slice(1));
-  if (params.get("key")) sessionStorage.setItem("memstream-key", params.get("key"));
+  const given = params.get("key"), held = sessionStorage.getItem("memstream-key");
+  // A link signs in a page that is not signed in; it never swaps the key of one that is (a page
+  // elsewhere could link here with its own key, and what is typed next would go to its tenant).
+  if (given && !held) sessionStorage.setItem("memstream-key", given);
+  state.otherKey = Boolean(given && held && given !== held);
   params.delete("key");  // a key stays out of the address bar and the history
   history.replaceState(null, "", location.pathname + (params.toString() ? `#${params}` : ""));
   return params.get("user");
@@ -83,8 +87,10 @@ async function signIn(wanted) {
     $("user-form").hidden = true;
     return notice(`That key was refused: ${err.message}`, true);
   }
-  notice(state.me.operator ? `Signed in as ${state.me.name} (operator): every user.`
-    : `Signed in as ${state.me.name}: the users of tenant ${state.me.tenant}.`);
+  const who = state.me.operator ? `Signed in as ${state.me.name} (operator): every user.`
+    : `Signed in as ${state.me.name}: the users of tenant ${state.me.tenant}.`;
+  notice(state.otherKey ? `${who} A link asked to sign in with another key: sign out first to use it.` : who,
+    state.otherKey);
   const page = await api("GET", "/v1/users?limit=200");
   $("user-list").replaceChildren(...page.users.map((u) => el("option", { value: u })));
   if (wanted) {
