@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -59,83 +60,103 @@ log = logging.getLogger("memstream.portability")
 FORMAT, VERSION = "memstream-export", 1
 
 
-async def _read(consumer, topic: str, partition: int, key: bytes, on_progress) -> list:
+async def _each(consumer, topic: str, partition: int, key: bytes, on_progress, each) -> None:
+    """``await each(batch)`` for the records under ``key`` of ``topic``'s ``partition``, from its
+    start, a batch at a time (an export holds one batch, not the user's log)."""
     tp = TopicPartition(topic, partition)
     consumer.assign([tp])
     await consumer.seek_to_beginning(tp)
-    out, high = [], await consumer.end_offsets([tp])
+    high = await consumer.end_offsets([tp])
 
-    async def keep(batch) -> None:
-        out.extend(r for r in batch if r.key == key)
+    async def mine(batch) -> None:
+        if theirs := [r for r in batch if r.key == key]:
+            await each(theirs)
         on_progress(batch[-1].offset + 1, high[tp])
 
-    await drain(consumer, [tp], high, keep)
-    return out
+    await drain(consumer, [tp], high, mine)
+
+
+async def _forgotten_at(consumer, topic: str, partition: int, key: bytes, user_id: str, decode) -> int:
+    """The offset of ``user_id``'s last whole-user forget on ``topic`` (-1: none): a first pass
+    that opens nothing (a forget stays plain on the log)."""
+    cut = [-1]
+
+    async def look(batch) -> None:
+        cut[0] = max(cut[0], _last_forget(batch, decode, user_id))
+
+    await _each(consumer, topic, partition, key, lambda done, total: None, look)
+    return cut[0]
 
 
 async def export_user(settings, user_id: str, path: Path, on_progress=None) -> dict:
     """Write ``user_id``'s events and decisions to ``path``, opened; returns the header.
-    ``on_progress(done, total)``: records of the user's partition read, per topic."""
+    ``on_progress(done, total)``: records of the user's partition read, per topic. Two passes
+    over each topic: where the user was last forgotten, then each record opened and written a
+    batch at a time (what is held is a batch and the ids of turns said before the forget)."""
     check_user(user_id)
     on_progress = on_progress or (lambda done, total: None)
     key = user_id.encode()
     # Before the log is read: an import compares it with the user's last forget, and one said
     # while this export reads must make the archive older than it.
     exported_at = datetime.now(timezone.utc)
-    pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
-    try:
-        sealer = await sealer_for(settings, pool)
-        async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as consumer:
-            n = len(await partitions_of(consumer, settings.events_topic))
-            if not n:
-                raise InvalidArgument(f"no events topic {settings.events_topic!r}")
-            partition = expected_partition(key, n)
-            events = await sealer.open(await _read(consumer, settings.events_topic, partition, key, on_progress))
-            decisions = await sealer.open(await _read(consumer, settings.decisions_topic, partition, key, on_progress))
-    finally:
-        await pool.close()
     left_out = {"forgotten": 0, "not_theirs": 0}
+    counted = {"events": 0, "decisions": 0}
     # What the user said before their last forget is not theirs to take along, though it may
     # still open: formation has not destroyed its key yet, or it was written before sealing.
     said_before: set = set()
-
-    def kept(msgs, decode, before) -> list:
-        out = []
-        for m in msgs:
-            if (why := _left_out(decode, m, user_id)) is None and before(m):
-                why = "forgotten"
-                said_before.add(getattr(decode(m.value), "event_id", None))
-            if why is None:
-                out.append(m)
-            else:
-                left_out[why] += 1
-        return out
-
-    cut = _last_forget(events, decode_event, user_id)
-    events = kept(events, decode_event, lambda m: m.offset < cut)
-    cut = _last_forget(decisions, decode_decision, user_id)
-    decisions = kept(decisions, decode_decision,
-                     lambda m: m.offset < cut or decode_decision(m.value).source_event_id in said_before)
-    header = {"format": FORMAT, "version": VERSION, "user_id": user_id,
-              "exported_at": exported_at.isoformat(), "events_topic": settings.events_topic,
-              "decisions_topic": settings.decisions_topic, "events": len(events), "decisions": len(decisions),
-              "left_out": left_out}
     # The archive is the user's words in plaintext: readable by its owner only, like the keys
     # (made beside ``path`` and moved over it whole: an existing file is never left half-written).
     path = Path(path)
-    fd, made = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600
+    pool = await db.create_pool(settings.dsn(), settings.postgres_schema, min_size=0, max_size=1)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(header) + "\n")
-            for name, msgs in (("events", events), ("decisions", decisions)):
-                for m in msgs:
-                    f.write(json.dumps({"log": name, "offset": m.offset, "record": json.loads(m.value)}) + "\n")
-        os.replace(made, path)
-    except BaseException:
-        Path(made).unlink(missing_ok=True)
-        raise
-    log.info("exported %d events and %d decisions of a user to %s (%d not theirs left out)", len(events),
-             len(decisions), path, header["left_out"]["not_theirs"])
+        sealer = await sealer_for(settings, pool)
+        fd, body = tempfile.mkstemp(prefix=f".{path.name}.body.", dir=path.parent)  # 0600
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                async with groupless_consumer(settings.kafka_bootstrap, auto_offset_reset="earliest") as consumer:
+                    n = len(await partitions_of(consumer, settings.events_topic))
+                    if not n:
+                        raise InvalidArgument(f"no events topic {settings.events_topic!r}")
+                    partition = expected_partition(key, n)
+                    for name, topic, decode in (("events", settings.events_topic, decode_event),
+                                                ("decisions", settings.decisions_topic, decode_decision)):
+                        cut = await _forgotten_at(consumer, topic, partition, key, user_id, decode)
+
+                        async def write(batch, name=name, decode=decode, cut=cut) -> None:
+                            for m in await sealer.open(batch):
+                                why = _left_out(decode, m, user_id)
+                                if why is None and (m.offset < cut or (
+                                        name == "decisions" and decode(m.value).source_event_id in said_before)):
+                                    why = "forgotten"
+                                    if name == "events":
+                                        said_before.add(decode(m.value).event_id)
+                                if why is not None:
+                                    left_out[why] += 1
+                                    continue
+                                out.write(json.dumps({"log": name, "offset": m.offset,
+                                                      "record": json.loads(m.value)}) + "\n")
+                                counted[name] += 1
+
+                        await _each(consumer, topic, partition, key, on_progress, write)
+            header = {"format": FORMAT, "version": VERSION, "user_id": user_id,
+                      "exported_at": exported_at.isoformat(), "events_topic": settings.events_topic,
+                      "decisions_topic": settings.decisions_topic, "events": counted["events"],
+                      "decisions": counted["decisions"], "left_out": left_out}
+            fd, made = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f, open(body, encoding="utf-8") as b:
+                    f.write(json.dumps(header) + "\n")
+                    shutil.copyfileobj(b, f, 1 << 20)
+                os.replace(made, path)
+            except BaseException:
+                Path(made).unlink(missing_ok=True)
+                raise
+        finally:
+            Path(body).unlink(missing_ok=True)
+    finally:
+        await pool.close()
+    log.info("exported %d events and %d decisions of a user to %s (%d not theirs left out)", counted["events"],
+             counted["decisions"], path, left_out["not_theirs"])
     return header
 
 
