@@ -106,6 +106,20 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
             graph = GraphView(None)
             counts = {"copied": 0, "events": 0, "new": 0, "skipped": 0, "refused": 0, "uncopied": 0}
 
+            async def held(d) -> bool:
+                """``d``, copied as it is, applied to the views formation decides on; False if a
+                projection refused it live (it names what its user does not hold): so here."""
+                try:
+                    if isinstance(d, FactDecision):
+                        view.apply(d)
+                    elif isinstance(d, GraphDecision):
+                        await graph.ensure_user(d.user_id)
+                        graph.apply(d)
+                except Refused:
+                    counts["uncopied"] += 1
+                    return False
+                return True
+
             async def copy(batch: list[Record]) -> None:
                 futures = []
                 for r in await sealer.open(batch):
@@ -118,14 +132,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                         continue
                     if d.source.offset >= await start_of(TopicPartition(d.source.topic, d.source.partition)):
                         continue  # formed again below
-                    try:
-                        if isinstance(d, FactDecision):
-                            view.apply(d)
-                        elif isinstance(d, GraphDecision):
-                            await graph.ensure_user(d.user_id)
-                            graph.apply(d)
-                    except Refused:  # dead-lettered live (it names what its user does not hold): so here
-                        counts["uncopied"] += 1
+                    if not await held(d):
                         continue
                     # A decision written before sealing existed is sealed now; a sealed one is copied as it is.
                     value = r.sealed_value if r.sealed_value is not None else await sealer.seal(d)
@@ -161,14 +168,7 @@ async def reform(settings: Settings, *, extractor: str, topic: str, since: datet
                     made += await decided(segment) if segment else []
                     segment = []
                     for dr, d in came_with.pop(event_id, []):
-                        try:
-                            if isinstance(d, FactDecision):
-                                view.apply(d)
-                            elif isinstance(d, GraphDecision):
-                                await graph.ensure_user(d.user_id)
-                                graph.apply(d)
-                        except Refused:  # dead-lettered live (it names what its user does not hold): so here
-                            counts["uncopied"] += 1
+                        if not await held(d):
                             continue
                         made.append((r, d))
                         copied[id(d)] = dr.sealed_value if dr.sealed_value is not None else await sealer.seal(d)
