@@ -51,21 +51,25 @@ def test_keys_made_and_revoked_by_several_processes_at_once_are_all_kept(tmp_pat
 
     made = ApiKeys(tmp_path / "k.json")
     ids = [made.list()[-1]["id"] for _ in range(4) if made.create("old")]
-    ctx = multiprocessing.get_context("fork")
-    workers = [ctx.Process(target=_revoke, args=(tmp_path / "k.json", i)) for i in ids] + \
-        [ctx.Process(target=_create, args=(tmp_path / "k.json", n)) for n in range(4)]
+    ctx = multiprocessing.get_context("spawn")  # not fork: the test process has threads (a lock held at the fork)
+    go = ctx.Event()  # every process started before any of them writes
+    workers = [ctx.Process(target=_revoke, args=(go, tmp_path / "k.json", i)) for i in ids] + \
+        [ctx.Process(target=_create, args=(go, tmp_path / "k.json", n)) for n in range(4)]
     for w in workers:
         w.start()
+    go.set()
     for w in workers:
-        w.join(30)
+        w.join(60)
     listed = ApiKeys(tmp_path / "k.json").list()
     assert sorted(k["name"] for k in listed) == ["new-0", "new-1", "new-2", "new-3"] + ["old"] * 4
     assert all(not k["active"] for k in listed if k["name"] == "old")
 
 
-def _revoke(path, key_id):
+def _revoke(go, path, key_id):
+    go.wait(30)
     ApiKeys(path).revoke(key_id)
 
 
-def _create(path, n):
+def _create(go, path, n):
+    go.wait(30)
     ApiKeys(path).create(f"new-{n}")
