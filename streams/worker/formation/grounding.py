@@ -49,13 +49,11 @@ _HYPOTHETICAL = re.compile(
     r"\b(if i\b|if only\b|what if\b|i would\b|i'd\b|i might\b|i may\b|maybe\b|perhaps\b|someday\b|some day\b|"
     r"one day\b|thinking (about|of)\b|considering\b|i wish\b|imagine\b|suppose\b|pretend\b|hypothetically\b|"
     r"in another life\b|dream of\b|not sure (if|whether)\b|wondering (if|whether)\b)", re.IGNORECASE)
-_JOKE = re.compile(r"(\bjust kidding\b|\bjk\b|\blol\b|\blmao\b|\bhaha\w*|\byeah,? right\b|\boh,? sure\b|\bas if\b|"
-                   r"\bnot really\b|/s\b|😂|🙃|😜|"
-                   # "Oh great, I love sweating through my shirt": delight opened by "oh" is mostly irony
-                   r"^\W*oh\b[^.!?]{0,30}\b(love|adore|enjoy|can't wait|favourite|favorite)\b)", re.IGNORECASE)
 # What takes a retraction back: not a "lol" after "I don't live there any more".
 _KIDDING = re.compile(r"\bjust kidding\b|\bjk\b|\byeah,? right\b|\boh,? sure\b|\bas if\b|/s\b|😂|🙃|😜|"
+                      # "Oh great, I love sweating through my shirt": delight opened by "oh" is mostly irony
                       r"^\W*oh\b[^.!?]{0,30}\b(love|adore|enjoy|can't wait|favourite|favorite)\b", re.IGNORECASE)
+_JOKE = re.compile(_KIDDING.pattern + r"|\blol\b|\blmao\b|\bhaha\w*|\bnot really\b", re.IGNORECASE)
 _SHOUTED = re.compile(r"\b(LOVE|ADORE|ENJOY|AMAZING|GREAT)\b")  # "I LOVE Monday meetings"
 # Prompt injection anywhere in the message puts every fact of it in doubt.
 _INJECTION = re.compile(r"(\bignore (all |the |any )?(previous|prior|above) (instructions|prompts?)\b|\bsystem prompt\b|"
@@ -73,8 +71,10 @@ _REPORTED = re.compile(r"\b%s\s+(said|say|says|mentioned|told me|think|thought|a
 # quoted words are the speaker's, whoever "I" is in them.
 _SPEECH_BEFORE = re.compile(r"\b(said|says|say|told me|tells me|wrote|writes|asked|asks|texted|texts|replied|goes|went|"
                             r"posted|tweeted|yelled|shouted)\W*$", re.IGNORECASE)
-# Words that turn what follows into its opposite ("I am not vegan", "I no longer live in Lisbon").
-_NEGATION = re.compile(r"\b(not|no|never|nor|neither|without|cannot|hardly)\b|n['’]t\b", re.IGNORECASE)
+# Words that turn what follows into its opposite ("I am not vegan", "I no longer live in Lisbon"),
+# and "don't" (the words "don" and "t"); "hardly" too before the words, not between them.
+_NEGATING = frozenset({"not", "no", "never", "nor", "neither", "without", "cannot"})
+_NEGATION = re.compile(r"\b(%s|hardly)\b|n['’]t\b" % "|".join(sorted(_NEGATING)), re.IGNORECASE)
 _OTHER_SUBJECT = re.compile(
     r"^\W*((my|our)\s+(\w+\s+){0,2}(%s)\b|(he|she|they|his|her|their)\b)" % "|".join(map(re.escape, _OTHERS)),
     re.IGNORECASE)
@@ -90,7 +90,7 @@ _ECHO = re.compile(r"(<memory>|</memory>|^\s*(known facts|profile|relationships|
 
 _LABEL = re.compile(r"^\W*(user|assistant)\s*:\s*", re.IGNORECASE)
 _MINE = re.compile(r"\b(my|our|mine|ours|we|we're|we've|us)\b", re.IGNORECASE)
-_CLAUSE = re.compile(r"[,;:]|\s(?:and|but|so|because)\s", re.IGNORECASE)
+_CLAUSE = re.compile(r"[,;:.!?\n]|\s(?:and|but|so|because)\s")  # where a clause ends
 # An opening mark stops at the next opening one: a message of unclosed marks is read once, not
 # once per mark.
 _QUOTES = re.compile(r"\"[^\"]{8,}\"|“[^“”]{8,}”|(?<![A-Za-z])'[^']{8,}'(?![A-Za-z])|‘[^‘’]{8,}’")
@@ -205,7 +205,6 @@ _SLACK = frozenset({"i", "m", "im", "ve", "ll", "d", "re", "am", "is", "are", "w
                     "my", "me", "s", "and", "that", "to", "really", "also", "just", "so", "very"})
 
 
-_NEGATING = frozenset({"not", "no", "never", "nor", "neither", "without", "cannot"})
 # Bounds on a loose match, whatever the turn repeats: evidence of more words must be quoted
 # exactly (a model's quote is a phrase, not a page), and at most this many places a match may
 # have reached are followed (the first; one past them may be missed, and refused: the safe way).
@@ -261,7 +260,7 @@ def _negated_before(text: str, start: int, evidence: str) -> bool:
     first = re.match(r"\w+", text[start:])
     if first and first.group(0).casefold() in _SUBJECTS:
         return False
-    clause = re.split(r"[,;:.!?\n]|\s(?:and|but|so|because)\s", text[:start])[-1]
+    clause = _CLAUSE.split(text[:start])[-1]
     return bool(_NEGATION.search(" ".join(re.findall(r"[\w'’]+", clause)[-2:])))
 
 
@@ -337,9 +336,8 @@ def refusal(candidate: CandidateFact, turn: TurnRecorded) -> tuple[str, str] | N
             # Polite as it may be ("I'd like you to forget..."): only a supposition before the
             # request, or a hedge in what it asks to forget, makes it one.
             verb = _FORGET.search(sentence)
-            asked = sentence[verb.start():] if verb else sentence
-            if _SUPPOSING.search(sentence[:verb.start()] if verb else "") or _HYPOTHETICAL.search(
-                    asked[len(verb.group(0)):] if verb else asked[1:]):
+            before, asked = (sentence[:verb.start()], sentence[verb.end():]) if verb else ("", sentence)
+            if _SUPPOSING.search(before) or _HYPOTHETICAL.search(asked):
                 return "hypothetical", "the user supposed taking it back rather than took it back"
             if candidate.category != "relationship" and _OTHER_SUBJECT.match(evidence):
                 return "other_person", "the retraction is about someone else, not the user"
