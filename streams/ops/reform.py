@@ -221,13 +221,13 @@ async def _imported_decisions(c, sealer: RecordSealer, events: list[TopicPartiti
     log order (opened by a ``sealer`` of their own: a forget met here says nothing of where the
     events being formed stand)."""
     ids: set = set()
+    users: set[bytes] = set()  # their keys: only their decisions are opened
 
     async def note(batch: list[Record]) -> None:
         for r in await sealer.open([r for r in batch if imported(r)]):
-            try:
-                ids.add(decode_event(r.value or b"").event_id)
-            except InvalidEvent:
-                pass  # shredded, or dead-lettered live
+            if (event_id := _imported_id(r)) is not None:  # else shredded, or dead-lettered live
+                ids.add(event_id)
+                users.add(r.key)
 
     c.assign(events)
     for tp in events:
@@ -238,7 +238,7 @@ async def _imported_decisions(c, sealer: RecordSealer, events: list[TopicPartiti
         return held
 
     async def keep(batch: list[Record]) -> None:
-        for r in await sealer.open(batch):
+        for r in await sealer.open([r for r in batch if r.key in users]):
             try:
                 d = decode_decision(r.value or b"")
             except InvalidEvent:
