@@ -124,12 +124,12 @@ async def export_user(settings, user_id: str, path: Path, on_progress=None) -> d
 
                         async def write(batch, name=name, decode=decode, cut=cut) -> None:
                             for m in await sealer.open(batch):
-                                why = _left_out(decode, m, user_id)
+                                why, record = _left_out(decode, m, user_id)
                                 if why is None and (m.offset < cut or (
-                                        name == "decisions" and decode(m.value).source_event_id in said_before)):
+                                        name == "decisions" and record.source_event_id in said_before)):
                                     why = "forgotten"
                                     if name == "events":
-                                        said_before.add(decode(m.value).event_id)
+                                        said_before.add(record.event_id)
                                 if why is not None:
                                     left_out[why] += 1
                                     continue
@@ -173,19 +173,20 @@ def _last_forget(msgs, decode, user_id: str) -> int:
     return -1
 
 
-def _left_out(decode, m, user_id: str) -> str | None:
-    """Why the archive leaves ``m`` out, or None. What was said before a forget of the user is
+def _left_out(decode, m, user_id: str) -> tuple[str | None, object]:
+    """Why the archive leaves ``m`` out (None: it keeps it), and ``m`` decoded (None if it is
+    not). What was said before a forget of the user is
     shredded: not theirs to take along any more. The forgets themselves stay behind: they name
     this deployment's key generations, which in another deployment would end keys that have
     nothing to do with them. A record the log kept that is not one of the user's (a poison record,
     dead-lettered where it was met) must not stop their export for good."""
     if m.sealing is not None:
-        return "forgotten"
+        return "forgotten", None
     try:
         record = decode(m.value or b"")
     except InvalidEvent:
-        return "not_theirs"
-    return "forgotten" if ends_user(record) else None if record.user_id == user_id else "not_theirs"
+        return "not_theirs", None
+    return ("forgotten" if ends_user(record) else None if record.user_id == user_id else "not_theirs"), record
 
 
 def _when(text) -> datetime | None:
