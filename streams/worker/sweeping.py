@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Callable, Iterable, Mapping, Sequence
 
 import msgspec
@@ -132,8 +132,9 @@ async def plan(conn, *, at: datetime, threshold: float, cold_after_days: float =
                                 *zip(*[(u, f.fact_id) for u, facts in weak.items() for f in facts]))
         found.texts = {(r["user_id"], r["fact_id"]): r["text"] for r in rows}
     found.weak = {u: sorted(fs, key=lambda f: (f.strength, str(f.fact_id))) for u, fs in weak.items()}
-    # Cooling off (0 days): none go cold, and those an earlier sweep cooled still come back when used.
-    before = at - timedelta(days=cold_after_days) if cold_after_days > 0 else datetime.min.replace(tzinfo=timezone.utc)
+    # Cooling off (0 days): none go cold, and those an earlier sweep cooled still come back when
+    # used since (``_EPISODES``' third argument: no cut-off needed).
+    before = at - timedelta(days=cold_after_days)
     async with conn.transaction(readonly=True):
         async for r in conn.cursor(_EPISODES, user_id, before, cold_after_days > 0, prefetch=5000):
             if kept is None or kept(r["user_id"]):
